@@ -1,0 +1,42 @@
+# The two commands the README promises:
+#   make quickstart   set everything up, then run the whole chain on real data (fastdpr quickstart)
+#   make test         set everything up, then run the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# CPU wheel on machines without a GPU; GPU users install their own torch into the venv first and it is kept.
+TORCH_SPEC  ?= torch==2.13.0
+TRITON_SPEC ?= triton==3.7.1
+PYTEST_ARGS ?=
+
+.PHONY: setup build test quickstart quickstart-fast bench clean
+
+setup: $(VENV)/.fastdpr-installed
+
+$(VENV)/.fastdpr-installed: pyproject.toml CMakeLists.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -c "import triton" 2>/dev/null || $(BIN)/python -m pip install -q "$(TRITON_SPEC)"
+	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
+	$(BIN)/python -m pip install -q --no-build-isolation -e ".[test]"
+	touch $@
+
+# rebuild the C++ extension after editing csrc/
+build: setup
+	$(BIN)/python -m pip install -q --no-build-isolation --no-deps -e .
+
+test: setup build
+	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
+
+quickstart: setup
+	HF_HUB_OFFLINE=1 $(BIN)/fastdpr quickstart
+
+quickstart-fast: setup
+	HF_HUB_OFFLINE=1 $(BIN)/fastdpr quickstart --fast
+
+bench: setup
+	$(BIN)/fastdpr bench
+
+clean:
+	rm -rf build dist *.egg-info

