@@ -12,4 +12,10 @@ PYBIND11_MODULE(_C, m) {
 #else
     m.attr("has_openmp") = false;
 #endif
+
+    // ---- flat / hnsw / common begin ----
+    // ---- flat / hnsw / common end ----
+
+    // ---- IVF-PQ begin ----
+    // ---- IVF-PQ end ----
 }
