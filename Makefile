@@ -19,7 +19,7 @@ $(VENV)/.fastdpr-installed: pyproject.toml CMakeLists.txt
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -c "import triton" 2>/dev/null || $(BIN)/python -m pip install -q "$(TRITON_SPEC)"
 	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
-	$(BIN)/python -m pip install -q --no-build-isolation -e ".[test]"
+	$(BIN)/python -m pip install -q --no-build-isolation -e ".[test,quickstart]"
 	touch $@
 
 # rebuild the C++ extension after editing csrc/

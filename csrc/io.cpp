@@ -1,0 +1,304 @@
+#include "io.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+namespace fastdpr::io {
+
+// ---------------------------------------------------------------------------------------------------------------
+// CRC-32 (IEEE, reflected 0xEDB88320), slicing by 8 bytes: ~2 GB/s without a dependency on zlib's headers.
+
+namespace {
+struct CrcTables {
+    uint32_t t[8][256];
+    CrcTables() {
+        for (uint32_t i = 0; i < 256; ++i) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; ++k) c = (c & 1u) ? (0xEDB88320u ^ (c >> 1)) : (c >> 1);
+            t[0][i] = c;
+        }
+        for (uint32_t i = 0; i < 256; ++i)
+            for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xffu];
+    }
+};
+const CrcTables& tables() {
+    static const CrcTables tabs;
+    return tabs;
+}
+
+void put_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+void put_u64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
+uint32_t get_u32(const uint8_t* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+uint64_t get_u64(const uint8_t* p) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    return v;
+}
+
+void check_name(const std::string& name, const char* what) {
+    if (name.empty() || name.size() > kNameMax || name.find('\0') != std::string::npos)
+        throw std::invalid_argument(std::string(what) + " name must be 1.." + std::to_string(kNameMax) +
+                                    " bytes: '" + name + "'");
+}
+
+std::string fixed_string(const uint8_t* p, size_t n) {
+    size_t len = 0;
+    while (len < n && p[len] != 0) ++len;
+    return std::string(reinterpret_cast<const char*>(p), len);
+}
+}  // namespace
+
+uint32_t crc32(const void* data, size_t n, uint32_t crc) {
+    const auto& T = tables().t;
+    const uint8_t* p = static_cast<const uint8_t*>(data);
+    crc = ~crc;
+    while (n >= 8) {
+        const uint32_t lo = get_u32(p) ^ crc;
+        const uint32_t hi = get_u32(p + 4);
+        crc = T[7][lo & 0xff] ^ T[6][(lo >> 8) & 0xff] ^ T[5][(lo >> 16) & 0xff] ^ T[4][lo >> 24] ^
+              T[3][hi & 0xff] ^ T[2][(hi >> 8) & 0xff] ^ T[1][(hi >> 16) & 0xff] ^ T[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = T[0][(crc ^ *p++) & 0xffu] ^ (crc >> 8);
+    return ~crc;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Writer
+
+Writer::Writer(std::string path, std::string type) : path_(std::move(path)), type_(std::move(type)) {
+    check_name(type_, "type");
+    tmp_ = path_ + ".tmp-" + std::to_string(::getpid());
+    fp_ = std::fopen(tmp_.c_str(), "wb");
+    if (!fp_) throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(errno));
+    uint8_t zeros[kHeaderSize] = {0};
+    write_at_end(zeros, kHeaderSize);  // the real header is written by commit()
+}
+
+Writer::~Writer() {
+    if (fp_) std::fclose(fp_);
+    if (!committed_) std::remove(tmp_.c_str());
+}
+
+void Writer::write_at_end(const void* data, size_t bytes) {
+    if (bytes && std::fwrite(data, 1, bytes, fp_) != bytes)
+        throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(errno));
+    pos_ += bytes;
+}
+
+void Writer::pad_to_alignment() {
+    static const uint8_t zeros[kAlign] = {0};
+    const size_t pad = (kAlign - pos_ % kAlign) % kAlign;
+    write_at_end(zeros, pad);
+}
+
+void Writer::add(const std::string& name, const void* data, size_t bytes) {
+    check_name(name, "section");
+    for (const Entry& e : entries_)
+        if (e.name == name) throw std::invalid_argument("duplicate section '" + name + "'");
+    pad_to_alignment();
+    Entry e{name, pos_, bytes, crc32(data, bytes)};
+    write_at_end(data, bytes);
+    entries_.push_back(e);
+}
+
+void Writer::meta(const std::string& key, const std::string& value) {
+    if (key.find_first_of("=\n") != std::string::npos || value.find('\n') != std::string::npos)
+        throw std::invalid_argument("bad metadata key or value: " + key);
+    meta_.emplace_back(key, value);
+}
+
+void Writer::meta_float(const std::string& key, double value) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", value);
+    meta(key, std::string(buf));
+}
+
+void Writer::commit() {
+    if (committed_) throw std::logic_error("Writer::commit called twice");
+    if (!meta_.empty()) {
+        std::string text;
+        for (const auto& kv : meta_) text += kv.first + "=" + kv.second + "\n";
+        add("meta", text.data(), text.size());
+    }
+    pad_to_alignment();
+    const uint64_t table_offset = pos_;
+    std::vector<uint8_t> table(entries_.size() * kEntrySize, 0);
+    for (size_t i = 0; i < entries_.size(); ++i) {
+        uint8_t* p = table.data() + i * kEntrySize;
+        std::memcpy(p, entries_[i].name.data(), entries_[i].name.size());
+        put_u64(p + 16, entries_[i].offset);
+        put_u64(p + 24, entries_[i].length);
+        put_u32(p + 32, entries_[i].crc);
+    }
+    write_at_end(table.data(), table.size());
+    const uint64_t file_size = pos_;
+
+    uint8_t header[kHeaderSize] = {0};
+    std::memcpy(header, kMagic, 8);
+    put_u32(header + 8, kVersion);
+    put_u32(header + 12, static_cast<uint32_t>(entries_.size()));
+    std::memcpy(header + 16, type_.data(), type_.size());
+    put_u64(header + 32, file_size);
+    put_u64(header + 40, table_offset);
+    put_u32(header + 48, crc32(table.data(), table.size()));
+    put_u32(header + 52, crc32(header, 52));
+    if (std::fseek(fp_, 0, SEEK_SET) != 0) throw std::runtime_error("cannot seek in " + tmp_);
+    if (std::fwrite(header, 1, kHeaderSize, fp_) != kHeaderSize || std::fflush(fp_) != 0 ||
+        ::fsync(::fileno(fp_)) != 0)
+        throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(errno));
+    std::fclose(fp_);
+    fp_ = nullptr;
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
+        throw std::runtime_error("cannot rename " + tmp_ + " to " + path_ + ": " + std::strerror(errno));
+    committed_ = true;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Mapping / Reader
+
+Mapping::Mapping(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+        ::close(fd);
+        throw std::runtime_error("cannot stat " + path + ": " + std::strerror(errno));
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+        void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            ::close(fd);
+            throw std::runtime_error("cannot map " + path + ": " + std::strerror(errno));
+        }
+        data_ = static_cast<const uint8_t*>(p);
+    }
+    ::close(fd);
+}
+
+Mapping::~Mapping() {
+    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+void Reader::fail(const std::string& what) const { throw FormatError(path_ + ": not a valid fastdpr index: " + what); }
+
+Reader::Reader(const std::string& path, bool verify) : path_(path) {
+    map_ = std::make_shared<Mapping>(path);
+    const uint8_t* base = map_->data();
+    const size_t size = map_->size();
+    if (size < kHeaderSize) fail("file is truncated (" + std::to_string(size) + " bytes)");
+    if (std::memcmp(base, kMagic, 8) != 0) fail("bad magic number");
+    if (get_u32(base + 52) != crc32(base, 52)) fail("header checksum mismatch (corrupted header)");
+    version_ = get_u32(base + 8);
+    if (version_ != kVersion)
+        fail("format version " + std::to_string(version_) + " (this build reads " + std::to_string(kVersion) + ")");
+    const uint64_t n_sections = get_u32(base + 12);
+    type_ = fixed_string(base + 16, 16);
+    const uint64_t file_size = get_u64(base + 32);
+    const uint64_t table_offset = get_u64(base + 40);
+    if (file_size != size)
+        fail("file is " + std::to_string(size) + " bytes but its header says " + std::to_string(file_size) +
+             " (truncated or appended to)");
+    if (table_offset < kHeaderSize || table_offset > size || n_sections > (size - table_offset) / kEntrySize ||
+        table_offset + n_sections * kEntrySize != size)
+        fail("section table out of bounds");
+    const uint8_t* table = base + table_offset;
+    if (get_u32(base + 48) != crc32(table, n_sections * kEntrySize)) fail("section table checksum mismatch");
+    for (uint64_t i = 0; i < n_sections; ++i) {
+        const uint8_t* e = table + i * kEntrySize;
+        const std::string name = fixed_string(e, 16);
+        const uint64_t off = get_u64(e + 16), len = get_u64(e + 24);
+        if (name.empty() || off < kHeaderSize || off > table_offset || len > table_offset - off)
+            fail("section '" + name + "' out of bounds");
+        if (sections_.count(name)) fail("duplicate section '" + name + "'");
+        if (verify && get_u32(e + 32) != crc32(base + off, len)) fail("checksum mismatch in section '" + name + "'");
+        sections_[name] = Section{base + off, static_cast<size_t>(len)};
+    }
+    if (has("meta")) {
+        const Section s = section("meta");
+        std::string text(reinterpret_cast<const char*>(s.data), s.length);
+        std::istringstream in(text);
+        std::string line;
+        while (std::getline(in, line)) {
+            const size_t eq = line.find('=');
+            if (eq == std::string::npos) fail("bad metadata line");
+            meta_[line.substr(0, eq)] = line.substr(eq + 1);
+        }
+    }
+}
+
+std::vector<std::string> Reader::names() const {
+    std::vector<std::string> out;
+    for (const auto& kv : sections_) out.push_back(kv.first);
+    return out;
+}
+
+Section Reader::section(const std::string& name) const {
+    auto it = sections_.find(name);
+    if (it == sections_.end()) fail("missing section '" + name + "'");
+    return it->second;
+}
+
+std::string Reader::meta(const std::string& key) const {
+    auto it = meta_.find(key);
+    if (it == meta_.end()) fail("missing metadata '" + key + "'");
+    return it->second;
+}
+
+int64_t Reader::meta_int(const std::string& key) const {
+    const std::string v = meta(key);
+    try {
+        size_t used = 0;
+        const long long x = std::stoll(v, &used);
+        if (used != v.size()) fail("metadata '" + key + "' is not an integer");
+        return x;
+    } catch (const std::logic_error&) {
+        fail("metadata '" + key + "' is not an integer");
+    }
+}
+
+int64_t Reader::meta_int(const std::string& key, int64_t lo, int64_t hi) const {
+    const int64_t v = meta_int(key);
+    if (v < lo || v > hi) fail("metadata '" + key + "' = " + std::to_string(v) + " is out of range");
+    return v;
+}
+
+double Reader::meta_float(const std::string& key) const {
+    const std::string v = meta(key);
+    try {
+        size_t used = 0;
+        const double x = std::stod(v, &used);
+        if (used != v.size()) fail("metadata '" + key + "' is not a number");
+        return x;
+    } catch (const std::logic_error&) {
+        fail("metadata '" + key + "' is not a number");
+    }
+}
+
+std::string peek_type(const std::string& path) {
+    std::FILE* fp = std::fopen(path.c_str(), "rb");
+    if (!fp) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+    uint8_t header[kHeaderSize];
+    const size_t got = std::fread(header, 1, kHeaderSize, fp);
+    std::fclose(fp);
+    if (got < kHeaderSize) throw FormatError(path + ": not a valid fastdpr index: file is truncated");
+    if (std::memcmp(header, kMagic, 8) != 0) throw FormatError(path + ": not a valid fastdpr index: bad magic number");
+    if (get_u32(header + 52) != crc32(header, 52))
+        throw FormatError(path + ": not a valid fastdpr index: header checksum mismatch");
+    return fixed_string(header + 16, 16);
+}
+
+}  // namespace fastdpr::io

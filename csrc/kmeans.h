@@ -1,0 +1,50 @@
+// k-means for IVF coarse centroids and PQ codebooks, plus the dense "many rows against a panel" inner-product
+// kernel both of them (and IVF-PQ search) spend their time in.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace fastdpr {
+
+// out[i * ny + j] = <x_i, y_j> for x (nx, d) and y (ny, d), both row-major. Multi-threaded over rows of x.
+void inner_products(const float* x, int64_t nx, const float* y, int64_t ny, int64_t d, float* out);
+
+// The same product against a pre-transposed panel: yT is (d, ny) row-major (column j = y_j), which is the layout
+// the kernel streams. Single-threaded; used inside already-parallel loops (one query against all centroids, one
+// sub-vector against a codebook).
+void inner_products_T(const float* x, int64_t nx, const float* yT, int64_t ny, int64_t d, float* out);
+
+// (d, n) transpose of a row-major (n, d) matrix.
+std::vector<float> transpose(const float* y, int64_t n, int64_t d);
+
+// Nearest centroid of every row of x. L2: argmin ||x - c||^2 (ties -> lowest index); with max_inner_product:
+// argmax <x, c>. dist (nullable) receives ||x - c||^2, or <x, c> for max_inner_product. Multi-threaded.
+void assign_nearest(const float* x, int64_t n, const float* centroids, int64_t k, int64_t d, bool max_inner_product,
+                    int64_t* labels, float* dist);
+
+struct KMeansParams {
+    int64_t k = 256;
+    int niter = 20;
+    uint64_t seed = 1234;
+    // Spherical k-means (for inner-product data): centroids are kept at unit norm and points go to the centroid of
+    // largest inner product.
+    bool spherical = false;
+    // Training sets larger than k * max_points_per_centroid are subsampled (seeded) to that size: more points
+    // barely move the centroids and cost time linearly.
+    int64_t max_points_per_centroid = 256;
+    // k-means++ seeding (on a subsample of at most 16 k points); otherwise k distinct random points.
+    bool kmeanspp = true;
+};
+
+struct KMeansResult {
+    std::vector<float> centroids;  // (k, d)
+    std::vector<double> objective;  // per iteration: mean squared distance (L2) or mean inner product (spherical)
+    int64_t n_train = 0;            // points actually used after subsampling
+    int64_t empty_splits = 0;       // empty clusters re-seeded by splitting a large one
+};
+
+// Throws std::invalid_argument (with the numbers in the message) when n < k or a size is not positive.
+KMeansResult kmeans(const float* x, int64_t n, int64_t d, const KMeansParams& params);
+
+}  // namespace fastdpr

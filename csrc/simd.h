@@ -1,0 +1,81 @@
+// Inner-product and L2 kernels with run-time SIMD dispatch (scalar, AVX2+FMA+F16C, AVX-512F).
+//
+// Every kernel exists at every level, compiled per function with target attributes, so one portable build uses the
+// widest instructions the CPU has (never -march=native). The active level is chosen once from cpuid; tests force
+// each level and compare it with the scalar one.
+//
+// Hot loops should fetch the kernel table once (`const Kernels& K = kernels();`) and call through it, so the
+// dispatch costs one indirect call per kernel invocation and nothing inside it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fastdpr::simd {
+
+enum class Level : int { Scalar = 0, AVX2 = 1, AVX512 = 2 };
+
+// The widest level this CPU (and OS) supports.
+Level detect();
+// The level in use now (detect() unless forced).
+Level current();
+// Use `level` from now on; throws std::invalid_argument when the CPU lacks it. For tests and benchmarks: it is a
+// process-wide switch, so do not flip it while other threads are searching.
+void force_level(Level level);
+const char* level_name(Level level);
+const char* level_name();  // name of current()
+bool supported(Level level);
+
+using DotFn = float (*)(const float* a, const float* b, size_t n);
+using DotF16Fn = float (*)(const float* a, const uint16_t* b_half, size_t n);
+using L2Fn = float (*)(const float* a, const float* b, size_t n);
+// out[j] = <q, base + j*d> for j < n
+using DotBatchFn = void (*)(const float* q, const float* base, size_t n, size_t d, float* out);
+using DotBatchF16Fn = void (*)(const float* q, const uint16_t* base_half, size_t n, size_t d, float* out);
+// Inner products of a tile of 4 queries (rows q, stride ldq) with 4 vectors (rows x, stride ldx):
+// out[i*ldo + j] = <q_i, x_j>, i, j < 4. The micro-kernel of the blocked exact search.
+using Dot4x4Fn = void (*)(const float* q, size_t ldq, const float* x, size_t ldx, size_t d, float* out, size_t ldo);
+// fp32 <-> IEEE binary16 (round to nearest even; Inf/NaN kept)
+using ToHalfFn = void (*)(const float* src, uint16_t* dst, size_t n);
+using FromHalfFn = void (*)(const uint16_t* src, float* dst, size_t n);
+
+struct Kernels {
+    Level level;
+    DotFn dot;
+    DotF16Fn dot_f16;
+    L2Fn l2sq;
+    DotBatchFn dot_batch;
+    DotBatchF16Fn dot_batch_f16;
+    Dot4x4Fn dot4x4;
+    ToHalfFn to_half;
+    FromHalfFn from_half;
+};
+
+// The active table, and the table of a given level (throws std::invalid_argument when unsupported).
+const Kernels& kernels();
+const Kernels& kernels_at(Level level);
+
+// Convenience wrappers through the active table.
+inline float dot(const float* a, const float* b, size_t n) { return kernels().dot(a, b, n); }
+inline float dot_f16(const float* a, const uint16_t* b, size_t n) { return kernels().dot_f16(a, b, n); }
+inline float l2sq(const float* a, const float* b, size_t n) { return kernels().l2sq(a, b, n); }
+inline void dot_batch(const float* q, const float* base, size_t n, size_t d, float* out) {
+    kernels().dot_batch(q, base, n, d, out);
+}
+inline void dot_batch_f16(const float* q, const uint16_t* base, size_t n, size_t d, float* out) {
+    kernels().dot_batch_f16(q, base, n, d, out);
+}
+inline void to_half(const float* src, uint16_t* dst, size_t n) { kernels().to_half(src, dst, n); }
+inline void from_half(const uint16_t* src, float* dst, size_t n) { kernels().from_half(src, dst, n); }
+
+// Scalar, exactly-rounded single conversions.
+uint16_t float_to_half(float f);
+float half_to_float(uint16_t h);
+
+// Hint the cache about a vector we will read soon (all of its lines, up to `bytes`).
+inline void prefetch(const void* p, size_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
+}
+
+}  // namespace fastdpr::simd

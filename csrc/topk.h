@@ -1,0 +1,109 @@
+// Bounded top-k for maximum inner product: a min-heap of (score, id) whose root is the weakest kept result, so a
+// candidate is tested against one number (`threshold()`) before any heap work.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
+
+namespace fastdpr {
+
+struct Scored {
+    float score;
+    int64_t id;
+};
+
+// Ties on score are broken by the smaller id, so results are deterministic whatever the visiting order
+// (blocked, multi-threaded and serial searches return identical lists).
+inline bool better(const Scored& a, const Scored& b) {
+    return a.score > b.score || (a.score == b.score && a.id < b.id);
+}
+
+class TopK {
+public:
+    explicit TopK(size_t k = 0) : k_(k) { heap_.reserve(k); }
+
+    void reset(size_t k) {
+        k_ = k;
+        heap_.clear();
+        heap_.reserve(k);
+    }
+
+    size_t k() const { return k_; }
+    size_t size() const { return heap_.size(); }
+    bool full() const { return heap_.size() >= k_; }
+
+    // Score a candidate must beat to enter (-inf until full).
+    float threshold() const {
+        return full() && k_ > 0 ? heap_.front().score : -std::numeric_limits<float>::infinity();
+    }
+
+    void push(float score, int64_t id) {
+        if (k_ == 0) return;
+        const Scored s{score, id};
+        if (heap_.size() < k_) {
+            heap_.push_back(s);
+            std::push_heap(heap_.begin(), heap_.end(), better);
+        } else if (better(s, heap_.front())) {
+            std::pop_heap(heap_.begin(), heap_.end(), better);
+            heap_.back() = s;
+            std::push_heap(heap_.begin(), heap_.end(), better);
+        }
+    }
+
+    // Push a contiguous run of scores whose ids are id0, id0+1, ...
+    void push_run(const float* scores, size_t n, int64_t id0) {
+        float thr = threshold();
+        for (size_t j = 0; j < n; ++j) {
+            if (scores[j] >= thr) {
+                push(scores[j], id0 + static_cast<int64_t>(j));
+                thr = threshold();
+            }
+        }
+    }
+
+    void merge(const TopK& other) {
+        for (const Scored& s : other.heap_) push(s.score, s.id);
+    }
+
+    // Best first. Leaves the heap empty.
+    std::vector<Scored> take_sorted() {
+        std::sort_heap(heap_.begin(), heap_.end(), better);  // ascending by "worse": best first
+        std::vector<Scored> out;
+        out.swap(heap_);
+        return out;
+    }
+
+    // Best first into fixed rows of length k: missing entries get id -1 and score -inf.
+    void write(float* scores, int64_t* ids) {
+        std::vector<Scored> sorted = take_sorted();
+        size_t i = 0;
+        for (; i < sorted.size(); ++i) {
+            scores[i] = sorted[i].score;
+            ids[i] = sorted[i].id;
+        }
+        for (; i < k_; ++i) {
+            scores[i] = -std::numeric_limits<float>::infinity();
+            ids[i] = -1;
+        }
+    }
+
+    const std::vector<Scored>& items() const { return heap_; }
+
+private:
+    size_t k_;
+    std::vector<Scored> heap_;
+};
+
+// Merge sorted-or-not partial results of one query into the k best, best first.
+inline std::vector<Scored> merge_topk(const std::vector<std::vector<Scored>>& parts, size_t k) {
+    TopK heap(k);
+    for (const auto& p : parts)
+        for (const Scored& s : p) heap.push(s.score, s.id);
+    return heap.take_sorted();
+}
+
+}  // namespace fastdpr
