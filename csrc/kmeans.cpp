@@ -53,33 +53,68 @@ inline __attribute__((always_inline)) void ip_T_body(const float* x, int64_t nx,
     }
 }
 
+// Nearest panel column of each row: scores v_j = <x, y_j> - bias_j, argmax with ties to the lowest j.
+// `scratch` holds nx * ny floats. The max is a vector reduction; the index is found by a second, predictable scan
+// (a compare-and-branch argmax over 256 codewords would cost more than the products for small sub-vectors).
+inline __attribute__((always_inline)) void nearest_body(const float* x, int64_t nx, const float* yT,
+                                                        const float* bias, int64_t ny, int64_t d, float* scratch,
+                                                        int64_t* labels, float* best) {
+    ip_T_body(x, nx, yT, ny, d, scratch);
+    for (int64_t r = 0; r < nx; ++r) {
+        float* row = scratch + r * ny;
+        float bv = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : bv)
+        for (int64_t j = 0; j < ny; ++j) {
+            const float v = row[j] - bias[j];
+            row[j] = v;
+            bv = v > bv ? v : bv;
+        }
+        int64_t b = 0;
+        while (b + 1 < ny && !(row[b] == bv)) ++b;
+        labels[r] = b;
+        best[r] = row[b];
+    }
+}
+
 using IpTFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*);
+using NearestFn = void (*)(const float*, int64_t, const float*, const float*, int64_t, int64_t, float*, int64_t*,
+                           float*);
 
-void ip_T_default(const float* x, int64_t nx, const float* yT, int64_t ny, int64_t d, float* out) {
-    ip_T_body(x, nx, yT, ny, d, out);
-}
+#define FASTDPR_KMEANS_KERNELS(SUFFIX, ATTR)                                                                      \
+    ATTR void ip_T_##SUFFIX(const float* x, int64_t nx, const float* yT, int64_t ny, int64_t d, float* out) {    \
+        ip_T_body(x, nx, yT, ny, d, out);                                                                        \
+    }                                                                                                            \
+    ATTR void nearest_##SUFFIX(const float* x, int64_t nx, const float* yT, const float* bias, int64_t ny,       \
+                               int64_t d, float* scratch, int64_t* labels, float* best) {                        \
+        nearest_body(x, nx, yT, bias, ny, d, scratch, labels, best);                                             \
+    }
 
+FASTDPR_KMEANS_KERNELS(default, )
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2,fma"))) void ip_T_avx2(const float* x, int64_t nx, const float* yT, int64_t ny,
-                                                   int64_t d, float* out) {
-    ip_T_body(x, nx, yT, ny, d, out);
-}
-__attribute__((target("avx512f,avx512vl,avx2,fma,prefer-vector-width=512"))) void ip_T_avx512(
-    const float* x, int64_t nx, const float* yT, int64_t ny, int64_t d, float* out) {
-    ip_T_body(x, nx, yT, ny, d, out);
-}
+FASTDPR_KMEANS_KERNELS(avx2, __attribute__((target("avx2,fma"))))
+FASTDPR_KMEANS_KERNELS(avx512, __attribute__((target("avx512f,avx512vl,avx2,fma,prefer-vector-width=512"))))
 #endif
 
-IpTFn pick_ip_T() {
+enum class Isa { Default, AVX2, AVX512 };
+
+Isa pick_isa() {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return ip_T_avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ip_T_avx2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return Isa::AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::AVX2;
 #endif
-    return ip_T_default;
+    return Isa::Default;
 }
 
-const IpTFn ip_T_impl = pick_ip_T();
+const Isa isa = pick_isa();
+#if defined(__x86_64__) && defined(__GNUC__)
+const IpTFn ip_T_impl = isa == Isa::AVX512 ? ip_T_avx512 : isa == Isa::AVX2 ? ip_T_avx2 : ip_T_default;
+const NearestFn nearest_impl =
+    isa == Isa::AVX512 ? nearest_avx512 : isa == Isa::AVX2 ? nearest_avx2 : nearest_default;
+#else
+const IpTFn ip_T_impl = ip_T_default;
+const NearestFn nearest_impl = nearest_default;
+#endif
 
 inline float sqnorm(const float* v, int64_t d) {
     float s = 0.f;
@@ -133,33 +168,24 @@ void assign_nearest(const float* x, int64_t n, const float* centroids, int64_t k
                     int64_t* labels, float* dist) {
     if (n <= 0) return;
     const std::vector<float> cT = transpose(centroids, k, d);
-    std::vector<float> half_cnorm(k, 0.f);
+    // L2: argmin ||x - c||^2 == argmax <x, c> - ||c||^2 / 2
+    std::vector<float> bias(k, 0.f);
     if (!max_inner_product)
-        for (int64_t j = 0; j < k; ++j) half_cnorm[j] = 0.5f * sqnorm(centroids + j * d, d);
+        for (int64_t j = 0; j < k; ++j) bias[j] = 0.5f * sqnorm(centroids + j * d, d);
     constexpr int64_t kRows = 32;
     const int64_t nblocks = (n + kRows - 1) / kRows;
-#pragma omp parallel
+#pragma omp parallel if (nblocks > 1)
     {
-        std::vector<float> ip(static_cast<size_t>(kRows) * k);
-#pragma omp for schedule(dynamic, 1)
+        std::vector<float> scratch(static_cast<size_t>(kRows) * k);
+        float best[kRows];
+#pragma omp for schedule(dynamic, 4)
         for (int64_t b = 0; b < nblocks; ++b) {
             const int64_t i0 = b * kRows, rows = std::min(kRows, n - i0);
-            ip_T_impl(x + i0 * d, rows, cT.data(), k, d, ip.data());
-            for (int64_t r = 0; r < rows; ++r) {
-                const float* row = ip.data() + r * k;
-                // L2: argmin ||c||^2 - 2<x,c> == argmax <x,c> - ||c||^2 / 2
-                int64_t best = 0;
-                float best_v = row[0] - half_cnorm[0];
-                for (int64_t j = 1; j < k; ++j) {
-                    const float v = row[j] - half_cnorm[j];
-                    if (v > best_v) best_v = v, best = j;
-                }
-                labels[i0 + r] = best;
-                if (dist) {
-                    if (max_inner_product) dist[i0 + r] = best_v;
-                    else dist[i0 + r] = std::max(0.f, sqnorm(x + (i0 + r) * d, d) - 2.f * best_v);
-                }
-            }
+            nearest_impl(x + i0 * d, rows, cT.data(), bias.data(), k, d, scratch.data(), labels + i0, best);
+            if (dist)
+                for (int64_t r = 0; r < rows; ++r)
+                    dist[i0 + r] = max_inner_product ? best[r]
+                                                     : std::max(0.f, sqnorm(x + (i0 + r) * d, d) - 2.f * best[r]);
         }
     }
 }
@@ -210,7 +236,8 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
         std::uniform_int_distribution<int64_t> first(0, S - 1);
         int64_t chosen = pick[first(rng)];
         std::memcpy(&c[0], x + chosen * d, sizeof(float) * d);
-#pragma omp parallel for schedule(static)
+        const bool par = S * d >= (int64_t{1} << 18);  // small seeding steps are not worth waking threads for
+#pragma omp parallel for schedule(static) if (par)
         for (int64_t i = 0; i < S; ++i) d2[i] = sqdist(x + pick[i] * d, &c[0], d);
         for (int64_t j = 1; j < k; ++j) {
             double total = 0;
@@ -234,7 +261,7 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
             }
             float* cj = &c[j * d];
             std::memcpy(cj, x + pick[at] * d, sizeof(float) * d);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (par)
             for (int64_t i = 0; i < S; ++i) d2[i] = std::min(d2[i], sqdist(x + pick[i] * d, cj, d));
         }
     } else {

@@ -77,15 +77,15 @@ public:
         return out;
     }
 
-    // Best first into fixed rows of length k: missing entries get id -1 and score -inf.
-    void write(float* scores, int64_t* ids) {
+    // Best first into rows of length `width` (>= size()): missing entries get id -1 and score -inf.
+    void write(float* scores, int64_t* ids, size_t width) {
         std::vector<Scored> sorted = take_sorted();
         size_t i = 0;
         for (; i < sorted.size(); ++i) {
             scores[i] = sorted[i].score;
             ids[i] = sorted[i].id;
         }
-        for (; i < k_; ++i) {
+        for (; i < width; ++i) {
             scores[i] = -std::numeric_limits<float>::infinity();
             ids[i] = -1;
         }

@@ -104,7 +104,7 @@ def tiny_bert_dir(tmp_path, name: str = "tiny-bert", hidden: int = 32, layers: i
     return path
 
 
-def tiny_biencoder(tmp_path=None, pooling: str = "cls", similarity: str = "dot", temperature: float = 1.0,
+def tiny_biencoder(tmp_path=None, pooling: str = "cls", similarity: str = "dot", temperature: float = 0.05,
                    shared: bool = False, projection_dim: int = 0, max_question_length: int = 32,
                    max_passage_length: int = 64, hidden: int = 32, layers: int = 2, seed: int = 0,
                    dropout: float = 0.1, **config_extra):
@@ -158,12 +158,19 @@ def tiny_sentence_transformers_dir(tmp_path, pooling: str = "mean", normalize: b
     """Build a tiny sentence-transformers model (Transformer + Pooling [+ Normalize]) and ``save`` it.
 
     Needs the ``sentence_transformers`` package."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+
+    try:  # sentence-transformers >= 6 layout
+        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    except ImportError:
+        from sentence_transformers.models import Normalize, Pooling, Transformer
 
     bert = tiny_bert_dir(tmp_path, name=f"{name}-base", seed=seed, dropout=0.0)
-    word = models.Transformer(str(bert), max_seq_length=max_seq_length)
-    pool = models.Pooling(word.get_word_embedding_dimension(), pooling_mode=pooling)
-    modules = [word, pool] + ([models.Normalize()] if normalize else [])
+    word = Transformer(str(bert), max_seq_length=max_seq_length)
+    width = word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension") \
+        else word.get_word_embedding_dimension()
+    pool = Pooling(width, pooling_mode=pooling)
+    modules = [word, pool] + ([Normalize()] if normalize else [])
     st = SentenceTransformer(modules=modules, device="cpu")
     path = Path(tmp_path) / name
     st.save(str(path))

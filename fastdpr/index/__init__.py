@@ -1,0 +1,37 @@
+"""Maximum-inner-product indexes: exact (Flat), HNSW, IVF-PQ, and FAISS as an optional backend.
+
+>>> from fastdpr.index import build_index, load_index
+>>> index = build_index(vectors, "hnsw,M=32,efc=200")     # doctest: +SKIP
+>>> scores, ids = index.search(queries, k=100)            # doctest: +SKIP
+
+Compiled C++ cores (``fastdpr._C``) are used when present; every type has a pure-numpy fallback giving the same
+results (exact search for HNSW's fallback, so "the same or better").
+"""
+from fastdpr.index.base import (
+    REGISTRY,
+    Index,
+    build_index,
+    index_class,
+    load_index,
+    make_index,
+    parse_spec,
+)
+
+__all__ = ["Index", "build_index", "load_index", "make_index", "parse_spec", "index_class", "REGISTRY",
+           "FlatIndex", "HNSWIndex", "exact_search", "native_available"]
+
+
+def __getattr__(name):
+    if name in ("FlatIndex", "exact_search"):
+        from fastdpr.index import flat
+
+        return getattr(flat, name)
+    if name == "HNSWIndex":
+        from fastdpr.index.hnsw import HNSWIndex
+
+        return HNSWIndex
+    if name == "native_available":
+        from fastdpr.index._native import native_available
+
+        return native_available
+    raise AttributeError(name)

@@ -1,11 +1,11 @@
 """Triton kernels for the per-row log-sum-exp of masked in-batch scores, and its gradients.
 
-This module imports triton at the top: import it only through ``fastdpr.kernels.inbatch_nll``, which does so
+This module imports triton at the top: import it only through ``fastdpr.kernels.loss``, which does so
 lazily and only when triton is importable. ``@triton.jit`` decides at decoration time whether the kernels are
 compiled for the GPU or run by the interpreter (``TRITON_INTERPRET=1``), so the mode this module was imported
 under is recorded in :data:`INTERPRETED`.
 
-The math (one direction; the loss and the bidirectional term are assembled in ``inbatch_nll.py``)
+The math (one direction; the loss and the bidirectional term are assembled in ``loss.py``)
 ------------------------------------------------------------------------------------------------
 Queries ``Q`` (M×D), passages ``P`` (N×D), scale ``s``, target column ``y_i`` of each row, and a keep mask::
 
@@ -114,7 +114,8 @@ def lse_fwd_kernel(
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_i = l_i * tl.exp2(m_i - m_shift) + tl.sum(tl.exp2(s - m_shift[:, None]), axis=1)
         m_i = m_new
-    lse = (m_i + tl.log2(l_i)) * 0.6931471805599453
+    # l_i > 0 on every real row (its positive is kept); the guard only silences rows past M
+    lse = (m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0))) * 0.6931471805599453
     tl.store(lse_ptr + offs_m, lse, mask=in_m)
 
 
@@ -145,7 +146,8 @@ def lse_bwd_dq_kernel(
         s = _score_tile(q_ptr, p_ptr, offs_m, offs_n, M, N, D, stride_q, stride_p,
                         BLOCK_M, BLOCK_N, BLOCK_D, PRECISION) * scale_log2e
         keep = _keep_tile(offs_m, offs_n, M, N, row_target, row_id, valid_ptr, ids_ptr, HAS_VALID, HAS_IDS)
-        prob = tl.where(keep, tl.exp2(s - lse_log2[:, None]), 0.0)
+        # masking before exp2 keeps excluded columns from overflowing: exp2(−inf) = 0
+        prob = tl.exp2(tl.where(keep, s, float("-inf")) - lse_log2[:, None])
         ds = prob * coef[:, None]
         p_blk = tl.load(p_ptr + offs_n.to(tl.int64)[:, None] * stride_p + offs_do[None, :],
                         mask=(offs_n < N)[:, None] & in_do[None, :], other=0.0)
@@ -194,7 +196,7 @@ def lse_bwd_dp_kernel(
             row_id = tl.load(rowid_ptr + offs_m, mask=in_m, other=0)
             dup = (col_id[:, None] == row_id[None, :]) & (offs_n[:, None] != row_target[None, :])
             keep = keep & (dup == 0)
-        prob = tl.where(keep, tl.exp2(st - lse_log2[None, :]), 0.0)
+        prob = tl.exp2(tl.where(keep, st, float("-inf")) - lse_log2[None, :])
         ds = prob * coef[None, :]
         q_blk = tl.load(q_ptr + offs_m.to(tl.int64)[:, None] * stride_q + offs_do[None, :],
                         mask=in_m[:, None] & in_do[None, :], other=0.0)
@@ -239,7 +241,7 @@ def _gpu_configs(kind: str) -> list:
         # (rows owned, rows streamed, feature slice for S, output feature slice)
         for own, stream, bd, bdo, warps, stages in [
             (64, 64, 64, 256, 8, 3), (128, 64, 64, 128, 8, 3), (64, 64, 32, 128, 4, 3),
-            (128, 32, 64, 256, 8, 2), (64, 32, 64, 512, 8, 2), (32, 64, 64, 256, 4, 3),
+            (128, 32, 64, 256, 8, 2), (32, 64, 64, 512, 8, 2), (32, 64, 64, 256, 4, 3),
         ]:
             if kind == "dq":
                 meta = {"BLOCK_M": own, "BLOCK_N": stream}

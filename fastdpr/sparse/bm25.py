@@ -168,7 +168,9 @@ class BM25:
                 yield passage_text(passage)
 
         bar = tqdm(total=total, desc="BM25 tokenize", unit="psg", disable=not show_progress, mininterval=1.0)
-        for token_ids in self.tokenizer.streaming_tokenize(texts(), update_vocab=True, allow_empty=True):
+        # allow_empty=False: a passage with no terms gets no postings (bm25s would otherwise give it a "" term
+        # that every term-less query then matches)
+        for token_ids in self.tokenizer.streaming_tokenize(texts(), update_vocab=True, allow_empty=False):
             docs.append(token_ids)
             bar.update(1)
         bar.close()
@@ -178,6 +180,9 @@ class BM25:
         del ids
         _check_unique(id_array)
         vocab = dict(self.tokenizer.stem_to_sid if self._stemmer is not None else self.tokenizer.word_to_id)
+        # A term id without postings for queries with no known term. It must be inside the vocabulary bm25s
+        # builds its matrix over: bm25s's own fallback appends it past the matrix's last column.
+        vocab.setdefault("", len(vocab))
         self.retriever.index(bm25s.tokenization.Tokenized(ids=docs, vocab=vocab), show_progress=show_progress)
         self._ids = id_array
 
@@ -192,7 +197,11 @@ class BM25:
 
     def tokenize_queries(self, queries: Sequence[str]) -> list[list[int]]:
         """Query token ids in this index's vocabulary (unknown terms dropped)."""
-        return list(self.tokenizer.streaming_tokenize(list(queries), update_vocab=False, allow_empty=True))
+        empty = [self.retriever.vocab_dict[""]]
+        return [
+            ids or empty
+            for ids in self.tokenizer.streaming_tokenize(list(queries), update_vocab=False, allow_empty=False)
+        ]
 
     def search_rows(
         self,
@@ -307,7 +316,7 @@ class BM25:
 def _check_unique(ids: np.ndarray) -> None:
     uniq, counts = np.unique(ids, return_counts=True)
     if len(uniq) != len(ids):
-        dup = uniq[np.argmax(counts > 1)]
+        dup = str(uniq[np.argmax(counts > 1)])
         raise InputError(f"passage id {dup!r} occurs {counts.max()} times; passage ids must be unique")
 
 

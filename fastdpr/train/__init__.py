@@ -1,0 +1,28 @@
+"""Training of the dual encoder: batches with hard negatives, the fused loss, GradCache, DDP, checkpoints.
+
+The heavy names load lazily so ``import fastdpr.train`` stays cheap."""
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "Trainer": "fastdpr.train.trainer",
+    "TrainingArguments": "fastdpr.train.trainer",
+    "Batch": "fastdpr.train.data",
+    "BatchBuilder": "fastdpr.train.data",
+    "Example": "fastdpr.train.data",
+    "load_examples": "fastdpr.train.data",
+    "examples_from_records": "fastdpr.train.data",
+    "GradCacheStep": "fastdpr.train.grad_cache",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastdpr.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -36,6 +36,7 @@ class Example:
     positives: list[dict]
     hard_negatives: list[dict] = field(default_factory=list)
     negatives: list[dict] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
 
 
 def passage_key(ctx: dict) -> int:
@@ -78,6 +79,7 @@ def examples_from_records(records: Iterable[dict], path: str = "<records>") -> l
                 positives=positives,
                 hard_negatives=[_ctx(c, path, index) for c in record.get("hard_negative_ctxs") or []],
                 negatives=[_ctx(c, path, index) for c in record.get("negative_ctxs") or []],
+                answers=[str(a) for a in record.get("answers") or []],
             )
         )
     return examples

@@ -1,0 +1,242 @@
+#include "flat.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+
+#include "topk.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace fastdpr {
+
+const char* storage_name(Storage s) { return s == Storage::F16 ? "fp16" : "fp32"; }
+
+Storage parse_storage(const std::string& s) {
+    if (s == "fp32" || s == "float32") return Storage::F32;
+    if (s == "fp16" || s == "float16") return Storage::F16;
+    throw std::invalid_argument("unknown storage '" + s + "' (expected fp32 or fp16)");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// VectorStore
+
+void VectorStore::unmap() {
+    if (!mapped_) return;
+    if (storage_ == Storage::F16) {
+        f16_.assign(f16(), f16() + n_ * dim_);
+    } else {
+        f32_.assign(f32(), f32() + n_ * dim_);
+    }
+    mapped_ = nullptr;
+    mapping_.reset();
+}
+
+void VectorStore::reserve(size_t n) {
+    unmap();
+    if (storage_ == Storage::F16) f16_.reserve(n * dim_);
+    else f32_.reserve(n * dim_);
+}
+
+void VectorStore::append(const float* x, size_t n) {
+    unmap();
+    if (storage_ == Storage::F16) {
+        const size_t old = f16_.size();
+        f16_.resize(old + n * dim_);
+        simd::to_half(x, f16_.data() + old, n * dim_);
+    } else {
+        f32_.insert(f32_.end(), x, x + n * dim_);
+    }
+    n_ += n;
+}
+
+void VectorStore::row(size_t i, float* out) const {
+    if (storage_ == Storage::F16) simd::from_half(f16() + i * dim_, out, dim_);
+    else std::memcpy(out, f32() + i * dim_, dim_ * sizeof(float));
+}
+
+void VectorStore::save(io::Writer& w, const std::string& name) const {
+    w.add(name, row_ptr(0), n_ * bytes_per_vector());
+}
+
+void VectorStore::load(const io::Reader& r, const std::string& name, size_t n, bool mmap) {
+    const io::Section s = r.section(name);
+    if (dim_ == 0 || s.length / bytes_per_vector() != n || s.length != n * bytes_per_vector())
+        r.fail("section '" + name + "' does not hold " + std::to_string(n) + " vectors of dimension " +
+               std::to_string(dim_));
+    n_ = n;
+    f32_.clear();
+    f16_.clear();
+    if (mmap) {
+        mapped_ = s.data;  // sections are 64-byte aligned in the file, and the mapping is page aligned
+        mapping_ = r.mapping();
+    } else {
+        mapped_ = nullptr;
+        if (storage_ == Storage::F16) {
+            const uint16_t* p = reinterpret_cast<const uint16_t*>(s.data);
+            f16_.assign(p, p + n * dim_);
+        } else {
+            const float* p = reinterpret_cast<const float*>(s.data);
+            f32_.assign(p, p + n * dim_);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// blocked exact search
+
+namespace {
+
+constexpr size_t kQueryBlock = 32;   // queries per block (multiple of 4): 32 x 768 fp32 = 96 KiB, stays in L2
+constexpr size_t kVectorBlock = 256; // vectors per block (multiple of 4)
+
+size_t round_up4(size_t x) { return (x + 3) & ~size_t(3); }
+
+struct Scratch {
+    std::vector<float> queries;  // padded query tile rows
+    std::vector<float> vectors;  // fp16 converted / tail-padded vector block
+    std::vector<float> scores;   // kQueryBlock x kVectorBlock
+};
+
+// Scores of queries [q0, q1) against vectors [v0, v1) pushed into heaps[(q - q0) * stride].
+void search_block(const VectorStore& store, const simd::Kernels& K, const float* queries, size_t q0, size_t q1,
+                  size_t v0, size_t v1, TopK* heaps, size_t stride, Scratch& s) {
+    const size_t d = store.dim();
+    const size_t nq = q1 - q0;
+    const bool tiled = nq >= 4;  // under 4 queries the 4x4 tile would waste work: plain dot products instead
+    const float* qptr = queries + q0 * d;
+    const size_t nq4 = round_up4(nq);
+    if (tiled && nq4 != nq) {
+        s.queries.assign(nq4 * d, 0.0f);
+        std::memcpy(s.queries.data(), qptr, nq * d * sizeof(float));
+        qptr = s.queries.data();
+    }
+    s.scores.resize(kQueryBlock * kVectorBlock);
+    float* S = s.scores.data();
+    const bool f16 = store.storage() == Storage::F16;
+    for (size_t b0 = v0; b0 < v1; b0 += kVectorBlock) {
+        const size_t nv = std::min(kVectorBlock, v1 - b0);
+        if (!tiled) {
+            for (size_t i = 0; i < nq; ++i) {
+                if (f16) K.dot_batch_f16(qptr + i * d, store.f16() + b0 * d, nv, d, S + i * kVectorBlock);
+                else K.dot_batch(qptr + i * d, store.f32() + b0 * d, nv, d, S + i * kVectorBlock);
+            }
+        } else {
+            // every score comes out of the same padded 4x4 kernel, so results do not depend on how the vectors
+            // were split among threads
+            const size_t nv4 = round_up4(nv);
+            const float* xptr;
+            if (!f16 && nv4 == nv) {
+                xptr = store.f32() + b0 * d;
+            } else {
+                s.vectors.resize(nv4 * d);
+                if (f16) K.from_half(store.f16() + b0 * d, s.vectors.data(), nv * d);
+                else std::memcpy(s.vectors.data(), store.f32() + b0 * d, nv * d * sizeof(float));
+                std::fill(s.vectors.begin() + nv * d, s.vectors.begin() + nv4 * d, 0.0f);
+                xptr = s.vectors.data();
+            }
+            for (size_t j = 0; j < nv4; j += 4) {
+                if (j + 4 < nv4) simd::prefetch(xptr + (j + 4) * d, 4 * d * sizeof(float));
+                for (size_t i = 0; i < nq4; i += 4)
+                    K.dot4x4(qptr + i * d, d, xptr + j * d, d, d, S + i * kVectorBlock + j, kVectorBlock);
+            }
+        }
+        for (size_t i = 0; i < nq; ++i) heaps[i * stride].push_run(S + i * kVectorBlock, nv, static_cast<int64_t>(b0));
+    }
+}
+
+}  // namespace
+
+void exact_search(const VectorStore& store, const float* queries, size_t nq, size_t k, float* scores, int64_t* ids,
+                  int n_threads) {
+    const size_t n = store.size();
+    if (nq == 0 || k == 0) return;
+#ifdef _OPENMP
+    const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
+#else
+    const int threads = 1;
+#endif
+    const simd::Kernels& K = simd::kernels();
+    const size_t n_qblocks = (nq + kQueryBlock - 1) / kQueryBlock;
+    const size_t n_vblocks = std::max<size_t>(1, (n + kVectorBlock - 1) / kVectorBlock);
+    // Few query blocks for many threads: also split the vectors, with one partial top-k per split, merged after.
+    size_t n_splits = 1;
+    if (static_cast<size_t>(threads) > n_qblocks)
+        n_splits = std::min(n_vblocks, (static_cast<size_t>(threads) + n_qblocks - 1) / n_qblocks);
+    const size_t blocks_per_split = (n_vblocks + n_splits - 1) / n_splits;
+    // k beyond n only pads the output rows: the heaps never hold more than n
+    std::vector<TopK> heaps(nq * n_splits, TopK(std::min(k, n)));
+    const long long n_tasks = static_cast<long long>(n_qblocks * n_splits);
+
+#pragma omp parallel num_threads(threads) if (threads > 1 && n_tasks > 1)
+    {
+        Scratch scratch;
+#pragma omp for schedule(dynamic, 1)
+        for (long long t = 0; t < n_tasks; ++t) {
+            const size_t qb = static_cast<size_t>(t) / n_splits, sp = static_cast<size_t>(t) % n_splits;
+            const size_t q0 = qb * kQueryBlock, q1 = std::min(nq, q0 + kQueryBlock);
+            const size_t v0 = std::min(n, sp * blocks_per_split * kVectorBlock);
+            const size_t v1 = std::min(n, v0 + blocks_per_split * kVectorBlock);
+            if (v0 < v1) search_block(store, K, queries, q0, q1, v0, v1, &heaps[q0 * n_splits + sp], n_splits, scratch);
+        }
+    }
+    for (size_t q = 0; q < nq; ++q) {
+        TopK& out = heaps[q * n_splits];
+        for (size_t sp = 1; sp < n_splits; ++sp) out.merge(heaps[q * n_splits + sp]);
+        out.write(scores + q * k, ids + q * k, k);
+    }
+}
+
+void score_rows(const VectorStore& store, const float* query, const int64_t* ids, size_t n, float* out) {
+    const simd::Kernels& K = simd::kernels();
+    for (size_t j = 0; j < n; ++j) {
+        if (j + 1 < n) simd::prefetch(store.row_ptr(static_cast<size_t>(ids[j + 1])), store.bytes_per_vector());
+        out[j] = store.dot(K, query, static_cast<size_t>(ids[j]));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// FlatIndex
+
+size_t FlatIndex::size() const {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    return store_.size();
+}
+
+void FlatIndex::add(const float* x, size_t n) {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    store_.append(x, n);
+}
+
+void FlatIndex::search(const float* q, size_t nq, size_t k, float* scores, int64_t* ids, int n_threads) const {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    exact_search(store_, q, nq, k, scores, ids, n_threads);
+}
+
+void FlatIndex::save(io::Writer& w) const {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    w.meta("dim", static_cast<int64_t>(store_.dim()));
+    w.meta("count", static_cast<int64_t>(store_.size()));
+    w.meta("storage", storage_name(store_.storage()));
+    store_.save(w, "vectors");
+}
+
+std::unique_ptr<FlatIndex> FlatIndex::load(const io::Reader& r, bool mmap) {
+    const size_t dim = static_cast<size_t>(r.meta_int("dim", 1, 1 << 20));
+    const size_t count = static_cast<size_t>(r.meta_int("count", 0, std::numeric_limits<int64_t>::max() / 8));
+    Storage storage;
+    try {
+        storage = parse_storage(r.meta("storage"));
+    } catch (const std::invalid_argument& e) {
+        r.fail(e.what());
+    }
+    auto index = std::make_unique<FlatIndex>(dim, storage);
+    index->store_.load(r, "vectors", count, mmap);
+    return index;
+}
+
+}  // namespace fastdpr

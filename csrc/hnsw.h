@@ -1,0 +1,107 @@
+// HNSW graph for maximum inner product.
+//
+// Layout as in hnswlib: level-0 links in one flat array (count + ids per node), upper levels per node, visited
+// marks reset by bumping a tag, the next neighbour's vector prefetched while the current one is scored. Searches
+// always rank by the exact inner product with the stored vectors; what varies is the similarity the graph is built
+// with (`Graph`):
+//   IP     native inner-product graph (ip-NSW): neighbours chosen and pruned by <a, b>;
+//   Cosine graph built on directions <a, b>/(|a||b|), searched by inner product;
+//   L2     the MIPS->L2 reduction (p' = [p, sqrt(phi - |p|^2)]): neighbours by <a, b> + e_a e_b, phi fixed by the
+//          first add (or given) and larger vectors rejected afterwards.
+// Searching an L2-reduced graph by inner product is exact with respect to the reduction: for q' = [q, 0],
+// |q' - p'|^2 = |q|^2 + phi - 2 <q, p>, the same order.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "flat.h"
+#include "io.h"
+
+namespace fastdpr {
+
+enum class Graph : int { IP = 0, Cosine = 1, L2 = 2 };
+const char* graph_name(Graph g);
+Graph parse_graph(const std::string& s);  // "ip" | "cos" | "l2"
+
+struct HNSWParams {
+    size_t M = 32;                // links per node on upper levels; 2M on level 0
+    size_t ef_construction = 200;
+    size_t ef_search = 128;       // default beam width (raised to k when smaller)
+    size_t entry_points = 8;      // beam width on level 1, whose results all seed the level-0 search
+    Graph graph = Graph::IP;
+    Storage storage = Storage::F32;
+    double phi = 0.0;             // L2 reduction: max squared norm; 0 = take it from the first add
+    uint64_t seed = 12345;
+};
+
+class HNSWIndex {
+public:
+    HNSWIndex(size_t dim, const HNSWParams& params);
+
+    size_t dim() const { return store_.dim(); }
+    size_t size() const;
+    const HNSWParams& params() const { return params_; }
+    double phi() const { return phi_; }
+    int max_level() const { return max_level_; }
+
+    // Inserts the rows in parallel (n_threads <= 0: OpenMP's default). Throws std::invalid_argument for the L2
+    // reduction when a vector's squared norm exceeds phi.
+    void add(const float* x, size_t n, int n_threads = 0);
+
+    // ef = 0: params().ef_search. ef is raised to k. entry_points = 0: params().entry_points.
+    void search(const float* q, size_t nq, size_t k, size_t ef, float* scores, int64_t* ids, int n_threads = 0,
+                size_t entry_points = 0) const;
+
+    // Graph statistics for tests/benchmarks: mean level-0 degree, number of nodes reachable from the entry.
+    double mean_degree() const;
+    size_t reachable() const;
+
+    void save(io::Writer& w) const;
+    static std::unique_ptr<HNSWIndex> load(const io::Reader& r, bool mmap);
+
+private:
+    size_t capacity(int level) const { return level == 0 ? M0_ : params_.M; }
+    uint32_t* links(uint32_t node, int level) {
+        return level == 0 ? &links0_[static_cast<size_t>(node) * (M0_ + 1)]
+                          : &upper_[node][static_cast<size_t>(level - 1) * (params_.M + 1)];
+    }
+    const uint32_t* links(uint32_t node, int level) const {
+        return level == 0 ? &links0_[static_cast<size_t>(node) * (M0_ + 1)]
+                          : &upper_[node][static_cast<size_t>(level - 1) * (params_.M + 1)];
+    }
+    void prepare_weights(size_t from);
+    int random_level();
+    void insert(uint32_t node);
+    float build_sim(const float* xa, uint32_t a, uint32_t b) const;
+    void select_neighbors(const float* xbase, uint32_t base, std::vector<std::pair<float, uint32_t>>& cands,
+                          size_t m) const;
+    void connect(uint32_t node, const float* xnode, int level, const std::vector<std::pair<float, uint32_t>>& nbrs);
+    void search_one(const float* q, size_t k, size_t ef, size_t entry_points, float* scores, int64_t* ids) const;
+
+    HNSWParams params_;
+    size_t M0_;
+    double level_mult_;
+    double phi_ = 0.0;
+    VectorStore store_;
+    std::vector<float> weight_;  // build similarity: sim(a, b) = <a, b> w_a w_b + e_a e_b
+    std::vector<float> extra_;
+    std::vector<int8_t> levels_;
+    std::vector<uint32_t> links0_;
+    std::vector<std::vector<uint32_t>> upper_;
+    std::unique_ptr<std::mutex[]> node_locks_;
+    size_t n_locks_ = 0;
+    std::mutex entry_lock_;
+    int64_t entry_ = -1;
+    int max_level_ = -1;
+    uint64_t rng_state_;
+    mutable std::shared_mutex mutex_;  // searches share it; add takes it alone
+};
+
+}  // namespace fastdpr

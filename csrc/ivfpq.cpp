@@ -1,0 +1,376 @@
+#include "ivfpq.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "kmeans.h"
+#include "simd.h"
+#include "topk.h"
+
+#ifdef FASTDPR_OPENMP
+#include <omp.h>
+#endif
+
+namespace fastdpr {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Sum of the table entries picked by one code row, accumulated in order j = 0..m-1 from `base` (the same order
+// the numpy fallback uses, so both give the same float32 sums from the same tables). Four rows at a time for
+// instruction-level parallelism: the loop is bound by dependent table loads, not arithmetic.
+void adc_scan(const uint8_t* codes, int64_t n, int64_t m, const float* lut, float base, float* out) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const uint8_t* c0 = codes + i * m;
+        const uint8_t* c1 = c0 + m;
+        const uint8_t* c2 = c1 + m;
+        const uint8_t* c3 = c2 + m;
+        float s0 = base, s1 = base, s2 = base, s3 = base;
+        for (int64_t j = 0; j < m; ++j) {
+            const float* t = lut + j * IVFPQ::kKsub;
+            s0 += t[c0[j]];
+            s1 += t[c1[j]];
+            s2 += t[c2[j]];
+            s3 += t[c3[j]];
+        }
+        out[i] = s0, out[i + 1] = s1, out[i + 2] = s2, out[i + 3] = s3;
+    }
+    for (; i < n; ++i) {
+        const uint8_t* c = codes + i * m;
+        float s = base;
+        for (int64_t j = 0; j < m; ++j) s += lut[j * IVFPQ::kKsub + c[j]];
+        out[i] = s;
+    }
+}
+
+}  // namespace
+
+IVFPQ::IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage storage, bool assign_by_ip)
+    : d_(dim), nlist_(nlist), m_(m), dsub_(0), storage_(storage), assign_by_ip_(assign_by_ip) {
+    if (dim <= 0) throw std::invalid_argument("ivfpq: dim must be positive, got " + str(dim));
+    if (nlist <= 0) throw std::invalid_argument("ivfpq: nlist must be positive, got " + str(nlist));
+    if (m <= 0 || dim % m != 0)
+        throw std::invalid_argument("ivfpq: m=" + str(m) + " must divide the dimension " + str(dim));
+    if (nbits != kNbits)
+        throw std::invalid_argument("ivfpq: nbits=" + str(nbits) + " is not supported (only 8-bit codes)");
+    dsub_ = dim / m;
+    list_codes_.resize(nlist);
+    list_pos_.resize(nlist);
+}
+
+void IVFPQ::check_trained(const char* what) const {
+    if (!trained_) throw std::runtime_error(std::string("ivfpq: the index is not trained; call train() before ") + what);
+}
+
+size_t IVFPQ::vector_bytes() const {
+    switch (storage_) {
+        case VectorStorage::F16: return 2 * static_cast<size_t>(d_);
+        case VectorStorage::F32: return 4 * static_cast<size_t>(d_);
+        default: return 0;
+    }
+}
+
+size_t IVFPQ::memory_bytes() const {
+    const size_t n = static_cast<size_t>(ntotal_);
+    return n * (static_cast<size_t>(m_) + sizeof(int64_t) + vector_bytes()) +
+           sizeof(float) * (centroids_.size() + codebooks_.size());
+}
+
+void IVFPQ::prepare_tables() {
+    centroids_T_ = transpose(centroids_.data(), nlist_, d_);
+    codebooks_T_.assign(codebooks_.size(), 0.f);
+    for (int64_t j = 0; j < m_; ++j) {
+        const std::vector<float> t = transpose(&codebooks_[j * kKsub * dsub_], kKsub, dsub_);
+        std::copy(t.begin(), t.end(), codebooks_T_.begin() + j * kKsub * dsub_);
+    }
+}
+
+void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
+    if (size() > 0) throw std::runtime_error("ivfpq: cannot retrain an index that already holds vectors");
+    if (n < nlist_)
+        throw std::invalid_argument("ivfpq: nlist=" + str(nlist_) + " needs at least that many training vectors, got " +
+                                    str(n));
+    if (n < kKsub)
+        throw std::invalid_argument("ivfpq: 8-bit product quantization needs at least 256 training vectors, got " +
+                                    str(n));
+    KMeansParams cp;
+    cp.k = nlist_;
+    cp.niter = p.niter;
+    cp.seed = p.seed;
+    cp.spherical = p.spherical;
+    cp.max_points_per_centroid = p.max_points_per_centroid;
+    centroids_ = kmeans(x, n, d_, cp).centroids;
+
+    // The codebooks learn residuals of a seeded subsample (256 points per codeword is plenty).
+    std::mt19937_64 rng(p.seed ^ 0x9e3779b97f4a7c15ULL);
+    const int64_t np = std::min(n, kKsub * p.max_points_per_centroid);
+    std::vector<int64_t> pick(n);
+    std::iota(pick.begin(), pick.end(), int64_t{0});
+    for (int64_t i = 0; i < np; ++i) {
+        std::uniform_int_distribution<int64_t> u(i, n - 1);
+        std::swap(pick[i], pick[u(rng)]);
+    }
+    pick.resize(np);
+    std::sort(pick.begin(), pick.end());
+    std::vector<float> sample(static_cast<size_t>(np) * d_);
+    for (int64_t i = 0; i < np; ++i) std::memcpy(&sample[i * d_], x + pick[i] * d_, sizeof(float) * d_);
+    std::vector<int64_t> lists(np);
+    assign_lists(sample.data(), np, lists.data());
+    for (int64_t i = 0; i < np; ++i)
+        for (int64_t t = 0; t < d_; ++t) sample[i * d_ + t] -= centroids_[lists[i] * d_ + t];
+
+    codebooks_.assign(static_cast<size_t>(m_) * kKsub * dsub_, 0.f);
+    std::vector<float> sub(static_cast<size_t>(np) * dsub_);
+    for (int64_t j = 0; j < m_; ++j) {
+        for (int64_t i = 0; i < np; ++i)
+            std::memcpy(&sub[i * dsub_], &sample[i * d_ + j * dsub_], sizeof(float) * dsub_);
+        KMeansParams sp;
+        sp.k = kKsub;
+        sp.niter = p.pq_niter;
+        sp.seed = p.seed + 1 + static_cast<uint64_t>(j);
+        sp.max_points_per_centroid = p.max_points_per_centroid;
+        const std::vector<float> cb = kmeans(sub.data(), np, dsub_, sp).centroids;
+        std::copy(cb.begin(), cb.end(), codebooks_.begin() + j * kKsub * dsub_);
+    }
+    prepare_tables();
+    trained_ = true;
+}
+
+void IVFPQ::set_trained(const float* centroids, const float* codebooks) {
+    if (size() > 0) throw std::runtime_error("ivfpq: cannot replace the trained state of an index holding vectors");
+    centroids_.assign(centroids, centroids + nlist_ * d_);
+    codebooks_.assign(codebooks, codebooks + m_ * kKsub * dsub_);
+    prepare_tables();
+    trained_ = true;
+}
+
+void IVFPQ::assign_lists(const float* x, int64_t n, int64_t* lists) const {
+    assign_nearest(x, n, centroids_.data(), nlist_, d_, assign_by_ip_, lists, nullptr);
+}
+
+void IVFPQ::encode_residuals(const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const {
+    std::vector<float> sub(static_cast<size_t>(n) * dsub_);
+    std::vector<int64_t> lab(n);
+    for (int64_t j = 0; j < m_; ++j) {
+        for (int64_t i = 0; i < n; ++i) {
+            const float* xi = x + i * d_ + j * dsub_;
+            const float* ci = &centroids_[lists[i] * d_ + j * dsub_];
+            for (int64_t t = 0; t < dsub_; ++t) sub[i * dsub_ + t] = xi[t] - ci[t];
+        }
+        assign_nearest(sub.data(), n, &codebooks_[j * kKsub * dsub_], kKsub, dsub_, false, lab.data(), nullptr);
+        for (int64_t i = 0; i < n; ++i) codes[i * m_ + j] = static_cast<uint8_t>(lab[i]);
+    }
+}
+
+void IVFPQ::encode(const float* x, int64_t n, int64_t* lists, uint8_t* codes) const {
+    check_trained("encode()");
+    assign_lists(x, n, lists);
+    encode_residuals(x, n, lists, codes);
+}
+
+void IVFPQ::own_vectors() {
+    if (!vec_map_) return;
+    const size_t bytes = static_cast<size_t>(ntotal_) * vector_bytes();
+    vec_owned_.assign(vec_ptr_, vec_ptr_ + bytes);
+    vec_ptr_ = vec_owned_.data();
+    vec_map_.reset();
+}
+
+void IVFPQ::add(const float* x, int64_t n) {
+    check_trained("add()");
+    if (n <= 0) return;
+    own_vectors();
+    constexpr int64_t kChunk = 1 << 15;  // bounds the residual buffers on large adds
+    std::vector<int64_t> lists;
+    std::vector<uint8_t> codes;
+    const simd::Kernels& K = simd::kernels();
+    const size_t vb = vector_bytes();
+    if (vb) vec_owned_.reserve((static_cast<size_t>(ntotal_) + n) * vb);
+    for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+        const int64_t nc = std::min(kChunk, n - c0);
+        const float* xc = x + c0 * d_;
+        lists.resize(nc);
+        codes.resize(static_cast<size_t>(nc) * m_);
+        assign_lists(xc, nc, lists.data());
+        encode_residuals(xc, nc, lists.data(), codes.data());
+        const int64_t pos0 = size();
+        for (int64_t i = 0; i < nc; ++i) {
+            const int64_t l = lists[i];
+            list_codes_[l].insert(list_codes_[l].end(), &codes[i * m_], &codes[i * m_] + m_);
+            list_pos_[l].push_back(pos0 + i);
+        }
+        ntotal_ += nc;
+        if (vb) {
+            const size_t old = vec_owned_.size();
+            vec_owned_.resize(old + nc * vb);
+            if (storage_ == VectorStorage::F32)
+                std::memcpy(&vec_owned_[old], xc, nc * vb);
+            else
+                K.to_half(xc, reinterpret_cast<uint16_t*>(&vec_owned_[old]), static_cast<size_t>(nc) * d_);
+            vec_ptr_ = vec_owned_.data();
+        }
+    }
+}
+
+void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
+                   int64_t* out_ids, int threads) const {
+    if (k <= 0) throw std::invalid_argument("ivfpq: k must be positive, got " + str(k));
+    if (nprobe <= 0) throw std::invalid_argument("ivfpq: nprobe must be positive, got " + str(nprobe));
+    if (rerank < 0) throw std::invalid_argument("ivfpq: rerank must be >= 0, got " + str(rerank));
+    if (rerank > 0 && storage_ == VectorStorage::None)
+        throw std::invalid_argument("ivfpq: rerank needs the full vectors; build the index with store=fp16 or fp32");
+    check_trained("search()");
+    nprobe = std::min(nprobe, nlist_);
+    const int64_t kc = rerank > 0 ? std::max(k, rerank) : k;
+    const simd::Kernels& K = simd::kernels();
+    constexpr int64_t G = 4;  // queries per coarse-product call: each centroid panel load feeds 4 queries
+    const int64_t ngroups = (nq + G - 1) / G;
+    const float ninf = -std::numeric_limits<float>::infinity();
+
+#ifdef FASTDPR_OPENMP
+    const int nthreads = threads > 0 ? threads : omp_get_max_threads();
+#else
+    const int nthreads = 1;
+#endif
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && ngroups > 1)
+    {
+        std::vector<float> qc(static_cast<size_t>(G) * nlist_);
+        std::vector<float> lut(static_cast<size_t>(m_) * kKsub);
+        std::vector<float> buf;
+        TopK probe(nprobe), heap(kc), best(k);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t g = 0; g < ngroups; ++g) {
+            const int64_t q0 = g * G, gn = std::min(G, nq - q0);
+            inner_products_T(q + q0 * d_, gn, centroids_T_.data(), nlist_, d_, qc.data());
+            for (int64_t r = 0; r < gn; ++r) {
+                const float* qv = q + (q0 + r) * d_;
+                const float* qcr = qc.data() + r * nlist_;
+                probe.reset(nprobe);
+                probe.push_run(qcr, nlist_, 0);
+                const std::vector<Scored> lists = probe.take_sorted();
+                for (int64_t j = 0; j < m_; ++j)
+                    inner_products_T(qv + j * dsub_, 1, &codebooks_T_[j * kKsub * dsub_], kKsub, dsub_,
+                                     &lut[j * kKsub]);
+                heap.reset(kc);
+                for (const Scored& ls : lists) {
+                    const int64_t l = ls.id;
+                    const int64_t len = static_cast<int64_t>(list_pos_[l].size());
+                    if (len == 0) continue;
+                    buf.resize(len);
+                    adc_scan(list_codes_[l].data(), len, m_, lut.data(), ls.score, buf.data());
+                    const int64_t* pos = list_pos_[l].data();
+                    float thr = heap.threshold();
+                    for (int64_t i = 0; i < len; ++i) {
+                        if (buf[i] >= thr) {
+                            heap.push(buf[i], pos[i]);
+                            thr = heap.threshold();
+                        }
+                    }
+                }
+                std::vector<Scored> found = heap.take_sorted();
+                if (rerank > 0) {
+                    best.reset(k);
+                    for (const Scored& s : found) {
+                        const float exact =
+                            storage_ == VectorStorage::F32
+                                ? K.dot(qv, reinterpret_cast<const float*>(vec_ptr_) + s.id * d_, d_)
+                                : K.dot_f16(qv, reinterpret_cast<const uint16_t*>(vec_ptr_) + s.id * d_, d_);
+                        best.push(exact, s.id);
+                    }
+                    found = best.take_sorted();
+                }
+                float* so = scores + (q0 + r) * k;
+                int64_t* io = out_ids + (q0 + r) * k;
+                int64_t i = 0;
+                for (; i < static_cast<int64_t>(found.size()) && i < k; ++i) {
+                    so[i] = found[i].score;
+                    io[i] = found[i].id;
+                }
+                for (; i < k; ++i) so[i] = ninf, io[i] = -1;
+            }
+        }
+    }
+}
+
+void IVFPQ::save(io::Writer& w) const {
+    w.meta("dim", d_);
+    w.meta("nlist", nlist_);
+    w.meta("m", m_);
+    w.meta("nbits", int64_t{kNbits});
+    w.meta("storage", static_cast<int64_t>(storage_));
+    w.meta("assign_by_ip", int64_t{assign_by_ip_ ? 1 : 0});
+    w.meta("trained", int64_t{trained_ ? 1 : 0});
+    w.meta("ntotal", ntotal_);
+    if (trained_) {
+        w.add_vector("centroids", centroids_);
+        w.add_vector("codebooks", codebooks_);
+    }
+    std::vector<int64_t> offsets(nlist_ + 1, 0);
+    for (int64_t l = 0; l < nlist_; ++l) offsets[l + 1] = offsets[l] + static_cast<int64_t>(list_pos_[l].size());
+    std::vector<uint8_t> codes;
+    std::vector<int64_t> pos;
+    codes.reserve(static_cast<size_t>(ntotal_) * m_);
+    pos.reserve(ntotal_);
+    for (int64_t l = 0; l < nlist_; ++l) {
+        codes.insert(codes.end(), list_codes_[l].begin(), list_codes_[l].end());
+        pos.insert(pos.end(), list_pos_[l].begin(), list_pos_[l].end());
+    }
+    w.add_vector("list_offsets", offsets);
+    w.add_vector("codes", codes);
+    w.add_vector("list_pos", pos);
+    if (storage_ != VectorStorage::None) w.add("vectors", vec_ptr_, static_cast<size_t>(ntotal_) * vector_bytes());
+}
+
+std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
+    if (rd.type() != "ivfpq") rd.fail("it holds a '" + rd.type() + "' index, not an ivfpq one");
+    const int64_t d = rd.meta_int("dim", 1, int64_t{1} << 20);
+    const int64_t nlist = rd.meta_int("nlist", 1, int64_t{1} << 28);
+    const int64_t m = rd.meta_int("m", 1, d);
+    if (d % m != 0) rd.fail("m does not divide dim");
+    rd.meta_int("nbits", kNbits, kNbits);
+    const auto storage = static_cast<VectorStorage>(rd.meta_int("storage", 0, 2));
+    const bool by_ip = rd.meta_int("assign_by_ip", 0, 1) == 1;
+    const bool trained = rd.meta_int("trained", 0, 1) == 1;
+    const int64_t n = rd.meta_int("ntotal", 0, int64_t{1} << 40);
+    if (!trained && n > 0) rd.fail("untrained index with vectors");
+
+    auto idx = std::make_unique<IVFPQ>(d, nlist, m, kNbits, storage, by_ip);
+    if (trained) {
+        const float* c = rd.array<float>("centroids", static_cast<size_t>(nlist * d));
+        const float* cb = rd.array<float>("codebooks", static_cast<size_t>(m * kKsub * idx->dsub_));
+        idx->set_trained(c, cb);
+    }
+    const int64_t* off = rd.array<int64_t>("list_offsets", static_cast<size_t>(nlist + 1));
+    if (off[0] != 0 || off[nlist] != n) rd.fail("list offsets do not cover the vectors");
+    for (int64_t l = 0; l < nlist; ++l)
+        if (off[l + 1] < off[l]) rd.fail("list offsets are not increasing");
+    const uint8_t* codes = rd.array<uint8_t>("codes", static_cast<size_t>(n * m));
+    const int64_t* pos = rd.array<int64_t>("list_pos", static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+        if (pos[i] < 0 || pos[i] >= n) rd.fail("list position out of range");
+    for (int64_t l = 0; l < nlist; ++l) {
+        idx->list_codes_[l].assign(codes + off[l] * m, codes + off[l + 1] * m);
+        idx->list_pos_[l].assign(pos + off[l], pos + off[l + 1]);
+    }
+    idx->ntotal_ = n;
+    if (storage != VectorStorage::None) {
+        const size_t bytes = static_cast<size_t>(n) * idx->vector_bytes();
+        const uint8_t* v = rd.array<uint8_t>("vectors", bytes);
+        if (mmap_vectors && bytes > 0) {
+            idx->vec_map_ = rd.mapping();
+            idx->vec_ptr_ = v;
+        } else {
+            idx->vec_owned_.assign(v, v + bytes);
+            idx->vec_ptr_ = idx->vec_owned_.data();
+        }
+    }
+    return idx;
+}
+
+}  // namespace fastdpr

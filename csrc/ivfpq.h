@@ -1,0 +1,106 @@
+// IVF-PQ for maximum inner product.
+//
+// Coarse level: nlist k-means centroids. A vector is filed under its nearest centroid in L2 (the default; it
+// minimises the residual the PQ has to encode, hence the quantisation error) and its residual r = x - c is
+// product-quantised: m sub-vectors of d/m dimensions, each replaced by the index of the nearest of 256 codewords.
+// Inner products decompose exactly over that split:
+//     <q, x> ~= <q, c> + <q, r_hat> = <q, c> + sum_j LUT_j[code_j],   LUT_j[t] = <q_j, codeword_j,t>
+// and for inner product the table does not depend on the list (unlike L2), so one m x 256 table per query serves
+// every probed list. Lists are probed in order of <q, c>. The top `rerank` candidates can be re-scored exactly
+// from the stored full vectors (fp16 or fp32, memory-mappable on load).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io.h"
+
+namespace fastdpr {
+
+enum class VectorStorage : int { None = 0, F16 = 1, F32 = 2 };
+
+struct IVFPQTrainParams {
+    int niter = 20;              // Lloyd iterations of the coarse k-means
+    int pq_niter = 20;           // ... and of each sub-quantizer's k-means
+    uint64_t seed = 1234;
+    int64_t max_points_per_centroid = 256;
+    bool spherical = false;      // spherical coarse k-means (unit-norm centroids)
+};
+
+class IVFPQ {
+public:
+    static constexpr int kNbits = 8;
+    static constexpr int64_t kKsub = 256;
+
+    // assign_by_ip: file vectors under the centroid of largest inner product instead of the nearest in L2.
+    IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage storage, bool assign_by_ip = false);
+
+    int64_t dim() const { return d_; }
+    int64_t nlist() const { return nlist_; }
+    int64_t m() const { return m_; }
+    int64_t dsub() const { return dsub_; }
+    int nbits() const { return kNbits; }
+    int64_t size() const { return ntotal_; }
+    bool is_trained() const { return trained_; }
+    bool assign_by_ip() const { return assign_by_ip_; }
+    VectorStorage storage() const { return storage_; }
+    bool vectors_mapped() const { return static_cast<bool>(vec_map_); }
+
+    // Trains the coarse centroids and the codebooks on x (n, d). Needs n >= nlist and n >= 256.
+    void train(const float* x, int64_t n, const IVFPQTrainParams& params);
+    // Installs a trained state: centroids (nlist, d) and codebooks (m, 256, dsub). Only on an empty index.
+    void set_trained(const float* centroids, const float* codebooks);
+
+    // Appends rows; they are known by their positions size() .. size()+n-1 (external ids are mapped outside).
+    void add(const float* x, int64_t n);
+    // The list each row would be filed under and its m codes, without adding anything.
+    void encode(const float* x, int64_t n, int64_t* lists, uint8_t* codes) const;
+
+    // Top-k by approximate inner product over the nprobe lists of largest <q, c>; with rerank > 0 the best
+    // max(k, rerank) candidates are re-scored exactly from the stored vectors. Returns positions; missing results:
+    // -1 and -inf. Const and thread-safe; multi-threaded over queries (threads <= 0: OpenMP's default).
+    void search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
+                int64_t* positions, int threads = 0) const;
+
+    const std::vector<float>& centroids() const { return centroids_; }
+    const std::vector<float>& codebooks() const { return codebooks_; }
+    int64_t list_size(int64_t l) const { return static_cast<int64_t>(list_pos_.at(l).size()); }
+    const std::vector<uint8_t>& list_codes(int64_t l) const { return list_codes_.at(l); }
+    const std::vector<int64_t>& list_positions(int64_t l) const { return list_pos_.at(l); }
+    // Stored full vectors (size() x dim): fp32 or raw IEEE half bits; null when storage is None.
+    const void* vectors() const { return vec_ptr_; }
+    size_t vector_bytes() const;  // bytes per stored full vector (0, 2d or 4d)
+    size_t memory_bytes() const;  // codes + positions + ids + stored vectors + centroids + codebooks
+
+    // Sections and metadata into an open file writer (the caller adds its own and commits).
+    void save(io::Writer& writer) const;
+    // Every size and offset is checked against the metadata; a bad file is an io::FormatError, never a crash.
+    // mmap_vectors: leave the stored full vectors in the file mapping (the page cache) instead of copying them.
+    static std::unique_ptr<IVFPQ> load(const io::Reader& reader, bool mmap_vectors = false);
+
+private:
+    void check_trained(const char* what) const;
+    void prepare_tables();  // transposed copies the search kernels stream
+    void assign_lists(const float* x, int64_t n, int64_t* lists) const;
+    void encode_residuals(const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const;
+    void own_vectors();  // copy memory-mapped vectors into owned memory before appending
+
+    int64_t d_, nlist_, m_, dsub_;
+    VectorStorage storage_;
+    bool assign_by_ip_;
+    bool trained_ = false;
+    std::vector<float> centroids_;    // (nlist, d)
+    std::vector<float> centroids_T_;  // (d, nlist)
+    std::vector<float> codebooks_;    // (m, 256, dsub)
+    std::vector<float> codebooks_T_;  // (m, dsub, 256)
+    std::vector<std::vector<uint8_t>> list_codes_;  // per list: (len, m)
+    std::vector<std::vector<int64_t>> list_pos_;    // per list: positions (row numbers in the order added)
+    int64_t ntotal_ = 0;
+    std::vector<uint8_t> vec_owned_;
+    const uint8_t* vec_ptr_ = nullptr;
+    std::shared_ptr<io::Mapping> vec_map_;
+};
+
+}  // namespace fastdpr

@@ -1,0 +1,90 @@
+"""`fastdpr encode`: passages -> fp16/fp32 vector shards + ids + manifest (resumable, splittable).
+
+    fastdpr encode --model model/ passages.tsv -o vectors/
+    fastdpr encode --model model/ passages.tsv -o vectors/ --shard 0/4      # worker 0 of 4 (or torchrun)
+    fastdpr encode --merge vectors/                                          # check + join the workers' parts
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("corpus", nargs="?", type=Path, help="passage file (DPR TSV, JSONL or BEIR corpus.jsonl)")
+    p.add_argument("--model", "-m", type=Path, help="fastdpr, sentence-transformers or Hugging Face model directory")
+    p.add_argument("-o", "--out", type=Path, help="output directory for shards and manifest")
+    p.add_argument("--batch-size", type=int, default=128, help="passages per forward pass (default 128)")
+    p.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="stored vector type")
+    p.add_argument("--precision", choices=("auto", "float32", "float16", "bfloat16"), default="auto",
+                   help="compute precision (auto: float16 autocast on CUDA, float32 on the CPU)")
+    p.add_argument("--shard-size", type=int, default=100_000, help="passages per shard file (the resume unit)")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="encode only part I of N (default: RANK/WORLD_SIZE under torchrun, else all)")
+    p.add_argument("--max-length", type=int, default=None, help="passage token limit (default: the model's)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda:LOCAL_RANK when available)")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="DIR", default=None,
+                   help="merge and check the worker parts in DIR... (into -o, default the first DIR)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from fastdpr.errors import InputError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    from fastdpr.encode import encode_corpus, merge_shards, parse_shard_spec, worker_from_env
+
+    if args.merge:
+        manifest = merge_shards(args.merge, args.out)
+        print(f"merged {len(manifest['shards'])} shards, {manifest['count']} passages, each exactly once -> "
+              f"{(args.out or args.merge[0]) / 'manifest.json'}")
+        return 0
+    missing = [name for name, value in (("CORPUS", args.corpus), ("--model", args.model), ("-o", args.out))
+               if value is None]
+    if missing:
+        raise InputError(f"missing {', '.join(missing)} (or use --merge DIR...)")
+
+    import torch
+
+    from fastdpr.models import BiEncoder
+
+    worker, workers = parse_shard_spec(args.shard) if args.shard else worker_from_env()
+    device = args.device
+    if device is None:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu"
+    model = BiEncoder.from_pretrained(args.model)
+    manifest = encode_corpus(model, args.corpus, args.out, batch_size=args.batch_size, dtype=args.dtype,
+                             shard_size=args.shard_size, shard=(worker, workers), precision=args.precision,
+                             device=device, max_length=args.max_length, show_progress=not args.no_progress,
+                             model_name=str(args.model))
+    rate = manifest["encoded_now"] / manifest["seconds"] if manifest["seconds"] > 0 else 0.0
+    print(f"{manifest['count']} passages ({manifest['dim']}-d {manifest['dtype']}) in {len(manifest['shards'])} "
+          f"shards -> {args.out}; {manifest['encoded_now']} encoded now at {rate:.1f} passages/s")
+    if workers > 1:
+        merged = _merge_under_torchrun(args.out, worker, workers)
+        if not merged:
+            print(f"worker {worker}/{workers} done; when all are, run: fastdpr encode --merge {args.out}")
+    return 0
+
+
+def _merge_under_torchrun(out: Path, worker: int, workers: int) -> bool:
+    """Under torchrun, wait for every rank and let rank 0 merge; otherwise leave merging to the user."""
+    import torch.distributed as dist
+
+    if "MASTER_ADDR" not in __import__("os").environ or not dist.is_available():
+        return False
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    dist.barrier()
+    if worker == 0:
+        from fastdpr.encode import merge_shards
+
+        manifest = merge_shards([out])
+        print(f"merged {len(manifest['shards'])} shards from {workers} workers, {manifest['count']} passages")
+    dist.barrier()
+    dist.destroy_process_group()
+    return True

@@ -1,0 +1,37 @@
+"""``fastdpr read``: extract an answer for each question from its retrieved passages; EM/F1 when answers are known.
+
+    fastdpr read test.results.json --reader reader/ --top-k 10 --out answers.json
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", help="DPR retriever-results JSON (question, answers, ctxs)")
+    parser.add_argument("--reader", required=True, help="reader directory (from train-reader)")
+    parser.add_argument("--out", required=True, help="predictions JSON")
+    parser.add_argument("--top-k", type=int, default=10, help="passages read per question")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--quiet", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastdpr.atomic import write_json
+    from fastdpr.reader import Reader, evaluate_answers
+    from fastdpr.reader.io import load_retriever_results
+
+    records = load_retriever_results(args.results)
+    reader = Reader.from_pretrained(args.reader)
+    if args.device:
+        reader.to(args.device)
+    predictions = reader.read(
+        [r["question"] for r in records], [r["ctxs"] for r in records], top_k=args.top_k,
+        batch_size=args.batch_size, show_progress=not args.quiet,
+    )
+    out = [{"question": r["question"], "answers": r.get("answers", []), **p} for r, p in zip(records, predictions)]
+    metrics = evaluate_answers([p["answer"] for p in predictions], [r.get("answers", []) for r in records])
+    write_json(args.out, {"metrics": metrics, "predictions": out})
+    print(f"EM {metrics['em']:.4f}  F1 {metrics['f1']:.4f}  over {metrics['n']} questions -> {args.out}")
+    return 0

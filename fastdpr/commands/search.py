@@ -1,0 +1,136 @@
+"""``fastdpr search``: retrieve passages for a QA file with a dense model, BM25, or both fused.
+
+    fastdpr search nq-test.qa.csv --mode dense  --model model/ --index index/ --corpus psgs.tsv -o dense.json
+    fastdpr search nq-test.qa.csv --mode bm25   --bm25 bm25/ --corpus psgs.tsv -o bm25.trec -k 1000
+    fastdpr search nq-test.qa.csv --mode hybrid --model model/ --index index/ --bm25 bm25/ --corpus psgs.tsv \\
+        --alpha-file alpha.json -o hybrid.json
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def add_retriever_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments shared with ``fastdpr tune-hybrid``."""
+    parser.add_argument("--model", help="bi-encoder directory (fastdpr, Hugging Face or sentence-transformers)")
+    parser.add_argument("--index", help="dense index directory from `fastdpr index`")
+    parser.add_argument("--bm25", metavar="DIR", help="BM25 index from `fastdpr bm25 build`")
+    parser.add_argument("--corpus", required=True, help="passage file the indexes were built from")
+    parser.add_argument("--k-union", type=int, default=1000,
+                        help="hybrid: passages taken from each side before fusing (default 1000)")
+    parser.add_argument("--batch-size", type=int, default=64, help="question encoding batch size (default 64)")
+    parser.add_argument("--device", help="torch device for question encoding (default: cuda when available)")
+    parser.add_argument("--threads", type=int, default=0, help="BM25 search threads (default 0 = all cores)")
+    parser.add_argument("--search-param", action="append", default=[], metavar="KEY=VALUE",
+                        help="dense index search parameter, e.g. ef=256 or nprobe=32 (repeatable)")
+    parser.add_argument("--match", choices=["string", "regex"], default="string",
+                        help="has_answer rule: DPR tokens (default) or regex answers (CuratedTREC)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("qa", metavar="QA_FILE", help="questions (DPR CSV/TSV, JSONL, BEIR queries)")
+    parser.add_argument("--mode", choices=["dense", "bm25", "hybrid"], default="dense")
+    add_retriever_arguments(parser)
+    parser.add_argument("-o", "--output", required=True, help="run file: .json (DPR results) or .trec")
+    parser.add_argument("-k", type=int, default=100, help="passages per question (default 100)")
+    parser.add_argument("--format", choices=["auto", "dpr", "trec"], default="auto")
+    parser.add_argument("--method", choices=["linear", "rrf"], default="linear",
+                        help="hybrid fusion: dense + alpha*bm25 (default) or reciprocal-rank fusion")
+    parser.add_argument("--alpha", type=float, help="hybrid weight of BM25 (default 1.0, or --alpha-file)")
+    parser.add_argument("--alpha-file", help="JSON from `fastdpr tune-hybrid` holding the tuned alpha")
+    parser.add_argument("--rrf-k", type=float, default=60.0, help="reciprocal-rank fusion constant (default 60)")
+
+
+def _search_params(items: list[str]) -> dict:
+    from fastdpr.errors import InputError
+
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--search-param wants KEY=VALUE, got {item!r}")
+        try:
+            params[key] = int(value)
+        except ValueError:
+            try:
+                params[key] = float(value)
+            except ValueError:
+                params[key] = value
+    return params
+
+
+def build_retriever(args, mode: str, alpha: float = 1.0, method: str = "linear", rrf_k: float = 60.0):
+    """The retriever ``mode`` names, from the command-line arguments (shared with tune-hybrid)."""
+    from fastdpr.data import Corpus
+    from fastdpr.errors import InputError
+    from fastdpr.retrieve import DenseRetriever, HybridRetriever, SparseRetriever
+
+    needs = {"dense": ("model", "index"), "bm25": ("bm25",), "hybrid": ("model", "index", "bm25")}[mode]
+    missing = [f"--{name}" for name in needs if not getattr(args, name)]
+    if missing:
+        raise InputError(f"--mode {mode} needs {', '.join(missing)}")
+    corpus = Corpus.open(args.corpus)
+    dense = sparse = None
+    if "bm25" in needs:
+        from fastdpr.sparse import BM25
+
+        bm25 = BM25.load(args.bm25)
+        if len(bm25) != len(corpus):
+            raise InputError(f"the BM25 index has {len(bm25)} passages but the corpus {len(corpus)}", path=args.bm25)
+        sparse = SparseRetriever(bm25, corpus, n_threads=args.threads or None)
+    if "model" in needs:
+        from fastdpr.index import load_index
+        from fastdpr.models import BiEncoder
+
+        model = BiEncoder.from_pretrained(args.model)
+        model.eval()
+        index = load_index(args.index)
+        if len(index) != len(corpus):
+            raise InputError(f"the index has {len(index)} vectors but the corpus {len(corpus)} passages",
+                             path=args.index)
+        dense = DenseRetriever(model, index, corpus, batch_size=args.batch_size, device=args.device,
+                               search_params=_search_params(args.search_param))
+    if mode == "dense":
+        return dense
+    if mode == "bm25":
+        return sparse
+    if args.k_union < 1:
+        raise InputError("--k-union must be >= 1")
+    return HybridRetriever(dense, sparse, alpha=alpha, k_union=args.k_union, method=method, rrf_k=rrf_k)
+
+
+def _alpha(args) -> float:
+    import json
+
+    from fastdpr.errors import InputError
+
+    if args.alpha is not None and args.alpha_file:
+        raise InputError("give --alpha or --alpha-file, not both")
+    if args.alpha_file:
+        try:
+            with open(args.alpha_file, encoding="utf-8") as fh:
+                return float(json.load(fh)["alpha"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise InputError(f"no tuned alpha readable here ({err})", path=args.alpha_file) from None
+    return 1.0 if args.alpha is None else args.alpha
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    from fastdpr.data import iter_qa
+    from fastdpr.errors import InputError
+    from fastdpr.retrieve import run_format, search_to_run
+
+    if args.k < 1:
+        raise InputError(f"-k must be >= 1, got {args.k}")
+    fmt = run_format(args.output, args.format)
+    retriever = build_retriever(args, args.mode, alpha=_alpha(args), method=args.method, rrf_k=args.rrf_k)
+    qa = list(iter_qa(args.qa))
+    start = time.perf_counter()
+    n = search_to_run(retriever, qa, args.output, args.k, fmt=fmt, match=args.match, tag=f"fastdpr-{args.mode}",
+                      show_progress=True)
+    elapsed = time.perf_counter() - start
+    print(f"searched {n} questions ({args.mode}) in {elapsed:.1f}s ({n / max(elapsed, 1e-9):.1f} q/s) "
+          f"-> {args.output}")
+    return 0

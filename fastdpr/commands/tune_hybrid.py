@@ -1,0 +1,53 @@
+"""``fastdpr tune-hybrid``: choose the hybrid weight alpha (score = dense + alpha * bm25) on a dev set.
+
+    fastdpr tune-hybrid nq-dev.qa.csv --model model/ --index index/ --bm25 bm25/ --corpus psgs.tsv -o alpha.json
+    fastdpr search nq-test.qa.csv --mode hybrid ... --alpha-file alpha.json
+
+Tune on a dev split, never on the test questions.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from fastdpr.commands.search import add_retriever_arguments
+
+    parser.add_argument("qa", metavar="DEV_QA_FILE", help="dev questions with answers")
+    add_retriever_arguments(parser)
+    parser.add_argument("-o", "--output", required=True, help="JSON file to write the chosen alpha to")
+    parser.add_argument("--grid", help="comma-separated alphas to try (default: 0 and 0.001 .. 100, log-spaced)")
+    parser.add_argument("--at", type=int, default=20, help="maximise top-k accuracy at this k (default 20)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastdpr.atomic import write_json
+    from fastdpr.commands.search import build_retriever
+    from fastdpr.data import iter_qa
+    from fastdpr.errors import InputError
+    from fastdpr.retrieve import DEFAULT_ALPHA_GRID
+
+    grid = DEFAULT_ALPHA_GRID
+    if args.grid:
+        try:
+            grid = [float(x) for x in args.grid.split(",") if x.strip()]
+        except ValueError:
+            raise InputError(f"--grid must be comma-separated numbers, got {args.grid!r}") from None
+        if not grid:
+            raise InputError("--grid is empty")
+    if args.at < 1:
+        raise InputError("--at must be >= 1")
+    qa = [q for q in iter_qa(args.qa) if q["answers"]]
+    if not qa:
+        raise InputError("no dev questions with answers", path=args.qa)
+    hybrid = build_retriever(args, "hybrid")
+    alpha = hybrid.tune_alpha([q["question"] for q in qa], [q["answers"] for q in qa], grid=grid, k=args.at,
+                              match=args.match, show_progress=True)
+    key = f"top{args.at}"
+    for row in hybrid.tuning_table:
+        mark = "  <- chosen" if row["alpha"] == alpha else ""
+        print(f"alpha {row['alpha']:>10.4g}  {key} {row[key]:.4f}{mark}")
+    write_json(args.output, {"alpha": alpha, "method": "linear", "metric": key, "k_union": args.k_union,
+                             "dev_questions": len(qa), "dev_file": args.qa, "table": hybrid.tuning_table})
+    print(f"alpha = {alpha:g} -> {args.output}")
+    return 0

@@ -1,0 +1,394 @@
+"""The ``Index`` protocol, the spec-string parser, the registry of index types, ``build_index`` and ``load_index``.
+
+Every index scores by inner product and returns ``(scores float32 (n, k), ids int64 (n, k))``, best first, with
+``-1`` ids and ``-inf`` scores where fewer than ``k`` vectors exist. Ids are the caller's int64 ids (by default the
+row number of each vector, in the order added).
+
+Example::
+
+    from fastdpr.index import build_index, load_index
+    index = build_index(vectors, "hnsw,M=32,efc=200")
+    scores, ids = index.search(queries, k=100, ef=256)
+    index.save("wiki.fdpr")
+    same = load_index("wiki.fdpr")
+
+A new index type subclasses :class:`Index`, sets ``kind`` (the file's type tag), and implements ``from_spec``,
+``_add``, ``_search``, ``_write`` and ``_read`` (plus ``train`` when it needs training); the base class checks every
+input at the boundary, maps ids, and handles files.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fastdpr.errors import InputError
+
+# chunk of rows validated/converted at once on add, so a 21M x 768 fp16 array never needs a full fp32 copy
+ADD_CHUNK = 65536
+INDEX_FILE_NAME = "index.fdpr"  # the file inside an index directory
+
+# kind -> "module:Class"; modules are imported only when that kind is used
+REGISTRY: dict[str, str] = {
+    "flat": "fastdpr.index.flat:FlatIndex",
+    "hnsw": "fastdpr.index.hnsw:HNSWIndex",
+    "ivfpq": "fastdpr.index.ivfpq:IVFPQIndex",
+    "faiss": "fastdpr.index.faiss_adapter:FaissIndex",
+}
+
+# "auto": exact search below this many vectors (it is faster than any graph there and exact), HNSW above
+AUTO_FLAT_MAX = 100_000
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# spec strings
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"hnsw,M=32,efc=200,fp16"`` -> ``("hnsw", {"M": 32, "efc": 200, "fp16": True})``.
+
+    Values are int, float or str; a bare word is a flag (True). ``"faiss:<factory>"`` keeps the factory string
+    whole: ``("faiss", {"factory": "<factory>"})``.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise InputError(f"index spec must be a non-empty string, got {spec!r}")
+    spec = spec.strip()
+    if spec.startswith("faiss:"):
+        factory = spec[len("faiss:"):].strip()
+        if not factory:
+            raise InputError("index spec 'faiss:' needs a factory string, e.g. 'faiss:HNSW32,Flat'")
+        return "faiss", {"factory": factory}
+    parts = [p.strip() for p in spec.split(",")]
+    kind = parts[0].lower()
+    if kind not in REGISTRY and kind != "auto":
+        raise InputError(f"unknown index type {parts[0]!r} in spec {spec!r}; expected one of "
+                         f"{sorted(REGISTRY) + ['auto']}")
+    params: dict[str, Any] = {}
+    for p in parts[1:]:
+        if not p:
+            raise InputError(f"empty field in index spec {spec!r}")
+        if "=" in p:
+            key, value = (s.strip() for s in p.split("=", 1))
+            if not key or not value:
+                raise InputError(f"bad field {p!r} in index spec {spec!r}")
+            params[key] = _parse_value(value)
+        else:
+            params[p] = True
+    return kind, params
+
+
+def _parse_value(value: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def take_params(params: dict[str, Any], allowed: dict[str, Any], where: str) -> dict[str, Any]:
+    """Check ``params`` against ``allowed`` (name -> default; the default's type is the expected type) and return
+    the defaults updated with ``params``. Unknown names and wrong types are an ``InputError`` naming ``where``."""
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise InputError(f"unknown parameter(s) {unknown} for {where}; known: {sorted(allowed)}")
+    out = dict(allowed)
+    for key, value in params.items():
+        default = allowed[key]
+        if isinstance(default, bool):
+            if not isinstance(value, (bool, np.bool_)):
+                raise InputError(f"{where}: {key} is a flag (true/false), got {value!r}")
+            value = bool(value)
+        elif isinstance(default, int) and default is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InputError(f"{where}: {key} must be an integer, got {value!r}")
+            value = int(value)
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise InputError(f"{where}: {key} must be a number, got {value!r}")
+            value = float(value)
+        out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# boundary checks
+
+
+def check_shape(x: Any, dim: int | None, what: str) -> np.ndarray:
+    """``x`` as a 2-D float array (a 1-D vector becomes one row), without copying. Wrong dimension or dtype is an
+    ``InputError`` naming ``what``."""
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.asarray(x)
+        except Exception as exc:  # ragged lists and the like
+            raise InputError(f"{what} must be a numeric array: {exc}") from None
+    if x.ndim == 1:
+        x = x.reshape(1, -1)
+    if x.ndim != 2:
+        raise InputError(f"{what} must be a 2-D array (n, dim), got shape {x.shape}")
+    if x.dtype.kind not in "fiu" or x.dtype == np.bool_:
+        raise InputError(f"{what} must hold floating-point numbers, got dtype {x.dtype}")
+    if dim is not None and x.shape[1] != dim:
+        raise InputError(f"{what} have dimension {x.shape[1]} but the index has dimension {dim}")
+    if x.shape[1] == 0:
+        raise InputError(f"{what} have dimension 0")
+    return x
+
+
+def check_finite(x: np.ndarray, what: str) -> None:
+    """NaN/Inf anywhere is an ``InputError`` naming the first bad row (checked in chunks: no full-size temporary)."""
+    if x.dtype.kind != "f":
+        return
+    for start in range(0, x.shape[0], ADD_CHUNK):
+        block = x[start:start + ADD_CHUNK]
+        if not np.isfinite(block).all():
+            bad = start + int(np.argwhere(~np.isfinite(block))[0, 0])
+            raise InputError(f"{what} row {bad} contains NaN or Inf")
+
+
+def check_matrix(x: Any, dim: int | None, what: str) -> np.ndarray:
+    """Checked float32 C-contiguous rows (see ``check_shape`` and ``check_finite``)."""
+    x = check_shape(x, dim, what)
+    check_finite(x, what)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise InputError(f"k must be a positive integer, got {k!r}")
+    if k < 1:
+        raise InputError(f"k must be >= 1, got {k}")
+    return int(k)
+
+
+def check_ids(ids: Any, n: int) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or ids.shape[0] != n:
+        raise InputError(f"ids must be a 1-D array of {n} integers, got shape {ids.shape}")
+    if n and ids.dtype.kind not in "iu":
+        raise InputError(f"ids must be integers, got dtype {ids.dtype}")
+    ids = ids.astype(np.int64, copy=False)
+    if n and ids.min() < 0:
+        raise InputError("ids must be >= 0 (-1 marks a missing result)")
+    if np.unique(ids).shape[0] != n:
+        raise InputError("ids must be unique")
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the protocol
+
+
+class Index:
+    """Maximum-inner-product index. Subclasses implement the ``_``-prefixed methods on checked inputs."""
+
+    kind: ClassVar[str] = ""
+    # search parameters accepted by ``search(..., **params)`` (name -> default), checked by ``take_params``
+    search_params: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, dim: int):
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise InputError(f"index dimension must be a positive integer, got {dim!r}")
+        self._dim = int(dim)
+        self._labels: np.ndarray | None = None  # external ids by row; None: the row number is the id
+        self._write_lock = threading.Lock()  # adds are serialised; searches are not blocked by it
+
+    # -- to implement -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_spec(cls, dim: int, params: dict[str, Any]) -> "Index":
+        raise NotImplementedError
+
+    def _ntotal(self) -> int:
+        raise NotImplementedError
+
+    def _add(self, x: np.ndarray) -> None:
+        """Append float32 C-contiguous rows (already checked); row numbers continue from ``_ntotal()``."""
+        raise NotImplementedError
+
+    def _search(self, q: np.ndarray, k: int, **params: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k by inner product of float32 rows; returns row numbers (-1 padded)."""
+        raise NotImplementedError
+
+    def _write(self, writer: Any) -> None:
+        """Add this index's sections and metadata to an open file writer (``fileformat``)."""
+        raise NotImplementedError
+
+    @classmethod
+    def _read(cls, reader: Any, mmap: bool = False) -> "Index":
+        raise NotImplementedError
+
+    # -- training (types that need none keep these) ---------------------------------------------------------------
+    @property
+    def is_trained(self) -> bool:
+        return True
+
+    def train(self, vectors: np.ndarray) -> None:
+        """Learn what the index needs from sample vectors (no-op for types that need nothing)."""
+
+    # -- public -----------------------------------------------------------------------------------------------------
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def __len__(self) -> int:
+        return self._ntotal()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(dim={self._dim}, n={len(self)})"
+
+    def add(self, vectors: np.ndarray, ids: Any = None) -> None:
+        """Append vectors (n, dim) of any float dtype; ``ids`` (n,) int64 >= 0, unique (default: row numbers)."""
+        x = check_shape(vectors, self._dim, "vectors")
+        check_finite(x, "vectors")  # before anything is added: a bad row leaves the index unchanged
+        n = x.shape[0]
+        if not self.is_trained:
+            raise InputError(f"{type(self).__name__} must be trained before vectors are added "
+                             "(build_index trains it; or call index.train(sample))")
+        with self._write_lock:
+            n0 = self._ntotal()
+            labels = self._labels
+            if ids is not None:
+                ids = check_ids(ids, n)
+                if labels is None:
+                    labels = np.arange(n0, dtype=np.int64)
+                if labels.shape[0] and np.isin(ids, labels).any():
+                    raise InputError("ids already present in the index")
+                labels = np.concatenate([labels, ids])
+            elif labels is not None:
+                new = np.arange(n0, n0 + n, dtype=np.int64)
+                if np.isin(new, labels).any():
+                    raise InputError("default ids (row numbers) collide with ids given earlier; pass ids")
+                labels = np.concatenate([labels, new])
+            # labels are published before the rows, so a concurrent search never sees a row without its id
+            self._labels = labels
+            if x.dtype == np.float32 and x.flags.c_contiguous:
+                self._add(x)
+            else:  # convert chunk by chunk: a large fp16 array never needs a full fp32 copy
+                for start in range(0, n, ADD_CHUNK):
+                    self._add(np.ascontiguousarray(x[start:start + ADD_CHUNK], dtype=np.float32))
+
+    def search(self, queries: np.ndarray, k: int, **params: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` by inner product: ``(scores float32 (n, k), ids int64 (n, k))``, best first; ``-1`` / ``-inf``
+        pad rows when the index holds fewer than ``k`` vectors. ``params`` are the type's search parameters."""
+        k = check_k(k)
+        q = check_matrix(queries, self._dim, "queries")
+        if self._ntotal() == 0:
+            raise InputError(f"cannot search an empty {type(self).__name__}: add vectors first")
+        params = take_params(params, self.search_params, f"{type(self).__name__}.search")
+        scores, rows = self._search(q, k, **params)
+        labels = self._labels  # read after the search: every row returned has its id published
+        if labels is not None:
+            ids = np.where(rows >= 0, labels[np.maximum(rows, 0)], -1)
+        else:
+            ids = rows
+        return np.ascontiguousarray(scores, dtype=np.float32), np.ascontiguousarray(ids, dtype=np.int64)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the index to one file (a directory path gets ``index.fdpr`` inside it); returns the file path."""
+        from fastdpr.index import fileformat
+
+        path = Path(path)
+        if path.is_dir() or str(path).endswith(os.sep):
+            path = path / INDEX_FILE_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        writer = fileformat.open_writer(path, self.kind, compiled=self._uses_compiled_writer())
+        if self._labels is not None:
+            writer.add("labels", self._labels)
+        self._write(writer)
+        writer.commit()
+        return path
+
+    def _uses_compiled_writer(self) -> bool:
+        """Compiled index types write through the C++ writer; pure-Python ones may use either."""
+        return False
+
+    def _restore_labels(self, reader: Any) -> None:
+        if reader.has("labels"):
+            labels = reader.array("labels", np.int64)
+            if labels.shape[0] != self._ntotal():
+                raise InputError(f"{reader.path}: labels hold {labels.shape[0]} ids for {self._ntotal()} vectors")
+            self._labels = np.array(labels)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# registry, build, load
+
+
+def index_class(kind: str) -> type[Index]:
+    try:
+        target = REGISTRY[kind]
+    except KeyError:
+        raise InputError(f"unknown index type {kind!r}; expected one of {sorted(REGISTRY)}") from None
+    module_name, cls_name = target.split(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, cls_name)
+
+
+def resolve_auto(n: int, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``"auto"``: exact search below ``AUTO_FLAT_MAX`` vectors, else HNSW; extra params (e.g. ``fp16``) pass on."""
+    return ("flat" if n < AUTO_FLAT_MAX else "hnsw"), params
+
+
+def make_index(spec: str, dim: int, n_hint: int = 0) -> Index:
+    """An empty (untrained) index for ``spec``; ``n_hint`` sizes ``"auto"``."""
+    kind, params = parse_spec(spec)
+    if kind == "auto":
+        kind, params = resolve_auto(n_hint, params)
+    return index_class(kind).from_spec(dim, params)
+
+
+def build_index(vectors: np.ndarray, spec: str = "auto", ids: Any = None) -> Index:
+    """Build an index over ``vectors`` (n, dim) from a spec string; trains it first when the type needs it.
+
+    >>> import numpy as np
+    >>> from fastdpr.index import build_index
+    >>> x = np.random.default_rng(0).standard_normal((1000, 64)).astype(np.float32)
+    >>> x /= np.linalg.norm(x, axis=1, keepdims=True)
+    >>> index = build_index(x, "flat")
+    >>> scores, ids = index.search(x[:2], k=5)
+    >>> ids[:, 0].tolist()
+    [0, 1]
+    """
+    if not isinstance(vectors, np.ndarray):
+        vectors = check_matrix(vectors, None, "vectors")
+    if vectors.ndim != 2 or vectors.shape[0] == 0:
+        raise InputError(f"build_index needs a non-empty 2-D array of vectors, got shape {vectors.shape}")
+    index = make_index(spec, vectors.shape[1], n_hint=vectors.shape[0])
+    if not index.is_trained:
+        index.train(vectors)
+    index.add(vectors, ids=ids)
+    return index
+
+
+def resolve_index_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        path = path / INDEX_FILE_NAME
+    if not path.exists():
+        raise InputError("index file not found", path=str(path))
+    return path
+
+
+def load_index(path: str | os.PathLike, mmap: bool = False) -> Index:
+    """Load an index saved by ``Index.save`` (a file, or a directory holding ``index.fdpr``); the type comes from
+    the file's header. ``mmap=True`` leaves large vector blocks in the file mapping instead of copying them.
+
+    A truncated or corrupted file raises ``InputError`` (a ``ValueError``) naming the file."""
+    from fastdpr.index import fileformat
+
+    path = resolve_index_path(path)
+    reader = fileformat.open_reader(path)
+    cls = index_class(reader.type)
+    try:
+        index = cls._read(reader, mmap=mmap)
+    except InputError:
+        raise
+    except ValueError as exc:  # the compiled loaders' FormatError names the file already
+        raise InputError(str(exc)) from None
+    index._restore_labels(reader)
+    return index

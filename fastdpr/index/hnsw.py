@@ -1,0 +1,159 @@
+"""HNSW graph index for maximum inner product (compiled), with an exact-search fallback.
+
+Spec: ``"hnsw,M=32,efc=200,ef=128,fp16,graph=ip|cos|l2,mips=l2,phi=...,entry=8"``.
+
+- ``graph=ip`` (default): native inner-product graph; ``graph=cos`` builds on directions; ``mips=l2`` (or
+  ``graph=l2``) uses the MIPS->L2 reduction, with phi fixed by the first add (or given) and larger vectors
+  rejected afterwards. Every variant searches and scores by the exact inner product with the stored vectors.
+- ``ef``: beam width of the level-0 search (raised to ``k``); ``entry``: width of the level-1 beam whose results all
+  seed level 0. Both can be overridden per search: ``index.search(q, 100, ef=256)``.
+- Without the compiled core the index stores the vectors and searches them exactly: the same results or better.
+
+>>> import numpy as np
+>>> from fastdpr.index import build_index
+>>> x = np.random.default_rng(0).standard_normal((2000, 32)).astype(np.float32)
+>>> index = build_index(x, "hnsw,M=16,efc=100")
+>>> scores, ids = index.search(x[:2], k=5, ef=64)
+>>> ids.shape
+(2, 5)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fastdpr.errors import InputError
+from fastdpr.index._native import native
+from fastdpr.index.base import Index, take_params
+from fastdpr.index.flat import numpy_exact_search
+
+DEFAULTS = {"M": 32, "efc": 200, "ef": 128, "fp16": False, "fp32": False, "graph": "ip", "mips": "ip", "phi": 0.0,
+            "entry": 8, "seed": 12345}
+
+
+class HNSWIndex(Index):
+    """Inner-product HNSW. ``len``, ``dim``, ``add`` and ``search`` as in :class:`fastdpr.index.Index`."""
+
+    kind = "hnsw"
+    search_params = {"ef": 0, "threads": 0, "entry": 0}
+
+    def __init__(self, dim: int, M: int = 32, efc: int = 200, ef: int = 128, fp16: bool = False, graph: str = "ip",
+                 phi: float = 0.0, entry: int = 8, seed: int = 12345):
+        super().__init__(dim)
+        if graph not in ("ip", "cos", "l2"):
+            raise InputError(f"hnsw: graph must be ip, cos or l2, got {graph!r}")
+        for name, value, lo in (("M", M, 2), ("efc", efc, 1), ("ef", ef, 1), ("entry", entry, 1)):
+            if value < lo:
+                raise InputError(f"hnsw: {name} must be >= {lo}, got {value}")
+        if M > 4096:
+            raise InputError(f"hnsw: M must be <= 4096, got {M}")
+        if not np.isfinite(phi) or phi < 0:
+            raise InputError(f"hnsw: phi must be a finite number >= 0, got {phi}")
+        self.M, self.efc, self.ef, self.fp16, self.graph, self.entry, self.seed = M, efc, ef, fp16, graph, entry, seed
+        self._phi = float(phi)
+        C = native()
+        self._impl = None
+        if C is not None:
+            self._impl = C.HNSWIndex(self._dim, M=M, ef_construction=efc, ef_search=ef, graph=graph,
+                                     storage="fp16" if fp16 else "fp32", phi=float(phi), entry_points=entry,
+                                     seed=int(seed) & 0x7FFFFFFFFFFFFFFF)
+        self._rows: list[np.ndarray] = []  # fallback storage
+        self._n = 0
+
+    @classmethod
+    def from_spec(cls, dim: int, params: dict[str, Any]) -> "HNSWIndex":
+        p = take_params(params, DEFAULTS, "hnsw")
+        graph = p["graph"]
+        if p["mips"] not in ("ip", "l2"):
+            raise InputError(f"hnsw: mips must be ip or l2, got {p['mips']!r}")
+        if p["mips"] == "l2":
+            if graph not in ("ip", "l2"):
+                raise InputError("hnsw: mips=l2 and graph= conflict; give one of them")
+            graph = "l2"
+        return cls(dim, M=p["M"], efc=p["efc"], ef=p["ef"], fp16=p["fp16"], graph=graph, phi=p["phi"],
+                   entry=p["entry"], seed=p["seed"])
+
+    @property
+    def native(self) -> bool:
+        return self._impl is not None
+
+    @property
+    def phi(self) -> float:
+        return self._impl.phi if self._impl is not None else self._phi
+
+    def _ntotal(self) -> int:
+        return len(self._impl) if self._impl is not None else self._n
+
+    def _add(self, x: np.ndarray, threads: int = 0) -> None:
+        if self._impl is not None:
+            try:
+                self._impl.add(x, threads)
+            except ValueError as exc:
+                raise InputError(str(exc)) from None
+            return
+        if self.graph == "l2":  # same rule as the compiled graph, so the fallback accepts exactly the same adds
+            sq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
+            if self._n == 0 and self._phi <= 0 and sq.size:
+                self._phi = float(sq.max())
+            if sq.size and sq.max() > self._phi * (1 + 1e-6):
+                raise InputError(f"mips=l2: vector {int(sq.argmax())} of this add has squared norm {sq.max():.6g} "
+                                 f"above phi = {self._phi:.6g}, fixed by the first add")
+        self._rows.append(x.astype(np.float16) if self.fp16 else x.copy())
+        self._n += x.shape[0]
+
+    def _vectors(self) -> np.ndarray:
+        if len(self._rows) > 1:
+            self._rows = [np.concatenate(self._rows)]
+        return self._rows[0] if self._rows else np.empty((0, self._dim), np.float16 if self.fp16 else np.float32)
+
+    def _search(self, q: np.ndarray, k: int, ef: int = 0, threads: int = 0, entry: int = 0):
+        if ef < 0 or entry < 0:
+            raise InputError("hnsw search: ef and entry must be >= 0")
+        if self._impl is not None:
+            return self._impl.search(q, k, ef, threads, entry)
+        return numpy_exact_search(self._vectors(), q, k)
+
+    # -- statistics ---------------------------------------------------------------------------------------------
+    def mean_degree(self) -> float:
+        return self._impl.mean_degree() if self._impl is not None else float("nan")
+
+    def reachable(self) -> int:
+        """Nodes reachable from the entry point on level 0 (a connectivity check)."""
+        return self._impl.reachable() if self._impl is not None else self._n
+
+    # -- files --------------------------------------------------------------------------------------------------
+    def _uses_compiled_writer(self) -> bool:
+        return self._impl is not None
+
+    def _write(self, writer: Any) -> None:
+        if self._impl is not None:
+            self._impl.save(writer.raw)
+            return
+        # the fallback holds no graph; it saves its vectors under its own tag so no graph is ever faked
+        raise InputError("this HNSW index runs on the exact numpy fallback and has no graph to save; "
+                         "save it as a flat index (spec 'flat') or install the compiled extension")
+
+    @classmethod
+    def _read(cls, reader: Any, mmap: bool = False) -> "HNSWIndex":
+        C = native()
+        dim = reader.meta_int("dim", 1, 1 << 20)
+        if C is None or not hasattr(reader, "raw"):
+            # no compiled core: keep the stored vectors and search them exactly
+            count = reader.meta_int("count", 0)
+            fp16 = reader.meta("storage") == "fp16"
+            index = cls(dim, fp16=fp16)
+            rows = reader.array("vectors", np.float16 if fp16 else np.float32, count * dim).reshape(count, dim)
+            index._rows = [rows if mmap else np.array(rows)]
+            index._n = count
+            return index
+        impl = C.HNSWIndex.load(reader.raw, mmap)
+        index = cls.__new__(cls)
+        Index.__init__(index, dim)
+        index.M, index.efc, index.ef = impl.M, impl.ef_construction, impl.ef_search
+        index.fp16, index.graph, index.entry = impl.storage == "fp16", impl.graph, impl.entry_points
+        index.seed = int(reader.meta("seed"))
+        index._phi = impl.phi
+        index._impl = impl
+        index._rows, index._n = [], 0
+        return index

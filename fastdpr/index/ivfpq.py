@@ -1,0 +1,525 @@
+"""IVF-PQ for maximum inner product: k-means coarse lists + residual product quantization, with an exact re-rank.
+
+A vector x is filed under its nearest coarse centroid c (L2, which keeps the residual r = x - c, and so the
+quantisation error, small) and r is stored as m one-byte codes. Since <q, x> = <q, c> + <q, r>, a query scores a
+code row as <q, c> + sum_j LUT_j[code_j] with one m x 256 table per query (for inner product the table does not
+depend on the list). Lists are probed in order of <q, c>. Optionally the full vectors are kept (fp16/fp32,
+memory-mappable) and the best ``rerank`` candidates are re-scored exactly, which is what lifts recall@10 to
+nearly that of exact search.
+
+Example::
+
+    from fastdpr.index import build_index
+    index = build_index(vectors, "ivfpq,nlist=1024,m=48,store=fp16")
+    scores, ids = index.search(queries, k=100, nprobe=32, rerank=400)
+
+Spec parameters: ``nlist`` (0: about 4 sqrt(n), a power of two), ``m`` (0: d/8 sub-quantizers), ``nbits`` (8),
+``store`` (none|fp16|fp32; bare ``fp16``/``fp32`` flags work too), ``nprobe`` and ``rerank`` (search defaults;
+rerank -1: 4 k when vectors are stored, else 0), ``assign`` (l2|ip: how vectors are filed under centroids),
+``niter``, ``pq_niter``, ``seed``, ``max_points_per_centroid``, ``spherical``, ``backend`` (auto|compiled|numpy).
+
+The compiled backend (``fastdpr._C.IVFPQ``) and the numpy backend here give the same codes and scores from the
+same trained state and read and write the same file.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from fastdpr.errors import InputError, MissingDependency
+from fastdpr.index.base import Index, check_matrix, take_params
+
+KSUB = 256  # codewords per sub-quantizer (8-bit codes)
+
+SPEC_PARAMS: dict[str, Any] = {
+    "nlist": 0,
+    "m": 0,
+    "nbits": 8,
+    "store": "none",
+    "nprobe": 16,
+    "rerank": -1,
+    "assign": "l2",
+    "niter": 20,
+    "pq_niter": 20,
+    "seed": 1234,
+    "max_points_per_centroid": 256,
+    "spherical": False,
+    "backend": "auto",
+}
+STORE_CODES = {"none": 0, "fp16": 1, "fp32": 2}
+
+
+def _compiled_module():
+    try:
+        from fastdpr import _C
+    except ImportError:
+        return None
+    return _C if hasattr(_C, "IVFPQ") else None
+
+
+def default_nlist(n: int) -> int:
+    """About 4 sqrt(n) lists, a power of two, with at least 39 training points per list where possible."""
+    if n <= 0:
+        return 1
+    nlist = 2 ** max(0, round(math.log2(4 * math.sqrt(n))))
+    return int(max(1, min(nlist, n // 39 if n >= 39 else 1)))
+
+
+def default_m(dim: int) -> int:
+    """The divisor of ``dim`` closest to dim / 8 (8-dimensional sub-vectors)."""
+    target = max(1.0, dim / 8)
+    divisors = [m for m in range(1, dim + 1) if dim % m == 0]
+    return min(divisors, key=lambda m: (abs(m - target), m))
+
+
+class IVFPQIndex(Index):
+    """IVF-PQ index (see the module docstring). Train on a sample, then add; ``build_index`` does both."""
+
+    kind = "ivfpq"
+    search_params = {"nprobe": 0, "rerank": -2, "threads": 0}  # 0 / -2: the index's defaults
+
+    def __init__(self, dim: int, nlist: int = 0, m: int = 0, nbits: int = 8, store: str = "none", nprobe: int = 16,
+                 rerank: int = -1, assign: str = "l2", niter: int = 20, pq_niter: int = 20, seed: int = 1234,
+                 max_points_per_centroid: int = 256, spherical: bool = False, backend: str = "auto"):
+        super().__init__(dim)
+        where = "ivfpq"
+        if nbits != 8:
+            raise InputError(f"{where}: nbits={nbits} is not supported; codes are 8-bit (nbits=8)")
+        m = default_m(self.dim) if m == 0 else m
+        if m < 1 or self.dim % m != 0:
+            raise InputError(f"{where}: m={m} must divide the dimension {self.dim} "
+                             f"(e.g. m={default_m(self.dim)})")
+        if nlist < 0:
+            raise InputError(f"{where}: nlist must be positive (or 0 for automatic), got {nlist}")
+        if store not in STORE_CODES:
+            raise InputError(f"{where}: store must be one of {sorted(STORE_CODES)}, got {store!r}")
+        if assign not in ("l2", "ip"):
+            raise InputError(f"{where}: assign must be 'l2' or 'ip', got {assign!r}")
+        if nprobe < 1:
+            raise InputError(f"{where}: nprobe must be >= 1, got {nprobe}")
+        if rerank < -1:
+            raise InputError(f"{where}: rerank must be >= 0 (or -1 for automatic), got {rerank}")
+        if rerank > 0 and store == "none":
+            raise InputError(f"{where}: rerank={rerank} needs the full vectors; add store=fp16 or store=fp32")
+        for name, value in (("niter", niter), ("pq_niter", pq_niter), ("max_points_per_centroid",
+                                                                         max_points_per_centroid)):
+            if value < 1:
+                raise InputError(f"{where}: {name} must be >= 1, got {value}")
+        if backend not in ("auto", "compiled", "numpy"):
+            raise InputError(f"{where}: backend must be auto, compiled or numpy, got {backend!r}")
+        if backend == "compiled" and _compiled_module() is None:
+            raise MissingDependency("ivfpq: the compiled extension fastdpr._C is not available "
+                                    "(reinstall fastdpr with a C++ compiler, or use backend=numpy)")
+        self.nlist, self.m, self.store, self.assign = int(nlist), int(m), store, assign
+        self.nprobe, self.rerank = int(nprobe), int(rerank)
+        self.train_params = dict(niter=int(niter), pq_niter=int(pq_niter), seed=int(seed),
+                                 max_points_per_centroid=int(max_points_per_centroid), spherical=bool(spherical))
+        self.backend = backend
+        self._impl: Any = None  # created by train() (nlist may depend on the training set) or on load
+        if self.nlist > 0:
+            self._impl = self._make_impl(self.nlist)
+
+    # -- construction -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_spec(cls, dim: int, params: dict[str, Any]) -> "IVFPQIndex":
+        params = dict(params)
+        for flag in ("fp16", "fp32"):
+            if params.pop(flag, False) is True:
+                params["store"] = flag
+        return cls(dim, **take_params(params, SPEC_PARAMS, "ivfpq"))
+
+    def _use_compiled(self) -> bool:
+        return self.backend == "compiled" or (self.backend == "auto" and _compiled_module() is not None)
+
+    def _make_impl(self, nlist: int):
+        if self._use_compiled():
+            return _compiled_module().IVFPQ(self.dim, nlist, self.m, 8, self.store, self.assign == "ip")
+        return NumpyIVFPQ(self.dim, nlist, self.m, 8, self.store, self.assign == "ip")
+
+    @property
+    def compiled(self) -> bool:
+        """True when the C++ backend does the work."""
+        return self._impl is not None and not isinstance(self._impl, NumpyIVFPQ)
+
+    # -- training -----------------------------------------------------------------------------------------------
+    @property
+    def is_trained(self) -> bool:
+        return self._impl is not None and self._impl.is_trained
+
+    def train(self, vectors: np.ndarray) -> None:
+        """Learn the coarse centroids and the PQ codebooks from sample vectors (n >= nlist and n >= 256)."""
+        if self._ntotal() > 0:
+            raise InputError("ivfpq: the index already holds vectors; train a new index instead")
+        x = vectors if isinstance(vectors, np.ndarray) else np.asarray(vectors)
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise InputError(f"ivfpq: training vectors must have shape (n, {self.dim}), got {x.shape}")
+        n = x.shape[0]
+        nlist = self.nlist or default_nlist(n)
+        if n < KSUB:
+            raise InputError(f"ivfpq: training needs at least {KSUB} vectors for 8-bit codes, got {n}")
+        if nlist > n:
+            raise InputError(f"ivfpq: nlist={nlist} exceeds the {n} training vectors; use nlist <= {n} "
+                             f"(ideally n >= 39 * nlist)")
+        # k-means subsamples anyway: convert only the rows it can use (a huge fp16 input needs no fp32 copy)
+        keep = max(nlist, KSUB) * self.train_params["max_points_per_centroid"]
+        if n > keep:
+            rows = np.sort(np.random.default_rng(self.train_params["seed"]).choice(n, keep, replace=False))
+            x = x[rows]
+        x = check_matrix(x, self.dim, "training vectors")
+        if self._impl is None or self._impl.nlist != nlist:
+            self._impl = self._make_impl(nlist)
+        self.nlist = nlist
+        self._impl.train(x, **self.train_params)
+
+    def set_trained(self, centroids: np.ndarray, codebooks: np.ndarray) -> None:
+        """Install a trained state: centroids (nlist, dim) and codebooks (m, 256, dim/m), e.g. from another index."""
+        centroids = np.ascontiguousarray(centroids, dtype=np.float32)
+        codebooks = np.ascontiguousarray(codebooks, dtype=np.float32)
+        if centroids.ndim != 2 or centroids.shape[1] != self.dim:
+            raise InputError(f"ivfpq: centroids must have shape (nlist, {self.dim}), got {centroids.shape}")
+        want = (self.m, KSUB, self.dim // self.m)
+        if codebooks.shape != want:
+            raise InputError(f"ivfpq: codebooks must have shape {want}, got {codebooks.shape}")
+        if self._impl is None or self._impl.nlist != centroids.shape[0]:
+            self._impl = self._make_impl(centroids.shape[0])
+        self.nlist = centroids.shape[0]
+        self._impl.set_trained(centroids, codebooks)
+
+    # -- Index protocol -----------------------------------------------------------------------------------------
+    def _ntotal(self) -> int:
+        return 0 if self._impl is None else len(self._impl)
+
+    def _add(self, x: np.ndarray) -> None:
+        self._impl.add(x)
+
+    def _search(self, q: np.ndarray, k: int, nprobe: int = 0, rerank: int = -2, threads: int = 0):
+        nprobe = self.nprobe if nprobe == 0 else nprobe
+        if nprobe < 1:
+            raise InputError(f"ivfpq: nprobe must be >= 1, got {nprobe}")
+        rerank = self.rerank if rerank == -2 else rerank
+        if rerank == -1:
+            rerank = 4 * k if self.store != "none" else 0
+        if rerank < 0:
+            raise InputError(f"ivfpq: rerank must be >= 0, got {rerank}")
+        if rerank > 0 and self.store == "none":
+            raise InputError("ivfpq: rerank needs the full vectors; this index was built without store=fp16|fp32")
+        return self._impl.search(q, k, nprobe, rerank, threads)
+
+    def codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(list of every row, its m codes), rows in the order added — for inspection and tests."""
+        lists = np.empty(self._ntotal(), dtype=np.int64)
+        codes = np.empty((self._ntotal(), self.m), dtype=np.uint8)
+        for ln in range(self.nlist):
+            pos = self._impl.list_positions(ln)
+            lists[pos] = ln
+            codes[pos] = self._impl.list_codes(ln)
+        return lists, codes
+
+    def bytes_per_vector(self) -> float:
+        """Memory per stored vector, index structures included (codes, list positions, optional full vector)."""
+        n = self._ntotal()
+        return self._impl.memory_bytes() / n if n else float("nan")
+
+    # -- files --------------------------------------------------------------------------------------------------
+    def _uses_compiled_writer(self) -> bool:
+        return self.compiled
+
+    def _write(self, writer: Any) -> None:
+        if self._impl is None:
+            raise InputError("ivfpq: nothing to save; train the index first")
+        writer.meta("nprobe", self.nprobe)
+        writer.meta("rerank", self.rerank)
+        if self.compiled and hasattr(writer, "raw"):
+            self._impl.save(writer.raw)
+        elif self.compiled:  # a pure-Python writer: go through a numpy copy of the state
+            NumpyIVFPQ.from_compiled(self._impl).write_sections(writer)
+        else:
+            self._impl.write_sections(writer)
+
+    @classmethod
+    def _read(cls, reader: Any, mmap: bool = False) -> "IVFPQIndex":
+        C = _compiled_module()
+        if C is not None and hasattr(reader, "raw"):
+            impl = C.IVFPQ.load(reader.raw, mmap)
+        else:
+            impl = NumpyIVFPQ.read_sections(reader, mmap)
+        store = impl.store
+        nprobe = reader.meta_int("nprobe", 1, 1 << 30) if reader.has_meta("nprobe") else 16
+        rerank = reader.meta_int("rerank", -1, 1 << 30) if reader.has_meta("rerank") else -1
+        if store == "none" and rerank > 0:
+            rerank = 0
+        index = cls(impl.dim, nlist=impl.nlist, m=impl.m, store=store, nprobe=nprobe, rerank=rerank,
+                    assign="ip" if impl.assign_by_ip else "l2",
+                    backend="numpy" if isinstance(impl, NumpyIVFPQ) else "compiled")
+        index._impl = impl
+        return index
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# numpy backend: the same algorithm as csrc/ivfpq.cpp and csrc/kmeans.cpp, used when the extension is absent
+
+
+def _nearest(x: np.ndarray, centroids: np.ndarray, max_inner_product: bool, block: int = 4096) -> np.ndarray:
+    """Row-wise argmin ||x - c||^2 (or argmax <x, c>), ties to the lowest index, in blocks."""
+    half = np.zeros(centroids.shape[0], np.float32) if max_inner_product else \
+        0.5 * np.einsum("ij,ij->i", centroids, centroids, dtype=np.float32)
+    out = np.empty(x.shape[0], dtype=np.int64)
+    for s in range(0, x.shape[0], block):
+        out[s:s + block] = np.argmax(x[s:s + block] @ centroids.T - half, axis=1)
+    return out
+
+
+def kmeans(x: np.ndarray, k: int, niter: int = 20, seed: int = 1234, spherical: bool = False,
+           max_points_per_centroid: int = 256, kmeanspp: bool = True) -> np.ndarray:
+    """Lloyd's k-means with k-means++ seeding and empty-cluster splitting (numpy twin of csrc/kmeans.cpp; the
+    random streams differ, so the centroids are equally good rather than identical).
+
+    >>> c = kmeans(np.random.default_rng(0).standard_normal((1000, 8)).astype(np.float32), k=16)
+    >>> c.shape
+    (16, 8)
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, d = x.shape
+    if k < 1 or n < k:
+        raise InputError(f"k-means: need at least k={k} training points, got {n}")
+    rng = np.random.default_rng(seed)
+    if n > k * max_points_per_centroid:
+        x = x[np.sort(rng.choice(n, k * max_points_per_centroid, replace=False))]
+        n = x.shape[0]
+    c = np.empty((k, d), dtype=np.float32)
+    if kmeanspp:
+        sample = x[rng.permutation(n)[:min(n, 16 * k)]]
+        c[0] = sample[rng.integers(sample.shape[0])]
+        d2 = ((sample - c[0]) ** 2).sum(1, dtype=np.float64)
+        for j in range(1, k):
+            total = d2.sum()
+            if total > 0:
+                at = int(np.searchsorted(np.cumsum(d2), rng.random() * total))
+                at = min(at, sample.shape[0] - 1)
+            else:
+                at = int(rng.integers(sample.shape[0]))
+            c[j] = sample[at]
+            d2 = np.minimum(d2, ((sample - c[j]) ** 2).sum(1, dtype=np.float64))
+    else:
+        c[:] = x[rng.permutation(n)[:k]]
+
+    def normalise():
+        norms = np.linalg.norm(c, axis=1, keepdims=True)
+        np.divide(c, norms, out=c, where=norms > 0)
+
+    if spherical:
+        normalise()
+    eps = np.where(np.arange(d) % 2 == 0, 1.0 / 1024, -1.0 / 1024).astype(np.float32)
+    for _ in range(niter):
+        labels = _nearest(x, c, spherical)
+        counts = np.bincount(labels, minlength=k)
+        sums = np.stack([np.bincount(labels, weights=x[:, t], minlength=k) for t in range(d)], axis=1)
+        filled = counts > 0
+        c[filled] = (sums[filled] / counts[filled, None]).astype(np.float32)
+        for j in np.flatnonzero(~filled):
+            big = int(np.argmax(counts))
+            if counts[big] < 2:
+                break
+            c[j] = c[big] * (1 + eps)
+            c[big] = c[big] * (1 - eps)
+            counts[j] = counts[big] // 2
+            counts[big] -= counts[j]
+        if spherical:
+            normalise()
+    return c
+
+
+def _top(scores: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k best (score descending, id ascending on ties) — the order csrc/topk.h produces."""
+    return np.lexsort((ids, -scores))[:k]
+
+
+class NumpyIVFPQ:
+    """Pure-numpy IVF-PQ with the compiled class's interface (used when ``fastdpr._C`` is absent)."""
+
+    def __init__(self, dim: int, nlist: int, m: int, nbits: int = 8, store: str = "none", assign_by_ip: bool = False):
+        if dim < 1 or nlist < 1 or m < 1 or dim % m:
+            raise InputError(f"ivfpq: bad shape dim={dim}, nlist={nlist}, m={m} (m must divide dim)")
+        if nbits != 8:
+            raise InputError("ivfpq: only 8-bit codes are supported")
+        self.dim, self.nlist, self.m, self.dsub = dim, nlist, m, dim // m
+        self.nbits, self.store, self.assign_by_ip = 8, store, assign_by_ip
+        self.vectors_mapped = False
+        self._centroids: np.ndarray | None = None
+        self._codebooks: np.ndarray | None = None
+        self._codes = [np.empty((0, m), np.uint8) for _ in range(nlist)]
+        self._pos = [np.empty(0, np.int64) for _ in range(nlist)]
+        self._vectors = np.empty((0, dim), {"none": np.float32, "fp16": np.float16, "fp32": np.float32}[store])
+        self._n = 0
+
+    @classmethod
+    def from_compiled(cls, impl) -> "NumpyIVFPQ":
+        """A numpy copy of a compiled index's state (for writing through a pure-Python file writer)."""
+        out = cls(impl.dim, impl.nlist, impl.m, 8, impl.store, impl.assign_by_ip)
+        if impl.is_trained:
+            out.set_trained(impl.centroids(), impl.codebooks())
+        out._codes = [impl.list_codes(ln) for ln in range(impl.nlist)]
+        out._pos = [impl.list_positions(ln) for ln in range(impl.nlist)]
+        out._n = len(impl)
+        vec = impl.vectors()
+        if vec is not None:
+            out._vectors = vec.view(np.float16) if vec.dtype == np.uint16 else vec
+        return out
+
+    @property
+    def is_trained(self) -> bool:
+        return self._centroids is not None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def memory_bytes(self) -> int:
+        vb = {"none": 0, "fp16": 2, "fp32": 4}[self.store] * self.dim
+        trained = 0 if self._centroids is None else 4 * (self._centroids.size + self._codebooks.size)
+        return self._n * (self.m + 8 + vb) + trained
+
+    def train(self, x: np.ndarray, niter: int = 20, pq_niter: int = 20, seed: int = 1234,
+              max_points_per_centroid: int = 256, spherical: bool = False) -> None:
+        n = x.shape[0]
+        if n < self.nlist or n < KSUB:
+            raise InputError(f"ivfpq: training needs at least max(nlist={self.nlist}, 256) vectors, got {n}")
+        self._centroids = kmeans(x, self.nlist, niter, seed, spherical, max_points_per_centroid)
+        rng = np.random.default_rng(seed + 1)
+        sample = x[np.sort(rng.choice(n, min(n, KSUB * max_points_per_centroid), replace=False))]
+        resid = sample - self._centroids[_nearest(sample, self._centroids, self.assign_by_ip)]
+        self._codebooks = np.stack([
+            kmeans(np.ascontiguousarray(resid[:, j * self.dsub:(j + 1) * self.dsub]), KSUB, pq_niter, seed + 1 + j,
+                   False, max_points_per_centroid)
+            for j in range(self.m)])
+
+    def set_trained(self, centroids: np.ndarray, codebooks: np.ndarray) -> None:
+        if self._n:
+            raise InputError("ivfpq: cannot replace the trained state of an index holding vectors")
+        self._centroids = np.ascontiguousarray(centroids, dtype=np.float32).reshape(self.nlist, self.dim)
+        self._codebooks = np.ascontiguousarray(codebooks, dtype=np.float32).reshape(self.m, KSUB, self.dsub)
+
+    def centroids(self) -> np.ndarray:
+        return self._centroids.copy()
+
+    def codebooks(self) -> np.ndarray:
+        return self._codebooks.copy()
+
+    def list_codes(self, ln: int) -> np.ndarray:
+        return self._codes[ln]
+
+    def list_positions(self, ln: int) -> np.ndarray:
+        return self._pos[ln]
+
+    def vectors(self):
+        return None if self.store == "none" else self._vectors
+
+    def encode(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not self.is_trained:
+            raise InputError("ivfpq: the index is not trained; call train() before encode()")
+        lists = _nearest(x, self._centroids, self.assign_by_ip)
+        resid = x - self._centroids[lists]
+        codes = np.empty((x.shape[0], self.m), np.uint8)
+        for j in range(self.m):
+            sub = np.ascontiguousarray(resid[:, j * self.dsub:(j + 1) * self.dsub])
+            codes[:, j] = _nearest(sub, self._codebooks[j], False)
+        return lists, codes
+
+    def add(self, x: np.ndarray) -> None:
+        if not self.is_trained:
+            raise InputError("ivfpq: the index is not trained; call train() before add()")
+        lists, codes = self.encode(x)
+        pos = np.arange(self._n, self._n + x.shape[0], dtype=np.int64)
+        order = np.argsort(lists, kind="stable")
+        bounds = np.searchsorted(lists[order], np.arange(self.nlist + 1))
+        for ln in np.flatnonzero(np.diff(bounds)):
+            rows = order[bounds[ln]:bounds[ln + 1]]
+            self._codes[ln] = np.concatenate([self._codes[ln], codes[rows]])
+            self._pos[ln] = np.concatenate([self._pos[ln], pos[rows]])
+        if self.store != "none":
+            self._vectors = np.concatenate([self._vectors, x.astype(self._vectors.dtype)])
+        self._n += x.shape[0]
+
+    def search(self, q: np.ndarray, k: int, nprobe: int = 16, rerank: int = 0, threads: int = 0):
+        if not self.is_trained:
+            raise InputError("ivfpq: the index is not trained; call train() before search()")
+        if rerank > 0 and self.store == "none":
+            raise InputError("ivfpq: rerank needs the full vectors (store=fp16 or fp32)")
+        nprobe = min(nprobe, self.nlist)
+        kc = max(k, rerank) if rerank > 0 else k
+        scores = np.full((q.shape[0], k), -np.inf, dtype=np.float32)
+        out = np.full((q.shape[0], k), -1, dtype=np.int64)
+        coarse = q @ self._centroids.T
+        list_ids = np.arange(self.nlist)
+        for i, qv in enumerate(q):
+            probe = _top(coarse[i], list_ids, nprobe)
+            lut = np.einsum("jcd,jd->jc", self._codebooks, qv.reshape(self.m, self.dsub))
+            codes = np.concatenate([self._codes[ln] for ln in probe])
+            pos = np.concatenate([self._pos[ln] for ln in probe])
+            # the same float32 accumulation order as the compiled scan: list score first, then j = 0..m-1
+            s = np.repeat(coarse[i, probe], [self._codes[ln].shape[0] for ln in probe]).astype(np.float32)
+            for j in range(self.m):
+                s += lut[j, codes[:, j]]
+            best = _top(s, pos, kc)
+            s, pos = s[best], pos[best]
+            if rerank > 0:
+                s = self._vectors[pos].astype(np.float32) @ qv
+                best = _top(s, pos, k)
+                s, pos = s[best], pos[best]
+            scores[i, :len(s)] = s
+            out[i, :len(pos)] = pos
+        return scores, out
+
+    # -- the file sections csrc/ivfpq.cpp writes and reads -------------------------------------------------------
+    def write_sections(self, writer) -> None:
+        for key, value in (("dim", self.dim), ("nlist", self.nlist), ("m", self.m), ("nbits", 8),
+                           ("storage", STORE_CODES[self.store]), ("assign_by_ip", int(self.assign_by_ip)),
+                           ("trained", int(self.is_trained)), ("ntotal", self._n)):
+            writer.meta(key, value)
+        if self.is_trained:
+            writer.add("centroids", self._centroids)
+            writer.add("codebooks", self._codebooks)
+        offsets = np.concatenate([[0], np.cumsum([len(p) for p in self._pos])]).astype(np.int64)
+        writer.add("list_offsets", offsets)
+        writer.add("codes", np.concatenate(self._codes).astype(np.uint8))
+        writer.add("list_pos", np.concatenate(self._pos).astype(np.int64))
+        if self.store != "none":
+            writer.add("vectors", np.ascontiguousarray(self._vectors))
+
+    @classmethod
+    def read_sections(cls, reader, mmap: bool = False) -> "NumpyIVFPQ":
+        if reader.type != "ivfpq":
+            reader.fail(f"it holds a {reader.type!r} index, not an ivfpq one")
+        d = reader.meta_int("dim", 1, 1 << 20)
+        nlist = reader.meta_int("nlist", 1, 1 << 28)
+        m = reader.meta_int("m", 1, d)
+        if d % m:
+            reader.fail("m does not divide dim")
+        reader.meta_int("nbits", 8, 8)
+        store = {v: k for k, v in STORE_CODES.items()}[reader.meta_int("storage", 0, 2)]
+        by_ip = reader.meta_int("assign_by_ip", 0, 1) == 1
+        trained = reader.meta_int("trained", 0, 1) == 1
+        n = reader.meta_int("ntotal", 0, 1 << 40)
+        if not trained and n:
+            reader.fail("untrained index with vectors")
+        out = cls(d, nlist, m, 8, store, by_ip)
+        if trained:
+            out.set_trained(reader.array("centroids", np.float32, nlist * d),
+                            reader.array("codebooks", np.float32, m * KSUB * (d // m)))
+        off = reader.array("list_offsets", np.int64, nlist + 1)
+        if off[0] != 0 or off[-1] != n or (np.diff(off) < 0).any():
+            reader.fail("list offsets do not cover the vectors")
+        codes = reader.array("codes", np.uint8, n * m).reshape(n, m)
+        pos = reader.array("list_pos", np.int64, n)
+        if n and (pos.min() < 0 or pos.max() >= n):
+            reader.fail("list position out of range")
+        out._codes = [np.array(codes[off[ln]:off[ln + 1]]) for ln in range(nlist)]
+        out._pos = [np.array(pos[off[ln]:off[ln + 1]]) for ln in range(nlist)]
+        out._n = n
+        if store != "none":
+            dtype = np.float16 if store == "fp16" else np.float32
+            vec = reader.array("vectors", dtype, n * d).reshape(n, d)
+            out._vectors = vec if mmap else np.array(vec)
+            out.vectors_mapped = bool(mmap)
+        return out

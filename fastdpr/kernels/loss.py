@@ -1,0 +1,304 @@
+"""The in-batch negative log-likelihood loss of dense retrieval, without the B×N score matrix.
+
+Public entry point: :func:`inbatch_nll`.  The heavy part, the per-row log-sum-exp over all in-batch passages and
+its gradients, runs in one of three implementations that give the same answers:
+
+* ``"triton"``: fused Triton kernels (``inbatch_nll_triton.py``), compiled on CUDA tensors, or run by the Triton
+  interpreter on CPU tensors when ``TRITON_INTERPRET=1`` was set before triton was first imported;
+* ``"torch"``: a row-chunked PyTorch version with the same O(chunk·N + (B+N)·d) memory bound
+  (``inbatch_nll_torch.py``);
+* ``"reference"``: the full score matrix in float64, for checking.
+
+The positive logit ``scale·q_i·p_{y_i}`` is a gathered row-wise dot product done here with ordinary autograd; the
+kernels only ever produce the log-sum-exp.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from fastdpr.errors import MissingDependency
+
+from .inbatch_nll_torch import accumulation_dtype, chunked_lse, inbatch_nll_reference, reduce_losses
+
+BACKENDS = ("auto", "triton", "torch", "reference")
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backend selection
+# ---------------------------------------------------------------------------------------------------------------
+
+def interpreter_requested() -> bool:
+    """``TRITON_INTERPRET=1`` in the environment, read at call time."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+_triton_module = None
+_triton_error: str | None = None
+
+
+def _load_triton_kernels():
+    """Import the kernel module on first use; None (and the reason kept) when triton cannot be imported."""
+    global _triton_module, _triton_error
+    if _triton_module is None and _triton_error is None:
+        if importlib.util.find_spec("triton") is None:
+            _triton_error = "triton is not installed (pip install 'fastdpr[triton]')"
+        else:
+            try:
+                from . import inbatch_nll_triton
+            except Exception as exc:  # a broken triton install must not break the loss: fall back, say why
+                _triton_error = f"triton failed to import: {type(exc).__name__}: {exc}"
+            else:
+                _triton_module = inbatch_nll_triton
+    return _triton_module
+
+
+def triton_usable_for(device: torch.device) -> tuple[bool, str]:
+    """Whether the Triton kernels can run on tensors of ``device`` in this process, and if not, why."""
+    if device.type == "cpu" and not interpreter_requested():
+        return False, "CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before triton is imported"
+    if device.type not in ("cpu", "cuda"):
+        return False, f"no Triton kernels for device type {device.type!r}"
+    kernels = _load_triton_kernels()
+    if kernels is None:
+        return False, _triton_error or "triton unavailable"
+    if device.type == "cpu" and not kernels.INTERPRETED:
+        return False, ("the kernels were compiled for the GPU because triton was imported before "
+                       "TRITON_INTERPRET=1 was set; set it before anything imports triton")
+    if device.type == "cuda" and kernels.INTERPRETED:
+        return False, "TRITON_INTERPRET=1 is set: the kernels are interpreted and cannot run compiled on CUDA"
+    return True, ""
+
+
+def resolve_backend(backend: str, q: torch.Tensor) -> str:
+    """The implementation ``backend`` means for inputs like ``q`` ("triton", "torch" or "reference")."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend in ("torch", "reference"):
+        return backend
+    usable, why = triton_usable_for(q.device)
+    dtype_ok = q.dtype in _TRITON_DTYPES and not (q.device.type == "cpu" and q.dtype == torch.bfloat16)
+    if backend == "auto":
+        return "triton" if usable and dtype_ok else "torch"
+    if not usable:
+        if _triton_error is not None and "not installed" in _triton_error:
+            raise MissingDependency(f"backend='triton': {why}")
+        raise RuntimeError(f"backend='triton' cannot run here: {why}")
+    if not dtype_ok:
+        if q.dtype == torch.bfloat16:
+            raise ValueError("backend='triton' with bfloat16 on the CPU: the Triton interpreter's bfloat16 support "
+                             "is unreliable; use float32/float16 or backend='torch'")
+        raise ValueError(f"backend='triton' supports float32, float16 and bfloat16, got {q.dtype}; "
+                         "use backend='torch' (float64 gradient checks go there)")
+    return "triton"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Triton path as an autograd Function
+# ---------------------------------------------------------------------------------------------------------------
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """float32 products follow PyTorch's own TF32 switch so that the fused loss is exactly as precise as the eager
+    matmul it replaces; half inputs always use the tensor cores."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+class TritonLogSumExp(torch.autograd.Function):
+    """``lse_i = logsumexp_j S_ij`` of the masked scores, by the fused kernels. See :mod:`.inbatch_nll_triton`."""
+
+    @staticmethod
+    def forward(ctx, q, p, targets, row_ids, column_ids, valid_u8, scale, tiles):
+        kernels = _load_triton_kernels()
+        precision = _dot_precision(q.dtype)
+        lse = kernels.lse_forward(q, p, targets, row_ids, column_ids, valid_u8, scale, precision, tiles)
+        ctx.save_for_backward(q, p, targets, row_ids, column_ids, valid_u8, lse)
+        ctx.scale, ctx.precision, ctx.tiles = scale, precision, tiles
+        return lse
+
+    @staticmethod
+    def backward(ctx, grad_lse):
+        q, p, targets, row_ids, column_ids, valid_u8, lse = ctx.saved_tensors
+        dq, dp = _load_triton_kernels().lse_backward(
+            q, p, targets, row_ids, column_ids, valid_u8, lse, grad_lse, ctx.scale, ctx.precision,
+            need_dq=ctx.needs_input_grad[0], need_dp=ctx.needs_input_grad[1], tiles=ctx.tiles)
+        return dq, dp, None, None, None, None, None, None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Argument checks
+# ---------------------------------------------------------------------------------------------------------------
+
+def _check_inputs(q, p, targets, scale, column_ids, column_valid):
+    if not isinstance(q, torch.Tensor) or not isinstance(p, torch.Tensor):
+        raise TypeError("q and p must be torch tensors")
+    if q.dim() != 2 or p.dim() != 2:
+        raise ValueError(f"q must be (B, d) and p (N, d); got q {tuple(q.shape)}, p {tuple(p.shape)}")
+    if q.shape[1] != p.shape[1]:
+        raise ValueError(f"q and p must have the same width d; got {q.shape[1]} and {p.shape[1]}")
+    if q.shape[0] == 0 or p.shape[0] == 0 or q.shape[1] == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, p {tuple(p.shape)}")
+    if q.device != p.device:
+        raise ValueError(f"q and p must be on one device; got {q.device} and {p.device}")
+    if q.dtype != p.dtype:
+        raise ValueError(f"q and p must have one dtype; got {q.dtype} and {p.dtype}")
+    if not q.dtype.is_floating_point:
+        raise ValueError(f"q and p must be floating point; got {q.dtype}")
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1:
+            raise ValueError("scale must be a single number")
+        scale = scale.item()  # a constant: the loss does not differentiate with respect to the temperature
+    scale = float(scale)
+    if not (scale > 0 and scale != float("inf")):
+        raise ValueError(f"scale must be a finite positive number, got {scale}")
+    n_rows, n_cols = q.shape[0], p.shape[0]
+    if not isinstance(targets, torch.Tensor) or targets.shape != (n_rows,):
+        raise ValueError(f"targets must be a tensor of shape ({n_rows},) (one column per query row)")
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+        raise ValueError(f"targets must hold integer column indices, got {targets.dtype}")
+    targets = targets.to(device=q.device, dtype=torch.int64)
+    low, high = int(targets.min()), int(targets.max())
+    if low < 0 or high >= n_cols:
+        raise ValueError(f"targets must lie in [0, {n_cols}) (p has {n_cols} rows); got values in [{low}, {high}]")
+    if column_valid is not None:
+        if not isinstance(column_valid, torch.Tensor) or column_valid.shape != (n_cols,):
+            raise ValueError(f"column_valid must be a bool tensor of shape ({n_cols},)")
+        column_valid = column_valid.to(device=q.device, dtype=torch.bool)
+        padded_positive = (~column_valid[targets]).nonzero()
+        if padded_positive.numel():
+            row = int(padded_positive[0])
+            raise ValueError(f"column_valid marks the positive of query row {row} (column {int(targets[row])}) "
+                             "as padding; a positive is never padding")
+    if column_ids is not None:
+        if not isinstance(column_ids, torch.Tensor) or column_ids.shape != (n_cols,):
+            raise ValueError(f"column_ids must be an integer tensor of shape ({n_cols},)")
+        if column_ids.dtype.is_floating_point or column_ids.dtype == torch.bool:
+            raise ValueError(f"column_ids must hold integer passage ids, got {column_ids.dtype}")
+        column_ids = column_ids.to(device=q.device, dtype=torch.int64)
+    return targets, scale, column_ids, column_valid
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The loss
+# ---------------------------------------------------------------------------------------------------------------
+
+def _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, chunk_size):
+    if impl == "triton":
+        valid_u8 = None if column_valid is None else column_valid.to(torch.uint8)
+        return TritonLogSumExp.apply(q.contiguous(), p.contiguous(), targets.contiguous(),
+                                     None if row_ids is None else row_ids.contiguous(),
+                                     None if column_ids is None else column_ids.contiguous(),
+                                     valid_u8, scale, tiles)
+    return chunked_lse(q, p, targets, row_ids, column_ids, column_valid, scale, chunk_size)
+
+
+def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: float = 1.0,
+                column_ids: torch.Tensor | None = None, column_valid: torch.Tensor | None = None,
+                bidirectional: bool = False, reduction: str = "mean", backend: str = "auto", *,
+                tiles: dict | None = None, chunk_size: int | None = None) -> torch.Tensor:
+    """In-batch softmax cross-entropy of queries against all passages of the batch, without the B×N matrix.
+
+    With ``S = scale·Q Pᵀ`` and excluded columns set to −inf, the loss of query row i is
+    ``loss_i = logsumexp_j S_ij − S_{i,y_i}`` where ``y_i = targets[i]``.  Column j is excluded from row i when
+
+    * ``column_valid[j]`` is False (a padded column), or
+    * ``column_ids[j] == column_ids[y_i]`` and ``j != y_i`` (the row's own positive passage seen in another
+      column — by dedup, another query's positive or hard negative — is a false negative, not a negative).
+
+    The positive column itself is never excluded (padding a positive is an error).
+
+    ``bidirectional=True`` adds the passages → queries direction (as in GTR): the positive passage of query i is
+    scored against every query, ``R_ik = scale·p_{y_i}·q_k``, with query k ≠ i excluded when
+    ``column_ids[y_k] == column_ids[y_i]`` (it shares the positive); then
+    ``loss_i = ½·[(logsumexp_j S_ij − S_{i,y_i}) + (logsumexp_k R_ik − R_ii)]`` (note ``R_ii = S_{i,y_i}``).
+
+    Args:
+        q: (B, d) query vectors.  p: (N, d) passage vectors, usually laid out ``[pos_0, hn_0.., pos_1, ...]``.
+        targets: (B,) integer column of each query's positive.
+        scale: positive constant multiplying the scores (1 for DPR's dot product, 1/τ for cosine).  Not
+            differentiated.
+        column_ids: (N,) integer passage ids, for the false-negative mask.  column_valid: (N,) bool, False = padding.
+        reduction: "mean" (over the B rows), "sum", or "none" (the (B,) vector).
+        backend: "auto" (Triton on CUDA; the Triton interpreter on CPU when TRITON_INTERPRET=1; the chunked
+            PyTorch fallback otherwise, and always for float64), or force "triton", "torch", "reference".
+        tiles: Triton tile sizes ``{"BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DO"}`` (powers of two ≥ 16, optional
+            ``num_warps``/``num_stages``); None autotunes on a GPU and uses fixed tiles in the interpreter.
+        chunk_size: query rows per chunk in the PyTorch fallback (None: about 4M scores per chunk).
+
+    Returns:
+        The reduced loss (a scalar, or (B,) for "none") in float32 — float64 for float64 inputs and for the
+        reference.  Gradients reach q and p in their own dtype.
+
+    Example:
+        >>> import torch
+        >>> from fastdpr.kernels import inbatch_nll
+        >>> q = torch.randn(4, 8, requires_grad=True)
+        >>> p = torch.randn(8, 8, requires_grad=True)        # [pos_0, hn_0, pos_1, hn_1, ...]
+        >>> loss = inbatch_nll(q, p, torch.arange(4) * 2)
+        >>> loss.backward()
+        >>> q.grad.shape
+        torch.Size([4, 8])
+    """
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    targets, scale, column_ids, column_valid = _check_inputs(q, p, targets, scale, column_ids, column_valid)
+    impl = resolve_backend(backend, q)
+    if impl == "reference":
+        return inbatch_nll_reference(q, p, targets, scale, column_ids, column_valid, bidirectional, reduction)
+
+    acc = accumulation_dtype(q.dtype)
+    positives = p.index_select(0, targets)
+    pos_logit = scale * (q.to(acc) * positives.to(acc)).sum(dim=1)
+    row_ids = None if column_ids is None else column_ids[targets]
+    lse = _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, chunk_size)
+    if bidirectional:
+        # the reverse direction is the same log-sum-exp with the roles swapped: rows = positive passages,
+        # columns = queries, row i's positive is column i, and the column ids are the ids of each query's positive
+        rows = torch.arange(q.shape[0], device=q.device)
+        lse_rev = _lse(impl, positives, q, rows, row_ids, row_ids, None, scale, tiles, chunk_size)
+        losses = 0.5 * (lse.to(acc) + lse_rev.to(acc)) - pos_logit
+    else:
+        losses = lse.to(acc) - pos_logit
+    return reduce_losses(losses, reduction)
+
+
+class InBatchNLLLoss(torch.nn.Module):
+    """:func:`inbatch_nll` as a module holding the scale, direction, reduction and backend.
+
+    Example:
+        >>> import torch
+        >>> from fastdpr.kernels import InBatchNLLLoss
+        >>> loss_fn = InBatchNLLLoss(scale=20.0, bidirectional=True)   # cosine scores with τ = 0.05
+        >>> q = torch.nn.functional.normalize(torch.randn(3, 16), dim=1).requires_grad_()
+        >>> p = torch.nn.functional.normalize(torch.randn(6, 16), dim=1).requires_grad_()
+        >>> ids = torch.tensor([10, 11, 12, 13, 14, 12])     # column 5 repeats query 1's positive: masked for it
+        >>> loss = loss_fn(q, p, torch.tensor([0, 2, 4]), column_ids=ids)
+        >>> loss.backward()
+    """
+
+    def __init__(self, scale: float = 1.0, bidirectional: bool = False, reduction: str = "mean",
+                 backend: str = "auto", tiles: dict | None = None, chunk_size: int | None = None):
+        super().__init__()
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.scale = float(scale)
+        self.bidirectional = bool(bidirectional)
+        self.reduction = reduction
+        self.backend = backend
+        self.tiles = tiles
+        self.chunk_size = chunk_size
+
+    def forward(self, q, p, targets, column_ids=None, column_valid=None):
+        return inbatch_nll(q, p, targets, scale=self.scale, column_ids=column_ids, column_valid=column_valid,
+                           bidirectional=self.bidirectional, reduction=self.reduction, backend=self.backend,
+                           tiles=self.tiles, chunk_size=self.chunk_size)
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}, bidirectional={self.bidirectional}, reduction={self.reduction!r}, " \
+               f"backend={self.backend!r}"

@@ -1,0 +1,56 @@
+"""Dense retrieval: encode questions with a bi-encoder, search a MIPS index, map index rows to passages."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from fastdpr.retrieve.base import Ranked, Retriever, check_k, check_questions
+
+
+class DenseRetriever(Retriever):
+    """Questions -> ``model.encode_questions`` -> ``index.search`` -> passages (scores are inner products).
+
+    ``index`` ids are corpus rows (int64; −1 marks "fewer than k found" and is skipped).
+
+    Example::
+
+        r = DenseRetriever(BiEncoder.from_pretrained("model/"), load_index("index/"), Corpus.open("psgs.tsv"))
+        top = r.retrieve(["who wrote hamlet"], k=20)   # [[{"id", "title", "text", "score"}, ...]]
+    """
+
+    def __init__(self, model, index, corpus, *, batch_size: int = 64, chunk_size: int = 4096, device=None,
+                 search_params: dict | None = None, show_progress: bool = False):
+        self.model = model
+        self.index = index
+        self.corpus = corpus
+        self.batch_size = batch_size
+        self.chunk_size = chunk_size  # questions encoded and searched per round: bounds memory on big QA sets
+        self.device = device
+        self.search_params = dict(search_params or {})
+        self.show_progress = show_progress
+
+    def search(self, questions: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Raw index output for ``questions``: ``(scores float32 (n, k), rows int64 (n, k))``."""
+        questions = check_questions(questions)
+        k = check_k(k)
+        all_scores, all_rows = [], []
+        for start in range(0, len(questions), self.chunk_size):
+            chunk = questions[start : start + self.chunk_size]
+            vectors = self.model.encode_questions(
+                chunk, batch_size=self.batch_size, device=self.device, show_progress=self.show_progress
+            )
+            scores, rows = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k, **self.search_params)
+            all_scores.append(np.asarray(scores, dtype=np.float32))
+            all_rows.append(np.asarray(rows, dtype=np.int64))
+        if not all_scores:
+            return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
+        return np.concatenate(all_scores), np.concatenate(all_rows)
+
+    def ranked_ids(self, questions: Sequence[str], k: int) -> list[Ranked]:
+        scores, rows = self.search(questions, k)
+        id_at = self.corpus.id_at
+        return [
+            [(id_at(int(r)), float(s)) for s, r in zip(srow, rrow) if r >= 0]
+            for srow, rrow in zip(scores, rows)
+        ]

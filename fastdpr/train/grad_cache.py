@@ -1,0 +1,129 @@
+"""GradCache: a contrastive step over a batch far larger than fits in memory, with the exact large-batch gradient.
+
+The loss couples every question with every passage, so plain gradient accumulation would shrink the negatives
+pool. GradCache splits the step in three (Gao et al., 2021):
+
+1. encode every chunk without a graph, saving the RNG state before each chunk;
+2. compute the loss on the detached representations (the fused loss: no B×N buffer) and backpropagate to them,
+   which gives dL/d(representation) for every question and passage (scaled when a grad scaler is used);
+3. re-encode each chunk with its RNG state restored (so dropout draws the same masks) and backpropagate the
+   cached gradient into the encoder. Under DDP every chunk but the last runs inside ``no_sync()``, so gradients are
+   all-reduced once per step.
+
+Memory is then one chunk's activations plus the B×d and N×d representations, whatever the batch size.
+
+Usage::
+
+    step = GradCacheStep(encoder, chunk_size=32, autocast=lambda: torch.autocast("cpu", enabled=False))
+    loss = step(q_chunks, p_chunks, loss_from_reps, backward=lambda t: t.backward())
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager, Sequence
+
+import torch
+
+Tokens = dict  # str -> Tensor, one chunk of tokenised text
+
+
+class RandomState:
+    """The CPU and CUDA generator states at one point, to replay the same random draws (dropout) later."""
+
+    def __init__(self, cuda_devices: Sequence[torch.device] = ()):
+        self.cpu = torch.get_rng_state()
+        self.cuda = [(d, torch.cuda.get_rng_state(d)) for d in cuda_devices]
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        for device, state in self.cuda:
+            torch.cuda.set_rng_state(state, device)
+
+
+def chunk_schedule(n_question_chunks: int, n_passage_chunks: int) -> list[tuple[int | None, int | None]]:
+    """Pair question and passage chunks into encoder calls, aligned at the end so that the last call encodes both.
+
+    With separate towers a call that used only one tower would leave the other tower's gradients unreduced when
+    DDP synchronises on the last call."""
+    n = max(n_question_chunks, n_passage_chunks)
+    calls = []
+    for k in range(n):
+        qi = k - (n - n_question_chunks)
+        pi = k - (n - n_passage_chunks)
+        calls.append((qi if qi >= 0 else None, pi if pi >= 0 else None))
+    return calls
+
+
+def split_tokens(tokens: Tokens, chunk_size: int) -> list[Tokens]:
+    n = next(iter(tokens.values())).shape[0]
+    return [{k: v[i : i + chunk_size] for k, v in tokens.items()} for i in range(0, n, chunk_size)]
+
+
+class GradCacheStep:
+    """Runs one GradCache step of ``encoder``, a module called as ``encoder(q_tokens, p_tokens) -> (q, p)`` where
+    either argument may be None (then so is its output). ``encoder`` may be DDP-wrapped."""
+
+    def __init__(
+        self,
+        encoder: torch.nn.Module,
+        autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+        cuda_devices: Sequence[torch.device] = (),
+    ):
+        self.encoder = encoder
+        self.autocast = autocast
+        self.cuda_devices = list(cuda_devices)
+
+    def __call__(
+        self,
+        q_chunks: list[Tokens],
+        p_chunks: list[Tokens],
+        loss_from_reps: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        backward: Callable[[torch.Tensor], None],
+    ) -> torch.Tensor:
+        """``loss_from_reps(q, p)`` maps this rank's question and passage representations (float32, in chunk
+        order) to the loss to differentiate; ``backward(loss)`` runs its backward pass (e.g. through a grad
+        scaler). Returns the loss, detached."""
+        calls = chunk_schedule(len(q_chunks), len(p_chunks))
+
+        # 1. representations without a graph; remember each call's RNG state
+        states, q_reps, p_reps = [], [], []
+        with torch.no_grad():
+            for qi, pi in calls:
+                states.append(RandomState(self.cuda_devices))
+                with self.autocast():
+                    q, p = self.encoder(q_chunks[qi] if qi is not None else None, p_chunks[pi] if pi is not None else None)
+                if q is not None:
+                    q_reps.append(q.float())
+                if p is not None:
+                    p_reps.append(p.float())
+        after_encoding = RandomState(self.cuda_devices)
+
+        # 2. loss and its gradient with respect to the representations
+        q_all = torch.cat(q_reps).requires_grad_(True)
+        p_all = torch.cat(p_reps).requires_grad_(True)
+        loss = loss_from_reps(q_all, p_all)
+        backward(loss)
+        q_grads = q_all.grad.split([r.shape[0] for r in q_reps])
+        p_grads = p_all.grad.split([r.shape[0] for r in p_reps])
+        del q_all, p_all, q_reps, p_reps
+
+        # 3. re-encode chunk by chunk with the same random draws and push the cached gradients into the encoder
+        no_sync = getattr(self.encoder, "no_sync", None)
+        for k, ((qi, pi), state) in enumerate(zip(calls, states)):
+            last = k == len(calls) - 1
+            context = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
+            with context:
+                state.restore()
+                with self.autocast():
+                    q, p = self.encoder(q_chunks[qi] if qi is not None else None, p_chunks[pi] if pi is not None else None)
+                outputs, grads = [], []
+                if q is not None:
+                    outputs.append(q.float())
+                    grads.append(q_grads[qi])
+                if p is not None:
+                    outputs.append(p.float())
+                    grads.append(p_grads[pi])
+                torch.autograd.backward(outputs, grads)
+        # leave the generators where a single pass over the batch would have left them
+        after_encoding.restore()
+        return loss.detach()

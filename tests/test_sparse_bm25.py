@@ -1,0 +1,165 @@
+import json
+import math
+import re
+from pathlib import Path
+
+import bm25s
+import numpy as np
+import pytest
+import Stemmer
+
+from fastdpr.errors import InputError
+from fastdpr.sparse import BM25
+from fastdpr.sparse.bm25 import LUCENE_LIKE_SPLITTER, passage_text
+
+
+def _read_jsonl(path):
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def squad():
+    return _read_jsonl(DATA / "sparse_squad_passages.jsonl"), _read_jsonl(DATA / "sparse_squad_questions.jsonl")
+
+
+@pytest.fixture(scope="module")
+def bm25(squad):
+    passages, _ = squad
+    # a generator: the index must be built from a stream, not a list
+    return BM25.from_corpus((p for p in passages), show_progress=False)
+
+
+def _ids_agree(ids_a, ids_b, scores):
+    """Rankings agree up to the order of passages with equal scores."""
+    for row_a, row_b, row_s in zip(ids_a, ids_b, scores):
+        for j, s in enumerate(row_s):
+            tied = np.sum(np.isclose(row_s, s, rtol=0, atol=1e-6)) > 1
+            if not tied:
+                assert row_a[j] == row_b[j]
+
+
+def test_matches_bm25s_used_directly(squad, bm25):
+    passages, questions = squad
+    queries = [q["question"] for q in questions]
+    tokenizer = bm25s.tokenization.Tokenizer(splitter=LUCENE_LIKE_SPLITTER, stopwords="english",
+                                             stemmer=Stemmer.Stemmer("porter"))
+    corpus_tokens = tokenizer.tokenize([passage_text(p) for p in passages], return_as="tuple", show_progress=False)
+    reference = bm25s.BM25(k1=0.9, b=0.4, method="lucene", backend="numba")
+    reference.index(corpus_tokens, show_progress=False)
+    query_tokens = tokenizer.tokenize(queries, update_vocab=False, return_as="ids", show_progress=False)
+    ref_rows, ref_scores = reference.retrieve(query_tokens, k=10, show_progress=False, n_threads=1)
+    ref_ids = np.array([p["id"] for p in passages])[ref_rows]
+
+    scores, ids = bm25.search(queries, k=10, n_threads=1)
+    assert scores.dtype == np.float32 and scores.shape == (len(queries), 10) and ids.shape == (len(queries), 10)
+    np.testing.assert_allclose(scores, ref_scores, rtol=1e-6, atol=1e-6)
+    _ids_agree(ids, ref_ids, scores)
+    assert (scores[:, 0] > 0).all()
+    assert np.all(np.diff(scores, axis=1) <= 1e-6)  # best first
+
+
+def test_scores_follow_lucene_bm25_formula():
+    # hand-computed Lucene BM25 (k1=0.9, b=0.4, idf = ln(1 + (N - df + .5)/(df + .5))) on a 3-passage corpus
+    docs = [{"id": "a", "title": "", "text": "apple banana apple"},
+            {"id": "b", "title": "", "text": "banana cherry"},
+            {"id": "c", "title": "", "text": "cherry cherry cherry durian"}]
+    index = BM25.from_corpus(docs, stemmer=None, show_progress=False)
+    k1, b, n = 0.9, 0.4, 3
+    lengths = {"a": 3, "b": 2, "c": 4}
+    avgdl = sum(lengths.values()) / n
+
+    def term(tf, df, dl):
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        return idf * tf / (tf + k1 * (1 - b + b * dl / avgdl))
+
+    expected = {"a": term(2, 1, 3) + term(1, 2, 3), "b": term(1, 2, 2) + term(1, 2, 2), "c": term(3, 2, 4)}
+    scores, ids = index.search(["apple banana cherry"], k=3, n_threads=1)
+    got = dict(zip(ids[0], scores[0]))
+    for pid, value in expected.items():
+        assert got[pid] == pytest.approx(value, rel=1e-5)
+
+
+def test_all_threads_equal_one_thread(squad, bm25):
+    queries = [q["question"] for q in squad[1]]
+    s1, i1 = bm25.search(queries, k=20, n_threads=1)
+    s2, i2 = bm25.search(queries, k=20, n_threads=None, batch_size=37)  # odd batches across the boundary
+    np.testing.assert_array_equal(s1, s2)
+    _ids_agree(i1, i2, s1)
+
+
+def test_save_load_round_trip(tmp_path, squad, bm25):
+    queries = [q["question"] for q in squad[1]][:50]
+    before = bm25.search(queries, k=15, n_threads=1)
+    bm25.save(tmp_path / "idx")
+    for mmap in (False, True):
+        loaded = BM25.load(tmp_path / "idx", mmap=mmap)
+        assert len(loaded) == len(bm25)
+        assert loaded.params == bm25.params
+        after = loaded.search(queries, k=15, n_threads=1)
+        np.testing.assert_array_equal(before[0], after[0])
+        np.testing.assert_array_equal(before[1], after[1])
+    # saving again over an existing index replaces it, leaving no temporary directories behind
+    small = BM25.from_corpus([{"id": "x", "title": "", "text": "lonely passage"}], show_progress=False)
+    small.save(tmp_path / "idx")
+    assert len(BM25.load(tmp_path / "idx")) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
+
+
+def test_save_refuses_to_overwrite_other_directories(tmp_path, bm25):
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "notes.txt").write_text("keep me")
+    with pytest.raises(InputError, match="refusing to overwrite"):
+        bm25.save(target)
+    assert (target / "notes.txt").read_text() == "keep me"
+
+
+def test_load_rejects_non_index_directories(tmp_path):
+    with pytest.raises(InputError, match="not a fastdpr BM25 index"):
+        BM25.load(tmp_path)
+    (tmp_path / "fastdpr_bm25.json").write_text("{broken")
+    with pytest.raises(InputError, match="unreadable"):
+        BM25.load(tmp_path)
+
+
+def test_bad_corpora_are_reported():
+    with pytest.raises(InputError, match="empty corpus"):
+        BM25.from_corpus([], show_progress=False)
+    with pytest.raises(InputError, match="'p1' occurs 2 times"):
+        BM25.from_corpus([{"id": "p1", "text": "a b"}, {"id": "p1", "text": "c d"}], show_progress=False)
+    with pytest.raises(InputError, match="passage #1"):
+        BM25.from_corpus([{"id": "p1", "text": "a b"}, {"title": "no id"}], show_progress=False)
+    with pytest.raises(ValueError, match="k1"):
+        BM25(k1=-1.0)
+
+
+def test_analysis_stems_drops_stopwords_and_possessives():
+    docs = [{"id": "run", "title": "", "text": "She runs every morning."},
+            {"id": "obama", "title": "Barack Obama", "text": "Obama's presidency began in 2009."},
+            {"id": "stop", "title": "", "text": "the of and"}]
+    index = BM25.from_corpus(docs, show_progress=False)
+    _, ids = index.search(["running", "obama"], k=1, n_threads=1)
+    assert list(ids[:, 0]) == ["run", "obama"]
+    # a query of stopwords or unknown words matches nothing (and the term-less passage is not a match for it)
+    scores, _ = index.search(["the", "zzzz qqqq", ""], k=3, n_threads=1)
+    assert (scores == 0).all()
+    assert re.compile(LUCENE_LIKE_SPLITTER).findall("obama's u.s.a 1,000 don't") == ["obama", "u.s.a", "1,000", "don't"]
+
+
+def test_k_is_capped_at_corpus_size_and_validated(bm25):
+    scores, ids = bm25.search(["anything"], k=10_000, n_threads=1)
+    assert scores.shape == (1, len(bm25)) and len(set(ids[0])) == len(bm25)
+    with pytest.raises(ValueError):
+        bm25.search(["x"], k=0)
+    with pytest.raises(TypeError):
+        bm25.search("a single string", k=1)
+
+
+def test_title_is_indexed():
+    docs = [{"id": "t", "title": "Zanzibar", "text": "An island."}, {"id": "u", "title": "Other", "text": "Land."}]
+    _, ids = BM25.from_corpus(docs, show_progress=False).search(["zanzibar"], k=1, n_threads=1)
+    assert ids[0, 0] == "t"
