@@ -235,10 +235,13 @@ def markdown(meta, rows):
     lines = [f"# In-batch NLL loss: forward + backward ({meta['device']})", "",
              f"Command: `{meta['command']}`", "",
              f"Machine: {meta['machine']}; torch {meta['torch']}; threads {meta['threads']}; "
-             f"d = {meta['d']}, {meta['hard_negatives']} hard negative(s) per query (N = B·{1 + meta['hard_negatives']}), "
+             f"d = {meta['d']}, {meta['hard_negatives']} hard negative(s) per query "
+             f"(N = B·{1 + meta['hard_negatives']}), "
              f"dtype {meta['dtype']}; fastdpr backend: {meta['fastdpr_backend']}.", "",
              f"Memory: {meta['memory_method']}", "",
-             "| B | N | eager time | fastdpr time | speed-up | eager peak | fastdpr peak | memory ratio | |Δloss| |",
+             f"Load average (1 min) at start / end: {meta['load_start']} / {meta['load_end']} "
+             "(other work on a shared machine inflates and scatters CPU times).", "",
+             "| B | N | eager time | fastdpr time | speed-up | eager peak | fastdpr peak | memory ratio | loss diff |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     by_key = {(r["B"], r["method"]): r for r in rows}
     for batch in sorted({r["B"] for r in rows}):
@@ -249,8 +252,8 @@ def markdown(meta, rows):
         dloss = f"{abs(e['loss'] - f['loss']):.1e}" if both else "—"
         lines.append(f"| {batch:,} | {f.get('N', e.get('N', 0)):,} | {_fmt_time(e)} | {_fmt_time(f)} | {speed} | "
                      f"{_fmt_mem(e)} | {_fmt_mem(f)} | {mem} | {dloss} |")
-    lines += ["", "Times are medians of the repeats listed in the JSON; speed-up and memory ratio are eager / fastdpr.",
-              ""]
+    lines += ["", "Times are medians of the repeats listed in the JSON; speed-up and memory ratio are eager / fastdpr; "
+              "loss diff is |eager loss − fastdpr loss|.", ""]
     return "\n".join(lines)
 
 
@@ -286,6 +289,7 @@ def main(argv=None):
 
     import torch
 
+    load_start = round(os.getloadavg()[0], 2)
     given = sys.argv[1:] if argv is None else list(argv)
     command = " ".join(["python", "benchmarks/loss_bench.py"] + [shlex.quote(a) for a in given])
     if args.device == "cuda":
@@ -307,7 +311,8 @@ def main(argv=None):
             "threads": args.threads if args.device == "cpu" else None, "d": args.dim,
             "hard_negatives": args.hard_negatives, "dtype": args.dtype, "fastdpr_backend": backend,
             "memory_method": memory_method, "budget_gb": args.budget_gb,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "load_start": load_start, "load_end": round(os.getloadavg()[0], 2)}
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from fastdpr.atomic import write_json, write_text

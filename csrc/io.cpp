@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -226,6 +227,35 @@ Reader::Reader(const std::string& path, bool verify) : path_(path) {
         if (sections_.count(name)) fail("duplicate section '" + name + "'");
         if (verify && get_u32(e + 32) != crc32(base + off, len)) fail("checksum mismatch in section '" + name + "'");
         sections_[name] = Section{base + off, static_cast<size_t>(len)};
+    }
+    // Every byte outside the sections is padding and must be zero, and sections must not overlap: then a flipped
+    // byte anywhere in the file is caught (by a checksum or here).
+    for (size_t i = 56; i < kHeaderSize; ++i)
+        if (base[i] != 0) fail("reserved header bytes are not zero");
+    {
+        std::vector<std::pair<uint64_t, uint64_t>> spans;
+        for (const auto& kv : sections_)
+            spans.emplace_back(static_cast<uint64_t>(kv.second.data - base), kv.second.length);
+        std::sort(spans.begin(), spans.end());
+        uint64_t pos = kHeaderSize;
+        for (const auto& sp : spans) {
+            if (sp.first < pos) fail("sections overlap");
+            for (uint64_t b = pos; b < sp.first; ++b)
+                if (base[b] != 0) fail("padding bytes are not zero");
+            pos = sp.first + sp.second;
+        }
+        for (uint64_t b = pos; b < table_offset; ++b)
+            if (base[b] != 0) fail("padding bytes are not zero");
+        for (uint64_t i = 0; i < n_sections; ++i) {
+            const uint8_t* e = table + i * kEntrySize;
+            for (size_t b = 36; b < kEntrySize; ++b)
+                if (e[b] != 0) fail("reserved table bytes are not zero");
+            const std::string name = fixed_string(e, 16);
+            for (size_t b = name.size(); b < 16; ++b)
+                if (e[b] != 0) fail("bad section name");
+        }
+        for (size_t b = type_.size(); b < 16; ++b)
+            if (base[16 + b] != 0) fail("bad type tag");
     }
     if (has("meta")) {
         const Section s = section("meta");

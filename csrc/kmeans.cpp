@@ -224,17 +224,20 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
     std::vector<float>& c = res.centroids;
     c.assign(static_cast<size_t>(k) * d, 0.f);
     if (p.kmeanspp) {
-        // k-means++ over at most 16 k points: seeding cost is O(k * S * d), so S is capped.
-        const int64_t S = std::min(nt, 16 * k);
+        // Greedy k-means++ (each step draws 2 + ln k candidates by D^2 weighting and keeps the one that lowers the
+        // potential most; plain k-means++ often seeds two centroids in one cluster and Lloyd cannot undo that).
+        // Seeding runs on a subsample of S points: its cost is O(k * trials * S * d).
+        const int64_t S = std::min(nt, std::max<int64_t>(4 * k, 2048));
+        const int trials = 2 + static_cast<int>(std::log(static_cast<double>(k)));
         std::vector<int64_t> pick(nt);
         std::iota(pick.begin(), pick.end(), int64_t{0});
         for (int64_t i = 0; i < S; ++i) {
             std::uniform_int_distribution<int64_t> u(i, nt - 1);
             std::swap(pick[i], pick[u(rng)]);
         }
-        std::vector<float> d2(S);
+        std::vector<float> d2(S), cand_d2(S), best_d2(S);
         std::uniform_int_distribution<int64_t> first(0, S - 1);
-        int64_t chosen = pick[first(rng)];
+        const int64_t chosen = pick[first(rng)];
         std::memcpy(&c[0], x + chosen * d, sizeof(float) * d);
         const bool par = S * d >= (int64_t{1} << 18);  // small seeding steps are not worth waking threads for
 #pragma omp parallel for schedule(static) if (par)
@@ -242,27 +245,41 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
         for (int64_t j = 1; j < k; ++j) {
             double total = 0;
             for (int64_t i = 0; i < S; ++i) total += d2[i];
-            int64_t at = -1;
-            if (total > 0) {
-                std::uniform_real_distribution<double> u(0.0, total);
-                const double r = u(rng);
-                double cum = 0;
-                for (int64_t i = 0; i < S; ++i) {
-                    cum += d2[i];
-                    if (cum >= r && d2[i] > 0) {
-                        at = i;
-                        break;
+            int64_t best_at = -1;
+            double best_pot = std::numeric_limits<double>::infinity();
+            for (int t = 0; t < trials; ++t) {
+                int64_t at = -1;
+                if (total > 0) {
+                    std::uniform_real_distribution<double> u(0.0, total);
+                    const double r = u(rng);
+                    double cum = 0;
+                    for (int64_t i = 0; i < S; ++i) {
+                        cum += d2[i];
+                        if (cum >= r && d2[i] > 0) {
+                            at = i;
+                            break;
+                        }
                     }
                 }
+                if (at < 0) {  // every remaining point coincides with a centroid: any point will do
+                    std::uniform_int_distribution<int64_t> u(0, S - 1);
+                    at = u(rng);
+                }
+                const float* cand = x + pick[at] * d;
+                double pot = 0;
+#pragma omp parallel for schedule(static) reduction(+ : pot) if (par)
+                for (int64_t i = 0; i < S; ++i) {
+                    cand_d2[i] = std::min(d2[i], sqdist(x + pick[i] * d, cand, d));
+                    pot += cand_d2[i];
+                }
+                if (pot < best_pot) {
+                    best_pot = pot;
+                    best_at = at;
+                    best_d2.swap(cand_d2);
+                }
             }
-            if (at < 0) {  // every remaining point coincides with a centroid: any point will do
-                std::uniform_int_distribution<int64_t> u(0, S - 1);
-                at = u(rng);
-            }
-            float* cj = &c[j * d];
-            std::memcpy(cj, x + pick[at] * d, sizeof(float) * d);
-#pragma omp parallel for schedule(static) if (par)
-            for (int64_t i = 0; i < S; ++i) d2[i] = std::min(d2[i], sqdist(x + pick[i] * d, cj, d));
+            std::memcpy(&c[j * d], x + pick[best_at] * d, sizeof(float) * d);
+            d2.swap(best_d2);
         }
     } else {
         std::vector<int64_t> perm(nt);

@@ -33,7 +33,7 @@ struct KMeansParams {
     // Training sets larger than k * max_points_per_centroid are subsampled (seeded) to that size: more points
     // barely move the centroids and cost time linearly.
     int64_t max_points_per_centroid = 256;
-    // k-means++ seeding (on a subsample of at most 16 k points); otherwise k distinct random points.
+    // Greedy k-means++ seeding (on a subsample of max(4 k, 2048) points); otherwise k distinct random points.
     bool kmeanspp = true;
 };
 

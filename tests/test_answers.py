@@ -36,6 +36,37 @@ def test_tokenize_equals_dpr_reference(text):
     assert tokenize(text) == ref
 
 
+_ADVERSARIAL = "aAbBΣσςΟΔοδİıiIßẞ.,'’-: \u0301\u0308\u0345é0123"
+
+
+def _reference_has_answer(text, answers):
+    # DPR's algorithm with no shortcut: tokenise both, look for a contiguous run
+    tokens = tokenize(text)
+    for a in answers:
+        run = tokenize(a)
+        if run and any(tokens[i:i + len(run)] == run for i in range(len(tokens) - len(run) + 1)):
+            return True
+    return False
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), text=st.text(alphabet=_ADVERSARIAL, max_size=40))
+def test_has_answer_shortcut_equals_reference(data, text):
+    # answers cut from the text itself (hits are common) and free strings; Greek sigmas, dotted I, sharp s and
+    # combining marks are where lowercasing a whole string and a token differ
+    i = data.draw(st.integers(0, len(text)))
+    j = data.draw(st.integers(i, len(text)))
+    answers = [text[i:j], data.draw(st.text(alphabet=_ADVERSARIAL, max_size=6))]
+    assert has_answer(text, answers) == _reference_has_answer(text, answers)
+    assert AnswerMatcher(answers)(text) == _reference_has_answer(text, answers)
+
+
+def test_final_sigma_context_does_not_hide_a_match():
+    # "ΟΔΟΣ.Α": lowercasing the whole string gives a medial σ, the token alone a final ς
+    assert has_answer("ΟΔΟΣ.Α", ["οδος"]) == _reference_has_answer("ΟΔΟΣ.Α", ["οδος"])
+    assert has_answer("ΟΔΟΣ.Α", ["ΟΔΟΣ"])
+
+
 @pytest.mark.parametrize(
     "text, answers, expected",
     [

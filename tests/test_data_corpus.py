@@ -55,6 +55,10 @@ def test_open_matches_stream_and_random_access(corpus_file):
             assert c.get(expected[row]["id"]) == expected[row]
         assert "nope" not in c
         assert c.ids_at(np.array([[2, -1]])) == [expected[2]["id"], None]
+        rows = np.random.default_rng(3).integers(-1, len(c), size=(7, 11))
+        assert c.ids_at(rows) == [None if r < 0 else expected[r]["id"] for r in rows.ravel().tolist()]
+        with pytest.raises(IndexError):
+            c.ids_at([len(c)])
         assert c[np.int64(5)] == expected[5]
         with pytest.raises(TypeError):
             c["p1"]
@@ -161,3 +165,17 @@ def test_psgs_w100_quoting_survives_random_access(tmp_path):
     path.write_text('id\ttext\ttitle\n1\t"Aaron ( or ; ""Ahärôn"") is"\tAaron\n2\tx\t"T"\n', encoding="utf-8")
     c = Corpus.open(path)
     assert c.get("1")["text"] == 'Aaron ( or ; "Ahärôn") is' and c[1]["title"] == "T"
+
+
+def test_empty_corpus_and_bom(tmp_path):
+    path = tmp_path / "empty.tsv"
+    path.write_text("id\ttext\ttitle\n\n", encoding="utf-8")
+    with pytest.raises(InputError, match="no passages"):
+        Corpus.open(path)
+    bom = tmp_path / "bom.tsv"
+    bom.write_bytes("\ufeffid\ttext\ttitle\n1\tfirst\tT\n".encode("utf-8"))
+    c = Corpus.open(bom)
+    assert c[0] == {"id": "1", "title": "T", "text": "first"} and list(iter_passages(bom)) == [c[0]]
+    bom_jsonl = tmp_path / "bom.jsonl"
+    bom_jsonl.write_bytes('\ufeff{"id": "1", "text": "x"}\n'.encode("utf-8"))
+    assert Corpus.open(bom_jsonl)[0]["text"] == "x"

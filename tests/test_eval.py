@@ -139,3 +139,19 @@ def test_evaluate_cli_rejects_mismatched_qa_file(tmp_path, capsys):
     write_qa(tmp_path / "qa.tsv", [{"question": "what?", "answers": ["a"]}])
     assert main(["evaluate", str(tmp_path / "run.json"), "--answers", str(tmp_path / "qa.tsv")]) == 2
     assert "differs" in capsys.readouterr().err
+
+
+def test_evaluate_cli_matches_qa_by_position_when_ids_differ(tmp_path, capsys):
+    # DPR results carry no ids (position 0, 1, ...); SQuAD-style QA files have their own
+    write_dpr_results(tmp_path / "run.json", [
+        {"question": "who?", "answers": [], "ctxs": [{"id": "1", "text": "Ada wrote it", "score": 1.0}]},
+        {"question": "what?", "answers": [], "ctxs": [{"id": "2", "text": "nothing", "score": 1.0}]},
+    ])
+    write_qa(tmp_path / "qa.jsonl", [{"qid": "x9", "question": "who?", "answers": ["Ada"]},
+                                     {"qid": "x7", "question": "what?", "answers": ["thing"]}])
+    assert main(["evaluate", str(tmp_path / "run.json"), "--answers", str(tmp_path / "qa.jsonl"), "--ks", "1",
+                 "--recompute", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["top1"] == 0.5
+    write_qa(tmp_path / "qa3.jsonl", [{"qid": "x9", "question": "who?", "answers": ["Ada"]}])
+    assert main(["evaluate", str(tmp_path / "run.json"), "--answers", str(tmp_path / "qa3.jsonl")]) == 2
+    assert "different numbers of questions" in capsys.readouterr().err

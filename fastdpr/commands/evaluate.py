@@ -37,16 +37,23 @@ def _parse_ks(text: str) -> list[int]:
 
 
 def attach_answers(results: list[dict], qa_path: str) -> None:
-    """Give each result the question's answers from a QA file, matching by qid; a question text that disagrees
-    with the run's is an error (the files do not belong together)."""
+    """Give each result the question's answers from a QA file, matched by qid -- or by position when the run's
+    ids are not the file's (DPR results carry no ids) and both hold the same number of questions. A question
+    text that disagrees with the run's is an error: the files do not belong together."""
     from fastdpr.data import iter_qa
     from fastdpr.errors import InputError
 
-    questions = {q["qid"]: q for q in iter_qa(qa_path)}
-    for res in results:
-        q = questions.get(res["qid"])
-        if q is None:
-            raise InputError(f"query id {res['qid']!r} of the run is not in the QA file", qa_path)
+    questions = list(iter_qa(qa_path))
+    by_qid = {q["qid"]: q for q in questions}
+    if all(res["qid"] in by_qid for res in results):
+        matched = [by_qid[res["qid"]] for res in results]
+    elif len(questions) == len(results):
+        matched = questions
+    else:
+        missing = next(res["qid"] for res in results if res["qid"] not in by_qid)
+        raise InputError(f"query id {missing!r} of the run is not in the QA file, and the two hold different "
+                         f"numbers of questions ({len(results)} vs {len(questions)})", qa_path)
+    for res, q in zip(results, matched):
         if res.get("question") and " ".join(res["question"].split()) != q["question"]:
             raise InputError(f"question {res['qid']!r} differs between the run ({res['question'][:50]!r}) and "
                              f"the QA file ({q['question'][:50]!r})", qa_path)

@@ -338,10 +338,14 @@ def _build_index(source: Path, fmt: str, skip_bad: bool, show_progress: bool | N
     line_arr = np.frombuffer(lines, dtype=np.uint64) if lines else np.zeros(0, np.uint64)
     order = np.argsort(h, kind="stable")  # equal hashes keep file order: the first occurrence comes first
     h_sorted = h[order]
-    drop = _duplicate_rows(arrays, h_sorted, order, line_arr, BadRows(source, skip_bad, stats))
+    if len(h) == 0:
+        raise InputError("no passages in the file", str(source))
+    dup_policy = BadRows(source, skip_bad, stats)
+    drop = _duplicate_rows(arrays, h_sorted, order, line_arr, dup_policy)
     if drop:
         arrays, h, order, h_sorted = _drop_rows(arrays, h, sorted(drop))
         stats.rows -= len(drop)
+        dup_policy.finish()
     arrays["hash_sorted"] = np.ascontiguousarray(h_sorted)
     arrays["hash_rows"] = order.astype(np.int64)
     meta = {"n": int(len(arrays["starts"])), "bad": stats.bad}

@@ -72,6 +72,12 @@ def peek_type(path: str | os.PathLike) -> str:
     return header[16:32].split(b"\0", 1)[0].decode("ascii", "replace")
 
 
+def _dirty_tail(field: bytes) -> bool:
+    """A NUL-padded name field with anything but NULs after its first NUL."""
+    nul = field.find(b"\0")
+    return nul >= 0 and any(field[nul:])
+
+
 def _check_name(name: str, what: str) -> bytes:
     raw = name.encode("ascii")
     if not raw or len(raw) > NAME_MAX or b"\0" in raw:
@@ -167,6 +173,22 @@ class PyReader:
             if verify and zlib.crc32(self._buf[off:off + length]) != crc:
                 self._fail(f"checksum mismatch in section {name!r}")
             self._sections[name] = (off, length)
+        # every byte outside the sections is zero padding, and sections do not overlap (see csrc/io.cpp)
+        if any(header[56:64]) or _dirty_tail(kind):
+            self._fail("reserved header bytes are not zero")
+        pos = HEADER_SIZE
+        for off, length in sorted(self._sections.values()):
+            if off < pos:
+                self._fail("sections overlap")
+            if self._buf[pos:off].any():
+                self._fail("padding bytes are not zero")
+            pos = off + length
+        if self._buf[pos:table_offset].any():
+            self._fail("padding bytes are not zero")
+        for i in range(n_sections):
+            entry = table[i * ENTRY_SIZE:(i + 1) * ENTRY_SIZE]
+            if any(entry[36:]) or _dirty_tail(entry[:16]):
+                self._fail("reserved table bytes are not zero")
         self._meta: dict[str, str] = {}
         if "meta" in self._sections:
             text = bytes(self.section("meta")).decode("utf-8", "replace")

@@ -289,19 +289,25 @@ def kmeans(x: np.ndarray, k: int, niter: int = 20, seed: int = 1234, spherical: 
         x = x[np.sort(rng.choice(n, k * max_points_per_centroid, replace=False))]
         n = x.shape[0]
     c = np.empty((k, d), dtype=np.float32)
-    if kmeanspp:
-        sample = x[rng.permutation(n)[:min(n, 16 * k)]]
+    if kmeanspp:  # greedy k-means++, as in csrc/kmeans.cpp
+        sample = x[rng.permutation(n)[:min(n, max(4 * k, 2048))]]
+        sq = np.einsum("ij,ij->i", sample, sample, dtype=np.float64)
+        trials = 2 + int(math.log(k))
         c[0] = sample[rng.integers(sample.shape[0])]
-        d2 = ((sample - c[0]) ** 2).sum(1, dtype=np.float64)
+        d2 = np.maximum(sq - 2 * (sample @ c[0]) + float(c[0] @ c[0]), 0)
         for j in range(1, k):
             total = d2.sum()
             if total > 0:
-                at = int(np.searchsorted(np.cumsum(d2), rng.random() * total))
-                at = min(at, sample.shape[0] - 1)
+                at = np.searchsorted(np.cumsum(d2), rng.random(trials) * total)
+                at = np.minimum(at, sample.shape[0] - 1)
             else:
-                at = int(rng.integers(sample.shape[0]))
-            c[j] = sample[at]
-            d2 = np.minimum(d2, ((sample - c[j]) ** 2).sum(1, dtype=np.float64))
+                at = rng.integers(sample.shape[0], size=trials)
+            cand = sample[at]
+            dist = sq[None, :] - 2 * (cand @ sample.T) + np.einsum("ij,ij->i", cand, cand)[:, None]
+            pots = np.minimum(d2[None, :], np.maximum(dist, 0))
+            best = int(np.argmin(pots.sum(1)))
+            c[j] = cand[best]
+            d2 = pots[best]
     else:
         c[:] = x[rng.permutation(n)[:k]]
 

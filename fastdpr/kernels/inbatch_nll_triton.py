@@ -35,15 +35,23 @@ guards the ``−inf − (−inf)`` case so they never produce NaN.
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
-from triton import knobs
+
+try:  # triton >= 3.3 reads its settings through knobs; older releases read the variable directly
+    from triton import knobs
+
+    _interpret = bool(knobs.runtime.interpret)
+except ImportError:
+    _interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 #: True when these kernels were decorated under ``TRITON_INTERPRET=1`` (they then run on CPU tensors only).
-INTERPRETED: bool = bool(knobs.runtime.interpret)
+INTERPRETED: bool = _interpret
 
+# the kernels spell these constants out (plain Python globals are not visible inside @triton.jit)
 _LOG2E = 1.4426950408889634
-_LN2 = 0.6931471805599453
 
 
 @triton.jit
@@ -229,6 +237,8 @@ def interpreter_tiles(dim: int) -> dict:
 def _gpu_configs(kind: str) -> list:
     """Autotune candidates for a real GPU. Only ever called on the compiled path: the interpreter cannot
     autotune (it has no driver to time kernels on)."""
+    if INTERPRETED:
+        raise RuntimeError("autotuning needs a GPU; under TRITON_INTERPRET=1 give tile sizes explicitly")
     configs = []
     if kind == "fwd":
         for bm, bn, bd, warps, stages in [

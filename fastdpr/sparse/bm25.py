@@ -343,6 +343,7 @@ def _swap_in(tmp: Path, path: Path) -> None:
     old = None
     if path.exists():
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)  # left by a run killed mid-swap
         os.rename(path, old)
     try:
         os.rename(tmp, path)

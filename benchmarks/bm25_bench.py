@@ -1,0 +1,230 @@
+"""BM25 speed and agreement: fastdpr's BM25 (bm25s, numba) against Lucene (Anserini via pyjnius).
+
+Same passages, same questions, same parameters (k1=0.9, b=0.4, English stopwords, Porter stemming, title + text).
+Reports index time, queries/second with 1 thread and all threads (median of repeated runs, after a warm-up that
+also pays numba's compilation), top-10 overlap between the two, and each one's top-k answer accuracy.
+
+    python benchmarks/bm25_bench.py                       # SQuAD dev + NQ + SQuADShifts paragraphs
+    python benchmarks/bm25_bench.py --datasets squad_dev --questions 1000 --repeats 3
+
+Data: the bigbench 1.0.0 sdist (``pip download --no-deps bigbench==1.0.0``), read with ``tarfile``.
+Results: ``benchmarks/results/bm25.json`` and ``bm25.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tarball", default="/tmp/dl/bigbench-1.0.0.tar.gz", help="bigbench-1.0.0.tar.gz")
+    p.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "fastdpr-bench-cache"),
+                   help="where the needed tarball members are extracted (once)")
+    p.add_argument("--datasets", default="nq,squad_dev,new_wiki,nyt,reddit,amazon_reviews",
+                   help="comma-separated sources whose passages form the corpus")
+    p.add_argument("--questions", type=int, default=2000, help="questions sampled from those sources")
+    p.add_argument("-k", type=int, default=100, help="passages retrieved per question when timing (default 100)")
+    p.add_argument("--repeats", type=int, default=3, help="timed search runs per setting (median reported)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-lucene", action="store_true", help="skip the Lucene peer")
+    p.add_argument("--out", default=str(HERE / "results"), help="results directory")
+    return p.parse_args(argv)
+
+
+def load_data(args):
+    from fastdpr.data import sources
+
+    paths = sources.extract_bigbench(args.tarball, args.cache)
+    names = [n for n in args.datasets.split(",") if n]
+    passage_lists, questions = [], []
+    for name in names:
+        if name not in paths:
+            raise SystemExit(f"unknown dataset {name!r}; choose from {', '.join(paths)}")
+        passages, qs = sources.load(args.cache, name)
+        passage_lists.append(passages)
+        questions += qs
+    passages = sources.deduplicate(passage_lists)
+    rng = np.random.default_rng(args.seed)
+    chosen = rng.choice(len(questions), size=min(args.questions, len(questions)), replace=False)
+    return passages, [questions[i] for i in sorted(chosen)], names
+
+
+def timed(fn, repeats):
+    times = []
+    out = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times, out
+
+
+def accuracy(ids, questions, corpus_text, ks=(1, 5, 20)):
+    from fastdpr.text.answers import has_answer
+
+    depth = max(ks)
+    first_hit = []
+    for row, q in zip(ids, questions):
+        rank = next((r for r, pid in enumerate(row[:depth]) if pid and has_answer(corpus_text[pid], q["answers"])),
+                    None)
+        first_hit.append(rank)
+    return {f"top{k}": float(np.mean([r is not None and r < k for r in first_hit])) for k in ks}
+
+
+def machine():
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import bm25s
+    import numba
+
+    from fastdpr.sparse import BM25
+
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__)] + (argv or sys.argv[1:]))
+    all_threads = os.cpu_count() or 1
+    passages, questions, names = load_data(args)
+    queries = [q["question"] for q in questions]
+    corpus_text = {p["id"]: p["text"] for p in passages}
+    print(f"{len(passages)} passages ({', '.join(names)}), {len(queries)} questions, k={args.k}, "
+          f"{all_threads} cores", flush=True)
+
+    result = {"command": command, "machine": machine(), "passages": len(passages), "questions": len(queries),
+              "datasets": names, "k": args.k, "repeats": args.repeats, "threads_all": all_threads,
+              "versions": {"bm25s": bm25s.__version__, "numba": numba.__version__}}
+
+    # ---------------------------------------------------------------- fastdpr
+    start = time.perf_counter()
+    ours = BM25.from_corpus(passages, show_progress=False)
+    build_s = time.perf_counter() - start
+    start = time.perf_counter()
+    ours.search(queries[:8], k=args.k, n_threads=1)
+    ours.search(queries[:8], k=args.k, n_threads=all_threads)
+    warmup_s = time.perf_counter() - start
+    fd = {"index_s": build_s, "first_search_compile_s": warmup_s}
+    for label, threads in (("1_thread", 1), ("all_threads", all_threads)):
+        med, times, out = timed(lambda t=threads: ours.search(queries, k=args.k, n_threads=t), args.repeats)
+        fd[f"qps_{label}"] = len(queries) / med
+        fd[f"times_{label}_s"] = times
+    our_ids = out[1]
+    fd["accuracy"] = accuracy(our_ids, questions, corpus_text)
+    result["fastdpr"] = fd
+    print(f"fastdpr: index {build_s:.1f}s, {fd['qps_1_thread']:.0f} q/s (1 thread), "
+          f"{fd['qps_all_threads']:.0f} q/s ({all_threads} threads)", flush=True)
+
+    # ---------------------------------------------------------------- Lucene
+    lucene_info = None
+    if not args.no_lucene:
+        from fastdpr.errors import MissingDependency
+        from fastdpr.sparse.lucene import LuceneBM25, anserini_jar, lucene_available
+
+        if not lucene_available():
+            lucene_info = {"skipped": "Lucene peer not available (pyjnius, Java >= 11, Anserini jar)"}
+        else:
+            try:
+                from jnius import autoclass
+
+                with tempfile.TemporaryDirectory(prefix="fastdpr-bench-lucene-") as tmp:
+                    start = time.perf_counter()
+                    lucene = LuceneBM25.from_corpus(passages, Path(tmp) / "index", threads=all_threads)
+                    lucene_build = time.perf_counter() - start
+                    lucene.search(queries[:200], k=args.k)  # JIT warm-up
+                    lucene.search(queries[:200], k=args.k, n_threads=all_threads)
+                    lucene_info = {"index_s": lucene_build, "index_threads": all_threads,
+                                   "java": autoclass("java.lang.System").getProperty("java.version"),
+                                   "anserini_jar": os.path.basename(anserini_jar())}
+                    for label, threads in (("1_thread", 1), ("all_threads", all_threads)):
+                        med, times, out = timed(lambda t=threads: lucene.search(queries, k=args.k, n_threads=t),
+                                                args.repeats)
+                        lucene_info[f"qps_{label}"] = len(queries) / med
+                        lucene_info[f"times_{label}_s"] = times
+                    lucene_ids = out[1]
+                lucene_info["accuracy"] = accuracy(lucene_ids, questions, corpus_text)
+                overlap10 = [len(set(a[:10]) & set(b[:10]) - {""}) / 10 for a, b in zip(our_ids, lucene_ids)]
+                result["agreement"] = {
+                    "top10_overlap_mean": float(np.mean(overlap10)),
+                    "top10_overlap_min": float(np.min(overlap10)),
+                    "top1_same": float(np.mean([a[0] == b[0] for a, b in zip(our_ids, lucene_ids)])),
+                    f"top{args.k}_overlap_mean": float(np.mean(
+                        [len(set(a) & set(b) - {""}) / args.k for a, b in zip(our_ids, lucene_ids)])),
+                }
+                print(f"Lucene: index {lucene_build:.1f}s, {lucene_info['qps_1_thread']:.0f} q/s (1 thread), "
+                      f"{lucene_info['qps_all_threads']:.0f} q/s ({all_threads} threads); top-10 overlap "
+                      f"{result['agreement']['top10_overlap_mean']:.3f}", flush=True)
+            except MissingDependency as err:
+                lucene_info = {"skipped": str(err)}
+    result["lucene"] = lucene_info
+    write(result, Path(args.out))
+
+
+def write(result, out: Path):
+    from fastdpr.atomic import write_json, write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "bm25.json", result)
+    fd, lu = result["fastdpr"], result.get("lucene") or {}
+    m = result["machine"]
+    lines = [
+        "# BM25: fastdpr (bm25s + numba) vs Lucene (Anserini)",
+        "",
+        f"Command: `{result['command']}`",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores (shared), Python {m['python']}. Corpus: {result['passages']} "
+        f"passages from {', '.join(result['datasets'])}; {result['questions']} questions; top-{result['k']}; "
+        f"median of {result['repeats']} runs. k1=0.9, b=0.4, English stopwords, Porter stemming, title + text.",
+        "",
+        "| | index time (s) | q/s, 1 thread | q/s, all threads | top-1 | top-5 | top-20 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        _row("fastdpr BM25", fd),
+    ]
+    if "qps_1_thread" in lu:
+        lines.append(_row(f"Lucene (Anserini, Java {lu['java']})", lu))
+        a, k = result["agreement"], result["k"]
+        lines += [
+            "",
+            f"Speed-up over Lucene: {fd['qps_1_thread'] / lu['qps_1_thread']:.1f}x (1 thread), "
+            f"{fd['qps_all_threads'] / lu['qps_all_threads']:.1f}x (all threads); index build "
+            f"{lu['index_s'] / fd['index_s']:.2f}x Lucene's speed.",
+            "",
+            f"Agreement: top-10 overlap {a['top10_overlap_mean']:.3f} (mean; min {a['top10_overlap_min']:.1f}), "
+            f"same top-1 passage {a['top1_same']:.3f}, top-{result['k']} overlap "
+            f"{a[f'top{k}_overlap_mean']:.3f}.",
+        ]
+    else:
+        lines += ["", f"Lucene: {lu.get('skipped', 'not run')}"]
+    lines += ["", f"fastdpr's first search (numba compilation) took {fd['first_search_compile_s']:.1f}s, excluded "
+              "from the rates above. Top-k: fraction of questions with an answer-bearing passage (DPR has_answer) "
+              "in the top k."]
+    write_text(out / "bm25.md", "\n".join(lines) + "\n")
+    print(f"wrote {out / 'bm25.json'} and {out / 'bm25.md'}")
+
+
+def _row(name, r):
+    acc = r["accuracy"]
+    return (f"| {name} | {r['index_s']:.1f} | {r['qps_1_thread']:.0f} | {r['qps_all_threads']:.0f} | "
+            f"{acc['top1']:.3f} | {acc['top5']:.3f} | {acc['top20']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

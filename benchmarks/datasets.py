@@ -1,0 +1,128 @@
+"""Benchmark data for the ANN benchmark: cached synthetic mixtures, real passage embeddings, and exact ground truth.
+
+- ``synthetic(n, dim, n_queries)``: the non-normalised Gaussian mixture of ``fastdpr.index.synthetic`` (cluster
+  centres + low-rank spread + log-normal norms), generated once and cached as ``.npy`` under the cache directory
+  (``$FASTDPR_BENCH_CACHE`` or ``<repo>/cache/bench``, which git ignores); the base is read back memory-mapped.
+- ``real(vectors_dir, n_queries)``: vectors written by ``fastdpr encode`` (e.g. the quickstart passages encoded by
+  the packaged MiniLM with raw [CLS] or unnormalised mean pooling). Queries are ``queries.npy`` in that directory
+  when present (encoded questions), otherwise ``n_queries`` passages held out of the base at random.
+- ``ground_truth(ds, k)``: exact top-k by inner product, computed once with numpy's BLAS (independent of the
+  indexes being measured) and cached next to the data.
+
+>>> ds = synthetic(2000, 32, n_queries=10)        # doctest: +SKIP
+>>> ids = ground_truth(ds, k=100)                 # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # running from a checkout without an install
+    sys.path.insert(0, str(REPO))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FASTDPR_BENCH_CACHE", REPO / "cache" / "bench"))
+
+
+@dataclass
+class Dataset:
+    name: str
+    base: np.ndarray  # (n, d) float32 (possibly memory-mapped)
+    queries: np.ndarray  # (nq, d) float32
+    directory: Path  # where the cached ground truth goes
+    description: str
+
+    @property
+    def n(self) -> int:
+        return int(self.base.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.base.shape[1])
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    from fastdpr.atomic import save_npy
+
+    save_npy(path, array)
+
+
+def synthetic(n: int, dim: int, n_queries: int = 1000, seed: int = 0, n_clusters: int = 64, rank: int = 16,
+              norm_sigma: float = 0.35) -> Dataset:
+    """The cached synthetic mixture at ``n x dim`` with ``n_queries`` queries drawn the same way."""
+    from fastdpr.index.synthetic import gaussian_mixture
+
+    name = f"synthetic-{n}x{dim}"
+    d = cache_dir() / f"{name}-q{n_queries}-s{seed}-c{n_clusters}-r{rank}-ns{norm_sigma:g}"
+    base_path, q_path = d / "base.npy", d / "queries.npy"
+    if not (base_path.exists() and q_path.exists()):
+        base, queries = gaussian_mixture(n, dim, n_queries=n_queries, n_clusters=n_clusters, rank=rank,
+                                         norm_sigma=norm_sigma, seed=seed)
+        _save(base_path, np.ascontiguousarray(base, dtype=np.float32))
+        _save(q_path, np.ascontiguousarray(queries, dtype=np.float32))
+        del base, queries
+    return Dataset(name=name, base=np.load(base_path, mmap_mode="r"), queries=np.load(q_path), directory=d,
+                   description=f"synthetic Gaussian mixture ({n_clusters} clusters, rank {rank}, log-normal norms "
+                               f"sigma {norm_sigma}), seed {seed}")
+
+
+def real(vectors_dir: str | os.PathLike, n_queries: int = 1000, seed: int = 0) -> Dataset:
+    """Passage vectors from a ``fastdpr encode`` output directory (fp16 or fp32 shards + manifest)."""
+    from fastdpr.encode import load_vectors
+
+    vectors_dir = Path(vectors_dir)
+    vectors, _ = load_vectors(vectors_dir)
+    vectors = np.asarray(vectors, dtype=np.float32)
+    tag = hashlib.sha1(str(vectors_dir.resolve()).encode()).hexdigest()[:8]
+    name = f"real-{vectors_dir.name}"
+    directory = cache_dir() / f"{name}-{tag}-q{n_queries}-s{seed}"
+    q_file = vectors_dir / "queries.npy"
+    if q_file.exists():
+        queries = np.ascontiguousarray(np.load(q_file), dtype=np.float32)[:n_queries]
+        base = np.ascontiguousarray(vectors)
+        how = f"{len(queries)} encoded questions from {q_file.name}"
+    else:  # hold passages out as queries: they are not in the base, so no query finds itself
+        rng = np.random.default_rng(seed)
+        held = np.zeros(len(vectors), dtype=bool)
+        held[rng.choice(len(vectors), min(n_queries, len(vectors) // 10), replace=False)] = True
+        queries, base = np.ascontiguousarray(vectors[held]), np.ascontiguousarray(vectors[~held])
+        how = f"{int(held.sum())} passages held out as queries"
+    return Dataset(name=name, base=base, queries=queries, directory=directory,
+                   description=f"real embeddings from {vectors_dir} ({how})")
+
+
+def ground_truth(ds: Dataset, k: int = 100, block: int = 65536) -> np.ndarray:
+    """Exact top-``k`` row ids by inner product (ties: smaller row), cached in ``ds.directory``."""
+    path = ds.directory / f"gt-top{k}.npy"
+    if path.exists():
+        gt = np.load(path)
+        if gt.shape == (len(ds.queries), k):
+            return gt
+    q = np.ascontiguousarray(ds.queries, dtype=np.float32)
+    best_s = np.full((len(q), 0), -np.inf, dtype=np.float32)
+    best_i = np.zeros((len(q), 0), dtype=np.int64)
+    for start in range(0, ds.n, block):
+        x = np.asarray(ds.base[start:start + block], dtype=np.float32)
+        s = np.concatenate([best_s, q @ x.T], axis=1)
+        i = np.concatenate([best_i, np.broadcast_to(np.arange(start, start + len(x)), (len(q), len(x)))], axis=1)
+        keep = np.argpartition(-s, min(k, s.shape[1]) - 1, axis=1)[:, :k]
+        best_s, best_i = np.take_along_axis(s, keep, 1), np.take_along_axis(i, keep, 1)
+    order = np.lexsort((best_i, -best_s), axis=-1)
+    gt = np.take_along_axis(best_i, order, 1)
+    _save(path, gt)
+    return gt
+
+
+def recall(found: np.ndarray, truth: np.ndarray, k: int) -> float:
+    """Mean fraction of the true top-``k`` found among the first ``k`` results (``-1`` never counts)."""
+    hits = 0
+    for f, t in zip(found[:, :k], truth[:, :k]):
+        hits += len(np.intersect1d(f[f >= 0], t))
+    return hits / float(truth.shape[0] * k)
