@@ -92,7 +92,7 @@ def machine():
     except OSError:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform()}
+            "platform": platform.platform(), "load_average_at_start": list(os.getloadavg())}
 
 
 def main(argv=None):
@@ -192,7 +192,9 @@ def write(result, out: Path):
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores (shared), Python {m['python']}. Corpus: {result['passages']} "
         f"passages from {', '.join(result['datasets'])}; {result['questions']} questions; top-{result['k']}; "
-        f"median of {result['repeats']} runs. k1=0.9, b=0.4, English stopwords, Porter stemming, title + text.",
+        f"median of {result['repeats']} runs. k1=0.9, b=0.4, English stopwords, Porter stemming, title + text. "
+        f"Load average when started: {', '.join(f'{x:.1f}' for x in m['load_average_at_start'])} (other work "
+        "was running on the machine).",
         "",
         "| | index time (s) | q/s, 1 thread | q/s, all threads | top-1 | top-5 | top-20 |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -214,8 +216,10 @@ def write(result, out: Path):
     else:
         lines += ["", f"Lucene: {lu.get('skipped', 'not run')}"]
     lines += ["", f"fastdpr's first search (numba compilation) took {fd['first_search_compile_s']:.1f}s, excluded "
-              "from the rates above. Top-k: fraction of questions with an answer-bearing passage (DPR has_answer) "
-              "in the top k."]
+              "from the rates above. Lucene is called from Python through pyjnius and Anserini's SimpleSearcher, "
+              "as pyserini does (its results carry each hit's stored document); both rates include turning hits "
+              "into numpy arrays of ids and scores. Top-k: fraction of questions with an answer-bearing passage "
+              "(DPR has_answer) in the top k."]
     write_text(out / "bm25.md", "\n".join(lines) + "\n")
     print(f"wrote {out / 'bm25.json'} and {out / 'bm25.md'}")
 

@@ -3,7 +3,7 @@ all-MiniLM-L6-v2), same passages (SQuAD v1.1 dev paragraphs), same threads, same
 runs interleaved in one process. Vectors are compared too: fp32 must agree to ~1e-6, reduced precision is
 reported as the minimum cosine to sentence-transformers' fp32 vectors.
 
-    python benchmarks/encode_bench.py                        # CPU, 1 thread, 512 passages, 3 interleaved rounds
+    python benchmarks/encode_bench.py                        # CPU, 1 thread, 256 passages, 3 interleaved rounds
     python benchmarks/encode_bench.py --quick
     python benchmarks/encode_bench.py --device cuda --dtype float16 --n 4096 --batch-size 128
 """
@@ -45,7 +45,7 @@ def load_texts(n: int, tarball: str | None) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=512, help="passages to encode per run")
+    ap.add_argument("--n", type=int, default=256, help="passages to encode per run")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (median reported)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for both (default 1)")
     ap.add_argument("--batch-size", type=int, default=32, help="batch size for both (sentence-transformers' default)")

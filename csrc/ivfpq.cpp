@@ -276,7 +276,11 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 std::vector<Scored> found = heap.take_sorted();
                 if (rerank > 0) {
                     best.reset(k);
-                    for (const Scored& s : found) {
+                    const size_t vb = vector_bytes();
+                    for (size_t c = 0; c < found.size(); ++c) {
+                        // the candidates are scattered rows: fetch a few ahead while this one is scored
+                        if (c + 4 < found.size()) simd::prefetch(vec_ptr_ + found[c + 4].id * vb, vb);
+                        const Scored& s = found[c];
                         const float exact =
                             storage_ == VectorStorage::F32
                                 ? K.dot(qv, reinterpret_cast<const float*>(vec_ptr_) + s.id * d_, d_)

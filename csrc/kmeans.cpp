@@ -133,6 +133,10 @@ inline float sqdist(const float* a, const float* b, int64_t d) {
     return s;
 }
 
+// Waking a thread team costs far more than a small loop when the cores are busy (spinning barriers): run small
+// steps serially. 2^22 multiply-adds is about a millisecond of one core.
+inline bool worth_threads(int64_t work) { return work >= (int64_t{1} << 22); }
+
 void check_positive(int64_t v, const char* what) {
     if (v <= 0) throw std::invalid_argument(std::string("k-means: ") + what + " must be positive, got " + std::to_string(v));
 }
@@ -157,7 +161,7 @@ void inner_products(const float* x, int64_t nx, const float* y, int64_t ny, int6
     const std::vector<float> yT = transpose(y, ny, d);
     constexpr int64_t kRows = 32;
     const int64_t nblocks = (nx + kRows - 1) / kRows;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (worth_threads(nx * ny * d))
     for (int64_t b = 0; b < nblocks; ++b) {
         const int64_t i0 = b * kRows, rows = std::min(kRows, nx - i0);
         ip_T_impl(x + i0 * d, rows, yT.data(), ny, d, out + i0 * ny);
@@ -174,7 +178,7 @@ void assign_nearest(const float* x, int64_t n, const float* centroids, int64_t k
         for (int64_t j = 0; j < k; ++j) bias[j] = 0.5f * sqnorm(centroids + j * d, d);
     constexpr int64_t kRows = 32;
     const int64_t nblocks = (n + kRows - 1) / kRows;
-#pragma omp parallel if (nblocks > 1)
+#pragma omp parallel if (nblocks > 1 && worth_threads(n * k * d))
     {
         std::vector<float> scratch(static_cast<size_t>(kRows) * k);
         float best[kRows];
@@ -314,7 +318,7 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
         std::fill(counts.begin(), counts.end(), 0);
         // Each thread owns a range of centroids and scans all labels: the sums are the same whatever the thread
         // count, so training is reproducible from the seed alone.
-#pragma omp parallel
+#pragma omp parallel if (worth_threads(nt * d * 4))
         {
             int nth = 1, th = 0;
 #ifdef FASTDPR_OPENMP

@@ -62,9 +62,9 @@ def test_half_conversions_match_numpy_bit_for_bit(level):
                         np.inf, -np.inf, 0.33325195, 2049.0, 2051.0], dtype=np.float32)
     x = np.concatenate([special, (rng.standard_normal(1001) * rng.choice([1e-6, 1e-3, 1, 1e3, 7e4], 1001))
                         .astype(np.float32)])
-    got = C.to_half(x, level)
-    np.testing.assert_array_equal(got, x.astype(np.float16).view(np.uint16))
-    halves = x.astype(np.float16)
+    with np.errstate(over="ignore"):
+        halves = x.astype(np.float16)
+    np.testing.assert_array_equal(C.to_half(x, level), halves.view(np.uint16))
     np.testing.assert_array_equal(C.from_half(halves.view(np.uint16), level), halves.astype(np.float32))
     # NaN stays NaN
     assert np.isnan(C.from_half(C.to_half(np.array([np.nan], np.float32), level), level)[0])

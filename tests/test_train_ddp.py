@@ -30,7 +30,10 @@ def _examples():
 def _args(out, **kw):
     # adam_eps=1: Adam's first steps move each weight by about lr·sign(g), which makes weights after a few steps
     # ill-conditioned in gradients near 0; with a large eps the update is ≈ lr·g and can be compared
-    base = dict(output_dir=str(out), batch_size=8, n_hard=2, lr=0.1, adam_eps=1.0, show_progress=False, seed=3)
+    base = dict(output_dir=str(out), batch_size=8, n_hard=2, lr=0.1, adam_eps=1.0, show_progress=False, seed=3,
+                # the chunked torch form of the fused loss: the Triton path is checked in the other training tests,
+                # and the interpreter would only slow the three processes down here
+                loss_backend="torch")
     base.update(kw)
     return TrainingArguments(**base)
 

@@ -156,6 +156,8 @@ def _check_inputs(q, p, targets, scale, column_ids, column_valid):
     if not (scale > 0 and scale != float("inf")):
         raise ValueError(f"scale must be a finite positive number, got {scale}")
     n_rows, n_cols = q.shape[0], p.shape[0]
+    if max(n_rows, n_cols) >= 2**31:
+        raise ValueError(f"at most 2**31 - 1 rows in q and p; got {n_rows} and {n_cols}")
     if not isinstance(targets, torch.Tensor) or targets.shape != (n_rows,):
         raise ValueError(f"targets must be a tensor of shape ({n_rows},) (one column per query row)")
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
@@ -188,11 +190,15 @@ def _check_inputs(q, p, targets, scale, column_ids, column_valid):
 
 def _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, chunk_size):
     if impl == "triton":
+        # The kernels compare ids per (row, column) pair of every tile; 32-bit values there halve the registers
+        # those masks take (64-bit ones made the compiled kernels spill).  Ranks of the ids keep equality exactly.
         valid_u8 = None if column_valid is None else column_valid.to(torch.uint8)
-        return TritonLogSumExp.apply(q.contiguous(), p.contiguous(), targets.contiguous(),
-                                     None if row_ids is None else row_ids.contiguous(),
-                                     None if column_ids is None else column_ids.contiguous(),
-                                     valid_u8, scale, tiles)
+        col_ranks = row_ranks = None
+        if column_ids is not None:
+            col_ranks = torch.unique(column_ids, return_inverse=True)[1].to(torch.int32)
+            row_ranks = col_ranks[targets]
+        return TritonLogSumExp.apply(q.contiguous(), p.contiguous(), targets.to(torch.int32), row_ranks,
+                                     col_ranks, valid_u8, scale, tiles)
     return chunked_lse(q, p, targets, row_ids, column_ids, column_valid, scale, chunk_size)
 
 

@@ -19,6 +19,7 @@ Usage::
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -85,11 +86,13 @@ def examples_from_records(records: Iterable[dict], path: str = "<records>") -> l
     return examples
 
 
-def load_examples(path: str) -> list[Example]:
+def load_examples(path: str, skip_bad: bool = False) -> list[Example]:
     """Read a DPR biencoder JSON or Tevatron JSONL training file (through ``fastdpr.data.read_training``)."""
     from fastdpr.data import read_training
 
-    examples = examples_from_records(read_training(path), path=str(path))
+    if not os.path.isfile(path):
+        raise InputError("no such file", path=str(path))
+    examples = examples_from_records(read_training(path, skip_bad=skip_bad), path=str(path))
     if not examples:
         raise InputError("no training question has a positive passage", path=str(path))
     return examples

@@ -285,7 +285,7 @@ class Trainer:
             loss = loss.detach()
         return loss / world_scale
 
-    def _optimizer_step(self) -> float:
+    def optimizer_step(self) -> float:
         self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.requires_grad]
         norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
@@ -321,16 +321,19 @@ class Trainer:
 
             bar = tqdm(total=self.total_steps, initial=self.state["step"], desc="train", unit="step")
         bpe = self.builder.batches_per_epoch
-        window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
+        # examples/s counts training steps only (not validation or checkpoint writing)
+        window_loss, window_steps, window_time = 0.0, 0, 0.0
         last_loss = float("nan")
         last_saved = last_evaluated = self.state["step"]
         while self.state["step"] < self.total_steps:
             epoch, start = self.state["epoch"], self.state["position"]
             order = self.builder.order(epoch)
             for position in range(start, bpe):
+                started = time.perf_counter()
                 batch = self.builder.batch(epoch, position, order)
                 loss = float(self.training_step(batch))
-                grad_norm = self._optimizer_step()
+                grad_norm = self.optimizer_step()
+                window_time += time.perf_counter() - started
                 step = self.state["step"] + 1
                 end_of_epoch = position + 1 == bpe
                 self.state.update(step=step, epoch=epoch + end_of_epoch, position=0 if end_of_epoch else position + 1)
@@ -344,13 +347,15 @@ class Trainer:
                     bar.set_postfix(loss=f"{loss:.4f}")
                 done = step >= self.total_steps
                 if step % args.logging_steps == 0 or done:
-                    elapsed = time.perf_counter() - window_start
                     if is_main:
-                        _append_jsonl(metrics, {
-                            **record, "loss": window_loss / window_steps,
-                            "examples_per_s": window_steps * args.batch_size / max(elapsed, 1e-9),
-                        })
-                    window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
+                        logged = {**record, "loss": window_loss / window_steps,
+                                  "examples_per_s": window_steps * args.batch_size / max(window_time, 1e-9)}
+                        _append_jsonl(metrics, logged)
+                        if bar is None and args.show_progress:  # not a terminal (a log file, torchrun): one line
+                            print(f"step {step}/{self.total_steps} loss {logged['loss']:.4f} "
+                                  f"lr {logged['lr']:.3g} {logged['examples_per_s']:.1f} examples/s",
+                                  file=sys.stderr, flush=True)
+                    window_loss, window_steps, window_time = 0.0, 0, 0.0
                 if self.dev_examples and ((args.eval_steps and step % args.eval_steps == 0)
                                           or (not args.eval_steps and end_of_epoch) or done):
                     if step != last_evaluated:
@@ -448,7 +453,7 @@ class Trainer:
     def validate(self) -> dict:
         """DPR's validation on the dev set: mean in-batch loss, and the average rank (0 = first) of each question's
         positive among all dev passages in the pool (positives + hard negatives of up to ``dev_max_questions``
-        questions). With a corpus, also top-k accuracy of exact search over it."""
+        questions, each distinct passage once). With a corpus, also top-k accuracy of exact search over it."""
         self._setup()
         args = self.args
         dev = self.dev_examples
@@ -500,9 +505,13 @@ class Trainer:
         keys, positives = torch.cat(key_pool).to(q.device), torch.cat(pos_cols).to(q.device)
         scores = (q @ p.t()) * float(self.model.scale)
         positive_score = scores.gather(1, positives[:, None])
-        # another copy of the same passage is not a competitor
+        # each passage competes once, however many questions brought it into the pool, and never against itself
+        first = torch.zeros_like(keys, dtype=torch.bool)
+        order = torch.argsort(keys, stable=True)
+        sorted_keys = keys[order]
+        first[order] = torch.cat([sorted_keys.new_ones(1, dtype=torch.bool), sorted_keys[1:] != sorted_keys[:-1]])
         same = keys[None, :] == keys[positives][:, None]
-        ahead = (scores > positive_score) & ~same
+        ahead = (scores > positive_score) & ~same & first[None, :]
         return float(ahead.sum(dim=1).float().mean())
 
     def _topk_accuracy(self, examples: list[Example]) -> dict:

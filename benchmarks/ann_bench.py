@@ -1,0 +1,407 @@
+"""ANN benchmark: recall@10/@100 against exact search vs queries/second (1 thread and all threads), build time and
+bytes per vector, for fastdpr's Flat / HNSW / IVF-PQ against faiss (IndexFlatIP, IndexHNSWFlat IP, IVF-PQ with and
+without an exact refine) and hnswlib ('ip'), sweeping ef / nprobe / rerank.
+
+Commands (results go to benchmarks/results/ann_<dataset>.{json,md,png}):
+
+    python benchmarks/ann_bench.py --n 100000 --dim 768               # synthetic 100k x 768
+    python benchmarks/ann_bench.py --n 1000000 --dim 384              # 1M x 384: long; resumable (rerun it)
+    python benchmarks/ann_bench.py --vectors vectors/                 # real embeddings from `fastdpr encode`
+    python benchmarks/ann_bench.py --quick                            # tiny smoke run (< 1 minute)
+
+Every finished configuration is recorded in a state file under the cache directory and skipped when the same
+command is run again (``--fresh`` starts over). The summary compares, at recall@100 = 0.95 (QPS interpolated
+along each method's recall-QPS frontier), fastdpr's fastest approximate index with every peer and with exact search.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import DEFAULT_OUT, markdown_table, write_results  # noqa: E402
+from datasets import Dataset, cache_dir, ground_truth, real, recall, synthetic  # noqa: E402
+
+TARGET = 0.95
+K = 100
+ALL = os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# methods: build() -> handle; search(handle, queries, k, threads, **sweep) -> ids; size(handle) -> bytes
+
+
+class Method:
+    def __init__(self, name: str, family: str, build: Callable[[np.ndarray], Any],
+                 search: Callable[..., np.ndarray], size: Callable[[Any, int], float], sweep: list[dict],
+                 build_params: dict):
+        self.name, self.family, self.build, self.search, self.size = name, family, build, search, size
+        self.sweep, self.build_params = sweep, build_params
+
+
+def _file_bytes(save: Callable[[str], Any]) -> int:
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as d:
+        path = os.path.join(d, "index.bin")
+        save(path)
+        return os.path.getsize(path)
+
+
+def fastdpr_methods(cfg: dict) -> list[Method]:
+    from fastdpr.index import build_index
+
+    def build(spec):
+        return lambda base: build_index(base, spec)
+
+    def search(index, q, k, threads, **params):
+        return index.search(q, k, threads=threads, **params)[1]
+
+    def size(index, n):
+        return _file_bytes(index.save) / n
+
+    hnsw_spec = f"hnsw,M={cfg['M']},efc={cfg['efc']}"
+    ivf_spec = f"ivfpq,nlist={cfg['nlist']},m={cfg['m']},fp16"
+    return [
+        Method("fastdpr-flat", "exact", build("flat"), search, size, [{}], {"spec": "flat"}),
+        Method("fastdpr-hnsw", "hnsw", build(hnsw_spec), search, size,
+               [{"ef": ef} for ef in cfg["ef"]], {"spec": hnsw_spec}),
+        Method("fastdpr-ivfpq", "ivfpq", build(ivf_spec), search, size,
+               [{"nprobe": p, "rerank": r} for r in cfg["rerank"] for p in cfg["nprobe"]], {"spec": ivf_spec}),
+    ]
+
+
+def faiss_methods(cfg: dict) -> list[Method]:
+    try:
+        import faiss
+    except ImportError:
+        print("faiss not installed: skipping its methods", file=sys.stderr)
+        return []
+    IP = faiss.METRIC_INNER_PRODUCT
+
+    def add_all(index, base):
+        faiss.omp_set_num_threads(ALL)
+        for s in range(0, len(base), 65536):
+            index.add(np.ascontiguousarray(base[s:s + 65536], dtype=np.float32))
+        return index
+
+    def flat(base):
+        return add_all(faiss.IndexFlatIP(base.shape[1]), base)
+
+    def hnsw(base):
+        index = faiss.IndexHNSWFlat(base.shape[1], cfg["M"], IP)
+        index.hnsw.efConstruction = cfg["efc"]
+        return add_all(index, base)
+
+    def ivfpq(factory):
+        def make(base):
+            faiss.omp_set_num_threads(ALL)
+            index = faiss.index_factory(base.shape[1], factory, IP)
+            index.train(_train_sample(base, cfg["train"]))
+            return add_all(index, base)
+        return make
+
+    def search(index, q, k, threads, ef=None, nprobe=None, k_factor=None):
+        faiss.omp_set_num_threads(threads)
+        if ef is not None:
+            index.hnsw.efSearch = ef
+        if nprobe is not None:
+            faiss.extract_index_ivf(index).nprobe = nprobe
+        if k_factor is not None:
+            faiss.downcast_index(index).k_factor = k_factor
+        return index.search(q, k)[1]
+
+    def size(index, n):
+        return faiss.serialize_index(index).nbytes / n
+
+    pq = f"IVF{cfg['nlist']},PQ{cfg['m']}np"  # np: no polysemous training (search does not use it)
+    return [
+        Method("faiss-flat", "exact", flat, search, size, [{}], {"factory": "IndexFlatIP"}),
+        Method("faiss-hnsw", "hnsw", hnsw, search, size, [{"ef": ef} for ef in cfg["ef"]],
+               {"factory": f"HNSW{cfg['M']},Flat IP", "efConstruction": cfg["efc"]}),
+        Method("faiss-ivfpq", "ivfpq", ivfpq(pq), search, size, [{"nprobe": p} for p in cfg["nprobe"]],
+               {"factory": pq}),
+        Method("faiss-ivfpq-rflat", "ivfpq", ivfpq(pq + ",RFlat"), search, size,
+               [{"nprobe": p, "k_factor": f} for f in cfg["k_factor"] for p in cfg["nprobe"]],
+               {"factory": pq + ",RFlat"}),
+    ]
+
+
+def hnswlib_methods(cfg: dict) -> list[Method]:
+    try:
+        import hnswlib
+    except ImportError:
+        print("hnswlib not installed: skipping it", file=sys.stderr)
+        return []
+
+    def build(base):
+        index = hnswlib.Index(space="ip", dim=base.shape[1])
+        index.init_index(max_elements=len(base), ef_construction=cfg["efc"], M=cfg["M"], random_seed=100)
+        for s in range(0, len(base), 65536):
+            index.add_items(np.ascontiguousarray(base[s:s + 65536], dtype=np.float32), num_threads=ALL)
+        return index
+
+    def search(index, q, k, threads, ef):
+        index.set_ef(max(ef, k))
+        return index.knn_query(q, k=k, num_threads=threads)[0].astype(np.int64)
+
+    def size(index, n):
+        return _file_bytes(index.save_index) / n
+
+    # hnswlib's M means what faiss's does (M links per upper layer, 2M on level 0)
+    return [Method("hnswlib", "hnsw", build, search, size, [{"ef": ef} for ef in cfg["ef"]],
+                   {"space": "ip", "M": cfg["M"], "ef_construction": cfg["efc"]})]
+
+
+def _train_sample(base: np.ndarray, n: int) -> np.ndarray:
+    if len(base) <= n:
+        return np.ascontiguousarray(base, dtype=np.float32)
+    rows = np.sort(np.random.default_rng(0).choice(len(base), n, replace=False))
+    return np.ascontiguousarray(base[rows], dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# measurement
+
+
+def timed_search(method: Method, handle, q: np.ndarray, threads: int, params: dict, repeats: int):
+    method.search(handle, q[: min(len(q), 32)], K, threads, **params)  # warm caches and thread pools
+    times, ids = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ids = method.search(handle, q, K, threads, **params)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), ids
+
+
+def config_key(ds: Dataset, method: Method, params: dict, threads: int) -> str:
+    return json.dumps([ds.name, len(ds.queries), method.name, method.build_params, params, threads], sort_keys=True)
+
+
+def run_method(method: Method, ds: Dataset, gt: np.ndarray, threads_list: list[int], repeats: int,
+               state: dict, state_path: Path) -> list[dict]:
+    todo = [(p, t) for p in method.sweep for t in threads_list if config_key(ds, method, p, t) not in state]
+    rows = [state[config_key(ds, method, p, t)] for p in method.sweep for t in threads_list
+            if config_key(ds, method, p, t) in state]
+    if not todo:
+        print(f"  {method.name}: all {len(rows)} configurations cached")
+        return rows
+    print(f"  {method.name}: building {method.build_params}", flush=True)
+    t0 = time.perf_counter()
+    handle = method.build(ds.base)
+    build_s = time.perf_counter() - t0
+    bpv = method.size(handle, ds.n)
+    print(f"    built in {build_s:.1f} s, {bpv:.0f} bytes/vector", flush=True)
+    q = np.ascontiguousarray(ds.queries, dtype=np.float32)
+    for params, threads in todo:
+        sec, ids = timed_search(method, handle, q, threads, params, repeats)
+        row = {"method": method.name, "family": method.family, **{f"p_{k}": v for k, v in params.items()},
+               "params": params, "threads": threads, "qps": len(q) / sec,
+               "recall@10": recall(ids, gt, 10), "recall@100": recall(ids, gt, 100),
+               "build_s": build_s, "bytes_per_vector": bpv, "build_params": method.build_params}
+        print(f"    {params} threads={threads}: {row['qps']:.0f} q/s  recall@10 {row['recall@10']:.4f}  "
+              f"recall@100 {row['recall@100']:.4f}", flush=True)
+        state[config_key(ds, method, params, threads)] = row
+        _save_state(state_path, state)
+        rows.append(row)
+    del handle
+    return rows
+
+
+def _save_state(path: Path, state: dict) -> None:
+    from fastdpr.atomic import write_json
+
+    write_json(path, {"rows": state}, indent=None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# summary
+
+
+def frontier(rows: list[dict]) -> list[dict]:
+    """Pareto frontier (recall@100 up, QPS down): points no other point beats on both."""
+    pts = sorted(rows, key=lambda r: (-r["qps"], -r["recall@100"]))
+    out, best = [], -1.0
+    for r in pts:
+        if r["recall@100"] > best:
+            out.append(r)
+            best = r["recall@100"]
+    return sorted(out, key=lambda r: r["recall@100"])
+
+
+def qps_at(rows: list[dict], target: float = TARGET) -> float | None:
+    """QPS at recall@100 = target, linearly interpolated between the frontier points around it (no
+    extrapolation: a method whose fastest point already exceeds the target gets that point's QPS)."""
+    f = frontier(rows)
+    for i, r in enumerate(f):
+        if r["recall@100"] >= target:
+            if i == 0:
+                return r["qps"]
+            lo = f[i - 1]
+            w = (target - lo["recall@100"]) / (r["recall@100"] - lo["recall@100"])
+            return lo["qps"] + w * (r["qps"] - lo["qps"])
+    return None
+
+
+def summarise(rows: list[dict], threads_list: list[int]) -> tuple[list[str], dict]:
+    lines, data = [], {}
+    for threads in threads_list:
+        sub = [r for r in rows if r["threads"] == threads]
+        by = {}
+        for r in sub:
+            by.setdefault(r["method"], []).append(r)
+        at = {m: qps_at(rs) for m, rs in by.items()}
+        maxrec = {m: max(r["recall@100"] for r in rs) for m, rs in by.items()}
+        data[threads] = {"qps_at_target": at, "max_recall@100": maxrec}
+        ours = {m: v for m, v in at.items() if m.startswith("fastdpr-") and m != "fastdpr-flat" and v}
+        if not ours:
+            lines.append(f"threads={threads}: no fastdpr approximate index reached recall@100 >= {TARGET}")
+            continue
+        best = max(ours, key=ours.get)
+        lines.append(f"threads={threads}: fastdpr best at recall@100={TARGET}: {best} {ours[best]:.0f} q/s")
+        for m in sorted(by):
+            if m.startswith("fastdpr-") and m != "fastdpr-flat":
+                continue
+            if at[m] is None:
+                lines.append(f"  vs {m}: peer never reaches recall@100 {TARGET} (best {maxrec[m]:.4f}); "
+                             f"fastdpr {ours[best]:.0f} q/s at {TARGET}")
+            else:
+                what = "exact search" if by[m][0]["family"] == "exact" else "at equal recall"
+                lines.append(f"  vs {m} ({what}): {ours[best] / at[m]:.2f}x  ({ours[best]:.0f} vs {at[m]:.0f} q/s)")
+    return lines, data
+
+
+def plot(rows: list[dict], threads_list: list[int], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(threads_list), figsize=(6.5 * len(threads_list), 5), squeeze=False)
+    for ax, threads in zip(axes[0], threads_list):
+        methods = sorted({r["method"] for r in rows if r["threads"] == threads})
+        for m in methods:
+            f = frontier([r for r in rows if r["threads"] == threads and r["method"] == m])
+            style = "-o" if m.startswith("fastdpr") else "--s"
+            ax.plot([r["recall@100"] for r in f], [r["qps"] for r in f], style, label=m, markersize=4)
+        ax.axvline(TARGET, color="grey", lw=0.8, ls=":")
+        ax.set_yscale("log")
+        ax.set_xlabel("recall@100 vs exact search")
+        ax.set_ylabel("queries / second")
+        ax.set_title(f"{title}, {threads} thread{'s' if threads > 1 else ''}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    os.replace(tmp, path)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def configs(args, ds: Dataset) -> dict:
+    n, d = ds.n, ds.dim
+    from fastdpr.index.ivfpq import default_m, default_nlist
+
+    cfg = {"M": 32, "efc": 200, "ef": [64, 128, 256, 512], "nlist": default_nlist(n), "m": default_m(d),
+           "nprobe": [4, 8, 16, 32, 64], "rerank": [0, 200, 500, 1000], "k_factor": [2, 5, 10],
+           "train": min(n, 256 * default_nlist(n))}
+    if args.quick:
+        cfg.update(M=16, efc=64, ef=[100, 200], nprobe=[4, 16], rerank=[0, 300], k_factor=[4])
+    for key in ("M", "efc", "nlist", "m"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    for key in ("ef", "nprobe", "rerank", "k_factor"):
+        if getattr(args, key) is not None:
+            cfg[key] = [int(v) for v in getattr(args, key).split(",")]
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--dim", type=int, default=768)
+    ap.add_argument("--queries", type=int, default=1000)
+    ap.add_argument("--vectors", type=Path, help="a `fastdpr encode` output directory (real embeddings)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (< 1 minute)")
+    ap.add_argument("--methods", default="", help="comma-separated subset, e.g. fastdpr-ivfpq,faiss-ivfpq")
+    ap.add_argument("--threads", default="1,all", help="thread counts to measure ('all' = every core)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per configuration (median reported)")
+    ap.add_argument("--M", type=int)
+    ap.add_argument("--efc", type=int)
+    ap.add_argument("--nlist", type=int)
+    ap.add_argument("--m", type=int)
+    ap.add_argument("--ef", help="comma-separated ef sweep (HNSW)")
+    ap.add_argument("--nprobe", help="comma-separated nprobe sweep (IVF)")
+    ap.add_argument("--rerank", help="comma-separated rerank sweep (fastdpr IVF-PQ)")
+    ap.add_argument("--k-factor", dest="k_factor", help="comma-separated k_factor sweep (faiss IVF-PQ + RFlat)")
+    ap.add_argument("--out", type=Path, help=f"results directory (default {DEFAULT_OUT}; --quick: the cache)")
+    ap.add_argument("--fresh", action="store_true", help="ignore configurations cached by earlier runs")
+    args = ap.parse_args(argv)
+
+    if args.quick:  # one thread throughout: a smoke run must not depend on how busy the machine is
+        args.n, args.dim, args.queries, args.repeats, args.threads = 5000, 64, 200, 1, "1"
+        os.environ["OMP_NUM_THREADS"] = "1"  # read by each OpenMP runtime when its library loads (below)
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        global ALL
+        ALL = 1
+    out = args.out or (cache_dir() / "quick-results" if args.quick else DEFAULT_OUT)
+    threads_list = sorted({ALL if t == "all" else int(t) for t in args.threads.split(",")})
+
+    t0 = time.perf_counter()
+    ds = real(args.vectors, args.queries) if args.vectors else synthetic(args.n, args.dim, args.queries)
+    gt = ground_truth(ds, K)
+    print(f"{ds.name}: {ds.n} x {ds.dim}, {len(ds.queries)} queries ({ds.description}); "
+          f"data + ground truth {time.perf_counter() - t0:.1f} s", flush=True)
+    cfg = configs(args, ds)
+    methods = fastdpr_methods(cfg) + faiss_methods(cfg) + hnswlib_methods(cfg)
+    if args.methods:
+        wanted = set(args.methods.split(","))
+        unknown = wanted - {m.name for m in methods}
+        if unknown:
+            ap.error(f"unknown methods {sorted(unknown)}; known: {[m.name for m in methods]}")
+        methods = [m for m in methods if m.name in wanted]
+
+    tag = f"{ds.name}{'-quick' if args.quick else ''}"
+    state_path = cache_dir() / "ann_state" / f"{tag}-q{len(ds.queries)}.json"
+    state = {} if args.fresh or not state_path.exists() else json.loads(state_path.read_text())["rows"]
+    rows = []
+    for method in methods:
+        rows += run_method(method, ds, gt, threads_list, args.repeats, state, state_path)
+
+    lines, summary = summarise(rows, threads_list)
+    print("\n".join(lines))
+    name = f"ann_{tag}"
+    plot(rows, threads_list, f"{ds.name} ({ds.n} x {ds.dim})", out / f"{name}.png")
+    columns = ["method", "params", "threads", "qps", "recall@10", "recall@100", "build_s", "bytes_per_vector"]
+    table_rows = [{**r, "params": ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-"}
+                  for r in sorted(rows, key=lambda r: (r["threads"], r["method"], -r["qps"]))]
+    body = (f"Data: {ds.description}; {ds.n} x {ds.dim}, {len(ds.queries)} queries, top-{K}; recall against exact "
+            f"inner-product search (numpy BLAS ground truth). QPS = queries / median wall time of {args.repeats} "
+            f"run(s) over all queries at the given thread count; build time with {ALL} threads; bytes/vector = "
+            f"serialized index size / n.\nBuild settings: {json.dumps(cfg)}\n\n"
+            f"### Summary (QPS at recall@100 = {TARGET}, interpolated on each frontier)\n\n```\n"
+            + "\n".join(lines) + f"\n```\n\n![recall vs QPS]({name}.png)\n\n### All configurations\n\n"
+            + markdown_table(table_rows, columns))
+    payload = {"dataset": {"name": ds.name, "n": ds.n, "dim": ds.dim, "queries": len(ds.queries),
+                           "description": ds.description}, "config": cfg, "threads": threads_list,
+               "summary_lines": lines, "summary": {str(t): v for t, v in summary.items()}, "rows": rows}
+    path = write_results(name, out, payload, body)
+    print(f"wrote {path} and {out / (name + '.png')} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

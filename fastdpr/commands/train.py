@@ -1,0 +1,93 @@
+"""``fastdpr train``: train a dual encoder on a DPR biencoder JSON or Tevatron JSONL file.
+
+Example::
+
+    fastdpr train nq-train.json --model bert-base-uncased/ -o runs/dpr --dev nq-dev.json \\
+        --batch-size 128 --n-hard 1 --epochs 40 --grad-cache --chunk-size 32 --precision bf16
+    torchrun --nproc-per-node 4 -m fastdpr train ...      # data parallel, global in-batch negatives
+
+Writes ``OUT/model`` (final), ``OUT/best`` (best by validation), ``OUT/checkpoints/step-N``, ``OUT/metrics.jsonl``.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("train_file", metavar="TRAIN_FILE", help="DPR biencoder JSON or Tevatron JSONL")
+    parser.add_argument("--model", required=True, metavar="PRETRAINED",
+                        help="starting point: a fastdpr, Hugging Face encoder or sentence-transformers directory")
+    parser.add_argument("-o", "--output", required=True, metavar="OUT_DIR", help="output directory")
+    parser.add_argument("--dev", metavar="DEV_FILE", help="dev set (same formats) for validation")
+    parser.add_argument("--corpus", metavar="PASSAGES",
+                        help="passages for top-k accuracy of the dev questions during validation (small corpora)")
+    model = parser.add_argument_group("model (overrides the starting point's settings)")
+    model.add_argument("--pooling", choices=["cls", "mean"])
+    model.add_argument("--similarity", choices=["dot", "cosine"])
+    model.add_argument("--temperature", type=float, help="cosine scores are divided by it")
+    model.add_argument("--shared", action="store_true", default=None, help="one tower for questions and passages")
+    model.add_argument("--max-question-length", type=int)
+    model.add_argument("--max-passage-length", type=int)
+    train = parser.add_argument_group("training (defaults: DPR)")
+    train.add_argument("--batch-size", type=int, default=128, help="questions per step, all ranks together")
+    train.add_argument("--n-hard", type=int, default=1, help="hard negatives per question")
+    train.add_argument("--n-random", type=int, default=0, help="random negatives per question")
+    train.add_argument("--epochs", type=int, default=40)
+    train.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: all epochs)")
+    train.add_argument("--lr", type=float, default=2e-5)
+    train.add_argument("--warmup", type=float, default=0, help="warm-up steps (a value below 1: fraction of steps)")
+    train.add_argument("--weight-decay", type=float, default=0.0)
+    train.add_argument("--max-grad-norm", type=float, default=2.0)
+    train.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    train.add_argument("--grad-cache", action="store_true", help="GradCache: large batches in bounded memory")
+    train.add_argument("--chunk-size", type=int, default=32, help="texts per encoder call with --grad-cache")
+    train.add_argument("--gradient-checkpointing", action="store_true")
+    train.add_argument("--bidirectional", action="store_true", help="add the passage-to-question loss (GTR)")
+    train.add_argument("--sample-positive", action="store_true", help="sample the positive (default: the first)")
+    train.add_argument("--loss-backend", choices=["auto", "triton", "torch"], default="auto")
+    train.add_argument("--seed", type=int, default=12345)
+    train.add_argument("--skip-bad", action="store_true", help="skip malformed training records (counted)")
+    run = parser.add_argument_group("run")
+    run.add_argument("--eval-steps", type=int, default=0, help="validate every N steps (0: every epoch)")
+    run.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: every epoch)")
+    run.add_argument("--keep-checkpoints", type=int, default=2, help="periodic checkpoints kept")
+    run.add_argument("--best-metric", default="avg_rank", help="avg_rank | loss | top<k> (needs --corpus)")
+    run.add_argument("--logging-steps", type=int, default=10)
+    run.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT_DIR")
+    run.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available; LOCAL_RANK under torchrun)")
+    run.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastdpr.models import BiEncoder
+    from fastdpr.train import distributed
+    from fastdpr.train.data import load_examples
+    from fastdpr.train.trainer import Trainer, TrainingArguments
+
+    overrides = {
+        name: getattr(args, name)
+        for name in ("pooling", "similarity", "temperature", "shared", "max_question_length", "max_passage_length")
+        if getattr(args, name) is not None
+    }
+    training_args = TrainingArguments(
+        output_dir=args.output, batch_size=args.batch_size, n_hard=args.n_hard, n_random=args.n_random,
+        epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, warmup_steps=args.warmup,
+        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, precision=args.precision,
+        grad_cache=args.grad_cache, chunk_size=args.chunk_size, gradient_checkpointing=args.gradient_checkpointing,
+        bidirectional=args.bidirectional, loss_backend=args.loss_backend, sample_positive=args.sample_positive,
+        seed=args.seed, logging_steps=args.logging_steps, eval_steps=args.eval_steps, save_steps=args.save_steps,
+        save_total_limit=args.keep_checkpoints, best_metric=args.best_metric, device=args.device,
+        show_progress=not args.no_progress,
+    )
+    train = load_examples(args.train_file, skip_bad=args.skip_bad)
+    dev = load_examples(args.dev, skip_bad=args.skip_bad) if args.dev else None
+    model = BiEncoder.from_pretrained(args.model, **overrides)
+    trainer = Trainer(model, training_args, train, dev_examples=dev, corpus=args.corpus)
+    result = trainer.train(resume=args.resume)
+    if distributed.rank() == 0:
+        print(f"trained {result['step']} steps; final loss {result['loss']:.4f}")
+        print(f"model: {trainer.final_model_dir}")
+        if result["best_step"] is not None:
+            print(f"best ({training_args.best_metric} {result['best']:.4f} at step {result['best_step']}): "
+                  f"{trainer.best_model_dir}")
+    return 0

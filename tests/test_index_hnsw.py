@@ -1,0 +1,138 @@
+"""HNSW for inner product: recall against exact search on random and clustered non-normalised data, fp16 storage,
+the MIPS->L2 option, incremental adds, files, and the exact fallback."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastdpr.errors import InputError
+from fastdpr.index import build_index, load_index
+from fastdpr.index._native import force_fallback, native
+from fastdpr.index.flat import exact_search
+from fastdpr.index.synthetic import gaussian_mixture, recall_at
+
+pytestmark = pytest.mark.skipif(native() is None, reason="compiled extension not built")
+
+
+@pytest.fixture(scope="module")
+def clustered():
+    x, q = gaussian_mixture(6000, 48, n_queries=60, n_clusters=24, rank=8, norm_sigma=0.4, seed=21)
+    return x, q, exact_search(x, q, 100)[1]
+
+
+@pytest.fixture(scope="module")
+def uniform():
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((4000, 32)) * rng.lognormal(0, 0.3, (4000, 1))).astype(np.float32)
+    q = rng.standard_normal((50, 32)).astype(np.float32)
+    return x, q, exact_search(x, q, 100)[1]
+
+
+@pytest.mark.parametrize("spec,ef,min10,min100", [
+    ("hnsw,M=16,efc=100", 200, 0.97, 0.95),
+    ("hnsw,M=16,efc=100,fp16", 200, 0.97, 0.95),
+    ("hnsw,M=16,efc=100,graph=cos", 200, 0.95, 0.93),
+])
+def test_recall_clustered_non_normalised(clustered, spec, ef, min10, min100):
+    x, q, truth = clustered
+    index = build_index(x, spec)
+    scores, ids = index.search(q, 100, ef=ef)
+    assert recall_at(ids, truth, 10) >= min10
+    assert recall_at(ids, truth, 100) >= min100
+    # returned scores are the inner products with the stored vectors, best first
+    stored = x.astype(np.float16) if "fp16" in spec else x
+    ref = np.einsum("qd,qkd->qk", q.astype(np.float64), stored[ids].astype(np.float64))
+    np.testing.assert_allclose(scores, ref, rtol=1e-4, atol=1e-4)
+    assert (np.diff(scores, axis=1) <= 1e-6).all()
+
+
+def test_recall_random(uniform):
+    x, q, truth = uniform
+    index = build_index(x, "hnsw,M=16,efc=100")
+    _, ids = index.search(q, 100, ef=256)
+    assert recall_at(ids, truth, 100) >= 0.95
+    assert recall_at(ids, truth, 10) >= 0.97
+    assert index.reachable() > 0.5 * len(index)
+
+
+def test_recall_grows_with_ef(clustered):
+    x, q, truth = clustered
+    index = build_index(x, "hnsw,M=8,efc=40")
+    r = [recall_at(index.search(q, 100, ef=ef)[1], truth, 100) for ef in (100, 400)]
+    assert r[1] >= r[0]
+
+
+def test_mips_l2_reduction(clustered):
+    x, q, truth = clustered
+    index = build_index(x, "hnsw,M=16,efc=100,mips=l2")
+    assert index.phi == pytest.approx(float((x.astype(np.float64) ** 2).sum(1).max()), rel=1e-5)
+    scores, ids = index.search(q, 100, ef=400)
+    assert recall_at(ids, truth, 100) >= 0.8  # the reduction loses recall on non-normalised data (DESIGN §4)
+    ref = np.einsum("qd,qkd->qk", q, x[ids])
+    np.testing.assert_allclose(scores, ref, rtol=1e-4, atol=1e-4)  # still inner products
+    with pytest.raises(InputError, match="phi"):
+        index.add(x[:1] * 10)
+    index.add(x[:3] * 0.5)
+    assert len(index) == len(x) + 3
+
+
+def test_mips_l2_given_phi_accepts_later_larger_vectors():
+    x = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)
+    index = build_index(x, "hnsw,M=8,efc=20,mips=l2,phi=1000")
+    index.add(x[:2] * 5)
+    assert index.phi == 1000.0
+
+
+def test_incremental_add_and_custom_ids(clustered):
+    x, q, truth = clustered
+    index = build_index(x[:2000], "hnsw,M=16,efc=100", ids=np.arange(2000) + 50000)
+    for start in range(2000, len(x), 1500):
+        index.add(x[start:start + 1500], ids=np.arange(start, min(start + 1500, len(x))) + 50000)
+    assert len(index) == len(x)
+    _, ids = index.search(q, 100, ef=200)
+    assert recall_at(ids - 50000, truth, 100) >= 0.95
+
+
+def test_k_larger_than_n_pads():
+    x = np.random.default_rng(1).standard_normal((7, 4)).astype(np.float32)
+    s, i = build_index(x, "hnsw,M=4,efc=10").search(x[:2], 10)
+    assert (i[:, 7:] == -1).all() and np.isneginf(s[:, 7:]).all()
+    assert sorted(i[0, :7].tolist()) == list(range(7))
+
+
+@pytest.mark.parametrize("spec", ["hnsw,M=12,efc=50", "hnsw,M=12,efc=50,fp16,graph=cos", "hnsw,M=6,efc=30,mips=l2"])
+@pytest.mark.parametrize("mmap", [False, True])
+def test_save_load_round_trip(tmp_path, clustered, spec, mmap):
+    x, q, _ = clustered
+    index = build_index(x[:1500], spec)
+    path = index.save(tmp_path / "h.fdpr")
+    again = load_index(path, mmap=mmap)
+    assert again.kind == "hnsw" and len(again) == 1500 and again.graph == index.graph
+    assert again.M == (6 if "M=6" in spec else 12) and again.fp16 == ("fp16" in spec)
+    for a, b in zip(index.search(q, 20, ef=64), again.search(q, 20, ef=64)):
+        np.testing.assert_array_equal(a, b)
+    # the loaded graph keeps growing like the original
+    index.add(x[1500:1600])
+    again.add(x[1500:1600])
+    np.testing.assert_array_equal(index.search(q, 20)[1], again.search(q, 20)[1])
+
+
+def test_fallback_is_exact(clustered):
+    x, q, truth = clustered
+    force_fallback(True)
+    try:
+        index = build_index(x, "hnsw,M=16")
+        assert not index.native
+        _, ids = index.search(q, 100)
+    finally:
+        force_fallback(False)
+    assert recall_at(ids, truth, 100) >= 0.999
+
+
+def test_bad_parameters():
+    for spec in ("hnsw,M=1", "hnsw,graph=euclid", "hnsw,mips=cos", "hnsw,efc=0", "hnsw,phi=-1"):
+        with pytest.raises(InputError):
+            build_index(np.ones((3, 4), np.float32), spec)
+    index = build_index(np.eye(4, dtype=np.float32), "hnsw,M=4")
+    with pytest.raises(InputError):
+        index.search(np.ones(4, np.float32), 1, ef=-1)
