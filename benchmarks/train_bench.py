@@ -106,7 +106,8 @@ def run_config(opts: argparse.Namespace, batch: int, grad_cache: bool, steps: in
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        baseline_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        baseline_mb = (torch.cuda.memory_allocated() / 2**20 if device.type == "cuda"
+                       else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         times, losses = [], []
         for step in range(steps):
             b = trainer.builder.batch(0, step)

@@ -394,3 +394,14 @@ def test_passages_round_trip_property(tmp_path, rows, fmt):
     # reading splits records only on "\n" and strips fields, exactly what these expectations model
     expected = [{"id": p["id"], "title": norm(p["title"]).strip(), "text": norm(p["text"]).strip()} for p in passages]
     assert list(iter_passages(path)) == expected
+
+
+def test_qa_jsonl_keeps_gold_passage_fields(tmp_path):
+    from fastdpr.data import iter_qa
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text('{"qid": "7", "question": "q?", "answers": ["a"], "gold_ids": ["p3"]}\n'
+                    '{"question": "r?", "answers": ["b"]}\n', encoding="utf-8")
+    records = list(iter_qa(path))
+    assert records[0]["gold_ids"] == ["p3"]
+    assert "gold_ids" not in records[1]

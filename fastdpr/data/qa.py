@@ -155,6 +155,9 @@ def _parse_dpr_qa(line: str, delimiter: str) -> dict:
     return {"qid": qid, "question": question, "answers": parse_answers(fields[1])}
 
 
+_GOLD_KEYS = ("gold_ids", "gold_passage_id", "gold_passage_ids", "positive_ctxs")
+
+
 def _parse_jsonl_qa(line: str) -> dict:
     try:
         obj = json.loads(line)
@@ -167,11 +170,16 @@ def _parse_jsonl_qa(line: str) -> dict:
         raise ValueError("missing or empty field 'question'")
     answers = next((obj[k] for k in _A_KEYS if k in obj), None)
     qid = next((obj[k] for k in _QID_KEYS if obj.get(k) is not None), None)
-    return {
+    record = {
         "qid": None if qid is None else str(qid),
         "question": question.strip(),
         "answers": _answers_from_json(answers),
     }
+    # gold-passage fields travel with the question: mining uses them as positives
+    for key in _GOLD_KEYS:
+        if obj.get(key) is not None:
+            record[key] = obj[key]
+    return record
 
 
 def write_qa(path: str | os.PathLike, questions: Iterable[dict], fmt: str = "auto") -> int:
