@@ -60,10 +60,11 @@ def step(method, q, p, targets, scale, backend):
     q.grad = None
     p.grad = None
     if method == "eager":
-        scores = q @ p.t()
+        # the scale goes on q (B×d) rather than on the B×N scores, so eager holds no extra score-sized copy
+        scores = (q * scale if scale != 1.0 else q) @ p.t()
         if scores.dtype != torch.float32:
             scores = scores.float()  # what autocast does for cross_entropy
-        loss = torch.nn.functional.cross_entropy(scores * scale, targets)
+        loss = torch.nn.functional.cross_entropy(scores, targets)
     else:
         from fastdpr.kernels import inbatch_nll
 

@@ -91,14 +91,17 @@ void VectorStore::load(const io::Reader& r, const std::string& name, size_t n, b
 
 namespace {
 
-constexpr size_t kQueryBlock = 32;   // queries per block (multiple of 4): 32 x 768 fp32 = 96 KiB, stays in L2
-constexpr size_t kVectorBlock = 256; // vectors per block (multiple of 4)
-
-size_t round_up4(size_t x) { return (x + 3) & ~size_t(3); }
+// Queries per block: the packed vector panels are reused by all of them, so packing costs little per query.
+// 192 is a multiple of both GEMM tile heights (12 and 6) and of 4. 192 x 768 fp32 = 576 KiB stays in L2.
+constexpr size_t kQueryBlock = 192;
+constexpr size_t kVectorBlock = 256;  // vectors per block (a multiple of every panel width: 8, 16, 32)
+constexpr size_t kMinGemmQueries = 8; // fewer queries: plain dot products (packing would not pay)
+constexpr size_t kDepthChunk = 256;
 
 struct Scratch {
-    std::vector<float> queries;  // padded query tile rows
-    std::vector<float> vectors;  // fp16 converted / tail-padded vector block
+    std::vector<float> queries;  // query block padded to a multiple of the tile height
+    std::vector<float> vectors;  // fp16 block converted to fp32
+    std::vector<float> panels;   // packed vector block
     std::vector<float> scores;   // kQueryBlock x kVectorBlock
 };
 
@@ -107,11 +110,12 @@ void search_block(const VectorStore& store, const simd::Kernels& K, const float*
                   size_t v0, size_t v1, TopK* heaps, size_t stride, Scratch& s) {
     const size_t d = store.dim();
     const size_t nq = q1 - q0;
-    const bool tiled = nq >= 4;  // under 4 queries the 4x4 tile would waste work: plain dot products instead
+    const bool gemm = nq >= kMinGemmQueries;
     const float* qptr = queries + q0 * d;
-    const size_t nq4 = round_up4(nq);
-    if (tiled && nq4 != nq) {
-        s.queries.assign(nq4 * d, 0.0f);
+    const size_t mr = K.mr, nr = K.nr;
+    const size_t nq_pad = (nq + mr - 1) / mr * mr;
+    if (gemm) {  // zero rows pad the last tile; their scores are computed and ignored
+        s.queries.assign(nq_pad * d, 0.0f);
         std::memcpy(s.queries.data(), qptr, nq * d * sizeof(float));
         qptr = s.queries.data();
     }
@@ -120,29 +124,30 @@ void search_block(const VectorStore& store, const simd::Kernels& K, const float*
     const bool f16 = store.storage() == Storage::F16;
     for (size_t b0 = v0; b0 < v1; b0 += kVectorBlock) {
         const size_t nv = std::min(kVectorBlock, v1 - b0);
-        if (!tiled) {
+        if (!gemm) {
             for (size_t i = 0; i < nq; ++i) {
                 if (f16) K.dot_batch_f16(qptr + i * d, store.f16() + b0 * d, nv, d, S + i * kVectorBlock);
                 else K.dot_batch(qptr + i * d, store.f32() + b0 * d, nv, d, S + i * kVectorBlock);
             }
         } else {
-            // every score comes out of the same padded 4x4 kernel, so results do not depend on how the vectors
-            // were split among threads
-            const size_t nv4 = round_up4(nv);
-            const float* xptr;
-            if (!f16 && nv4 == nv) {
-                xptr = store.f32() + b0 * d;
-            } else {
-                s.vectors.resize(nv4 * d);
-                if (f16) K.from_half(store.f16() + b0 * d, s.vectors.data(), nv * d);
-                else std::memcpy(s.vectors.data(), store.f32() + b0 * d, nv * d * sizeof(float));
-                std::fill(s.vectors.begin() + nv * d, s.vectors.begin() + nv4 * d, 0.0f);
-                xptr = s.vectors.data();
+            const float* src = store.f32() + b0 * d;
+            if (f16) {
+                s.vectors.resize(nv * d);
+                K.from_half(store.f16() + b0 * d, s.vectors.data(), nv * d);
+                src = s.vectors.data();
             }
-            for (size_t j = 0; j < nv4; j += 4) {
-                if (j + 4 < nv4) simd::prefetch(xptr + (j + 4) * d, 4 * d * sizeof(float));
-                for (size_t i = 0; i < nq4; i += 4)
-                    K.dot4x4(qptr + i * d, d, xptr + j * d, d, d, S + i * kVectorBlock + j, kVectorBlock);
+            const size_t n_panels = (nv + nr - 1) / nr;
+            s.panels.resize(n_panels * nr * d);
+            for (size_t p = 0; p < n_panels; ++p)
+                K.pack(src + p * nr * d, d, std::min(nr, nv - p * nr), d, s.panels.data() + p * nr * d);
+            // d in chunks so that a panel chunk (32 x 256 fp32 = 32 KiB) stays in L1 while every query tile
+            // passes over it; partial sums continue in S, so the order of summation over k is unchanged
+            for (size_t k0 = 0; k0 < d; k0 += kDepthChunk) {
+                const size_t kc = std::min(kDepthChunk, d - k0);
+                for (size_t p = 0; p < n_panels; ++p)
+                    for (size_t i = 0; i < nq_pad; i += mr)
+                        K.gemm(qptr + i * d + k0, d, s.panels.data() + p * nr * d + k0 * nr, kc,
+                               S + i * kVectorBlock + p * nr, kVectorBlock, k0 > 0);
             }
         }
         for (size_t i = 0; i < nq; ++i) heaps[i * stride].push_run(S + i * kVectorBlock, nv, static_cast<int64_t>(b0));

@@ -141,6 +141,25 @@ void from_half(const uint16_t* src, float* dst, size_t n) {
     for (size_t i = 0; i < n; ++i) dst[i] = half_to_float(src[i]);
 }
 
+constexpr size_t kMR = 4, kNR = 8;
+
+void pack(const float* x, size_t ldx, size_t nv, size_t d, float* panel) {
+    for (size_t k = 0; k < d; ++k)
+        for (size_t j = 0; j < kNR; ++j) panel[k * kNR + j] = j < nv ? x[j * ldx + k] : 0.0f;
+}
+
+void gemm(const float* q, size_t ldq, const float* panel, size_t d, float* out, size_t ldo, bool accumulate) {
+    float acc[kMR][kNR] = {};
+    if (accumulate)
+        for (size_t i = 0; i < kMR; ++i)
+            for (size_t j = 0; j < kNR; ++j) acc[i][j] = out[i * ldo + j];
+    for (size_t k = 0; k < d; ++k)
+        for (size_t i = 0; i < kMR; ++i)
+            for (size_t j = 0; j < kNR; ++j) acc[i][j] += q[i * ldq + k] * panel[k * kNR + j];
+    for (size_t i = 0; i < kMR; ++i)
+        for (size_t j = 0; j < kNR; ++j) out[i * ldo + j] = acc[i][j];
+}
+
 }  // namespace scalar
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -290,6 +309,48 @@ FASTDPR_AVX2 void from_half(const uint16_t* src, float* dst, size_t n) {
     for (; i < n; ++i) dst[i] = half_to_float(src[i]);
 }
 
+// 6 queries x 16 vectors: 12 accumulators + 2 panel rows + 1 broadcast in the 16 ymm registers.
+constexpr size_t kMR = 6, kNR = 16;
+
+FASTDPR_AVX2 void pack(const float* x, size_t ldx, size_t nv, size_t d, float* panel) {
+    if (nv == kNR && kNR * ldx < (1u << 31)) {
+        const __m256i idx0 = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                _mm256_set1_epi32(static_cast<int>(ldx)));
+        const __m256i idx1 = _mm256_add_epi32(idx0, _mm256_set1_epi32(static_cast<int>(8 * ldx)));
+        for (size_t k = 0; k < d; ++k) {
+            _mm256_storeu_ps(panel + k * kNR, _mm256_i32gather_ps(x + k, idx0, 4));
+            _mm256_storeu_ps(panel + k * kNR + 8, _mm256_i32gather_ps(x + k, idx1, 4));
+        }
+        return;
+    }
+    for (size_t k = 0; k < d; ++k)
+        for (size_t j = 0; j < kNR; ++j) panel[k * kNR + j] = j < nv ? x[j * ldx + k] : 0.0f;
+}
+
+FASTDPR_AVX2 void gemm(const float* q, size_t ldq, const float* panel, size_t d, float* out, size_t ldo,
+                       bool accumulate) {
+    __m256 acc[kMR][2];
+#pragma GCC unroll 6
+    for (size_t i = 0; i < kMR; ++i) {
+        acc[i][0] = accumulate ? _mm256_loadu_ps(out + i * ldo) : _mm256_setzero_ps();
+        acc[i][1] = accumulate ? _mm256_loadu_ps(out + i * ldo + 8) : _mm256_setzero_ps();
+    }
+    for (size_t k = 0; k < d; ++k) {
+        const __m256 b0 = _mm256_loadu_ps(panel + k * kNR), b1 = _mm256_loadu_ps(panel + k * kNR + 8);
+#pragma GCC unroll 6
+        for (size_t i = 0; i < kMR; ++i) {
+            const __m256 a = _mm256_broadcast_ss(q + i * ldq + k);
+            acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (size_t i = 0; i < kMR; ++i) {
+        _mm256_storeu_ps(out + i * ldo, acc[i][0]);
+        _mm256_storeu_ps(out + i * ldo + 8, acc[i][1]);
+    }
+}
+
 }  // namespace avx2
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -421,19 +482,66 @@ FASTDPR_AVX512 void from_half(const uint16_t* src, float* dst, size_t n) {
     for (; i < n; ++i) dst[i] = half_to_float(src[i]);
 }
 
+// 12 queries x 32 vectors: 24 accumulators + 2 panel rows + 1 broadcast in the 32 zmm registers; 14 loads per
+// 24 FMAs, so the FMA units, not the loads, set the pace.
+constexpr size_t kMR = 12, kNR = 32;
+
+FASTDPR_AVX512 void pack(const float* x, size_t ldx, size_t nv, size_t d, float* panel) {
+    if (nv == kNR && kNR * ldx < (1u << 31)) {
+        const __m512i idx0 = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(static_cast<int>(ldx)));
+        const __m512i idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32(static_cast<int>(16 * ldx)));
+        for (size_t k = 0; k < d; ++k) {
+            _mm512_storeu_ps(panel + k * kNR, _mm512_i32gather_ps(idx0, x + k, 4));
+            _mm512_storeu_ps(panel + k * kNR + 16, _mm512_i32gather_ps(idx1, x + k, 4));
+        }
+        return;
+    }
+    for (size_t k = 0; k < d; ++k)
+        for (size_t j = 0; j < kNR; ++j) panel[k * kNR + j] = j < nv ? x[j * ldx + k] : 0.0f;
+}
+
+FASTDPR_AVX512 void gemm(const float* q, size_t ldq, const float* panel, size_t d, float* out, size_t ldo,
+                         bool accumulate) {
+    __m512 acc[kMR][2];
+#pragma GCC unroll 12
+    for (size_t i = 0; i < kMR; ++i) {
+        acc[i][0] = accumulate ? _mm512_loadu_ps(out + i * ldo) : _mm512_setzero_ps();
+        acc[i][1] = accumulate ? _mm512_loadu_ps(out + i * ldo + 16) : _mm512_setzero_ps();
+    }
+    for (size_t k = 0; k < d; ++k) {
+        const __m512 b0 = _mm512_loadu_ps(panel + k * kNR), b1 = _mm512_loadu_ps(panel + k * kNR + 16);
+#pragma GCC unroll 12
+        for (size_t i = 0; i < kMR; ++i) {
+            const __m512 a = _mm512_set1_ps(q[i * ldq + k]);
+            acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+        }
+    }
+#pragma GCC unroll 12
+    for (size_t i = 0; i < kMR; ++i) {
+        _mm512_storeu_ps(out + i * ldo, acc[i][0]);
+        _mm512_storeu_ps(out + i * ldo + 16, acc[i][1]);
+    }
+}
+
 }  // namespace avx512
 
 // ---------------------------------------------------------------------------------------------------------------
 // dispatch
 
-static const Kernels kScalar{Level::Scalar,        scalar::dot,    scalar::dot_f16,  scalar::l2sq,
-                             scalar::dot_batch,    scalar::dot_batch_f16, scalar::dot4x4, scalar::to_half,
-                             scalar::from_half};
-static const Kernels kAVX2{Level::AVX2,         avx2::dot,    avx2::dot_f16,  avx2::l2sq,   avx2::dot_batch,
-                           avx2::dot_batch_f16, avx2::dot4x4, avx2::to_half,  avx2::from_half};
-static const Kernels kAVX512{Level::AVX512,        avx512::dot,    avx512::dot_f16, avx512::l2sq,
-                             avx512::dot_batch,    avx512::dot_batch_f16, avx512::dot4x4, avx512::to_half,
-                             avx512::from_half};
+static const Kernels kScalar{Level::Scalar,     scalar::dot,       scalar::dot_f16,   scalar::l2sq,
+                             scalar::dot_batch, scalar::dot_batch_f16, scalar::dot4x4, scalar::to_half,
+                             scalar::from_half, scalar::kMR,        scalar::kNR,       scalar::pack,
+                             scalar::gemm};
+static const Kernels kAVX2{Level::AVX2,      avx2::dot,       avx2::dot_f16,  avx2::l2sq,   avx2::dot_batch,
+                           avx2::dot_batch_f16, avx2::dot4x4, avx2::to_half,  avx2::from_half, avx2::kMR,
+                           avx2::kNR,       avx2::pack,      avx2::gemm};
+static const Kernels kAVX512{Level::AVX512,     avx512::dot,       avx512::dot_f16,  avx512::l2sq,
+                             avx512::dot_batch, avx512::dot_batch_f16, avx512::dot4x4, avx512::to_half,
+                             avx512::from_half, avx512::kMR,       avx512::kNR,      avx512::pack,
+                             avx512::gemm};
 
 bool supported(Level level) {
     switch (level) {

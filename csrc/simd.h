@@ -35,6 +35,14 @@ using DotBatchF16Fn = void (*)(const float* q, const uint16_t* base_half, size_t
 // Inner products of a tile of 4 queries (rows q, stride ldq) with 4 vectors (rows x, stride ldx):
 // out[i*ldo + j] = <q_i, x_j>, i, j < 4. The micro-kernel of the blocked exact search.
 using Dot4x4Fn = void (*)(const float* q, size_t ldq, const float* x, size_t ldx, size_t d, float* out, size_t ldo);
+// The blocked exact search's GEMM path: `pack` lays out `nv` (<= nr) rows of x (stride ldx) as a panel
+// panel[k * nr + j] = x[j][k] (zeros for j >= nv); `gemm` computes an mr x nr tile of scores
+// out[i * ldo + j] = <q_i, x_j> for mr query rows (stride ldq) against one panel. Broadcast-FMA form: no
+// horizontal sums, every score summed over k in the same order whatever the tile position.
+using PackFn = void (*)(const float* x, size_t ldx, size_t nv, size_t d, float* panel);
+// With `accumulate`, the tile adds to what `out` holds (the search splits d into chunks that stay in L1).
+using GemmFn = void (*)(const float* q, size_t ldq, const float* panel, size_t d, float* out, size_t ldo,
+                        bool accumulate);
 // fp32 <-> IEEE binary16 (round to nearest even; Inf/NaN kept)
 using ToHalfFn = void (*)(const float* src, uint16_t* dst, size_t n);
 using FromHalfFn = void (*)(const uint16_t* src, float* dst, size_t n);
@@ -49,6 +57,9 @@ struct Kernels {
     Dot4x4Fn dot4x4;
     ToHalfFn to_half;
     FromHalfFn from_half;
+    size_t mr, nr;  // gemm tile: query rows x panel width
+    PackFn pack;
+    GemmFn gemm;
 };
 
 // The active table, and the table of a given level (throws std::invalid_argument when unsupported).

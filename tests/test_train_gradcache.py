@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fastdpr.train import grad_cache as gc
-from fastdpr.train.data import BatchBuilder, examples_from_records
+from fastdpr.train.data import examples_from_records
 from fastdpr.train.grad_cache import chunk_schedule, split_tokens
 from fastdpr.train.loss import batch_loss
 from fastdpr.train.trainer import Trainer, TrainingArguments, trim_padding

@@ -19,7 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=128, help="passages per forward pass (default 128)")
     p.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="stored vector type")
     p.add_argument("--precision", choices=("auto", "float32", "float16", "bfloat16"), default="auto",
-                   help="compute precision (auto: float16 autocast on CUDA, float32 on the CPU)")
+                   help="compute precision (auto: float16 autocast on CUDA, float32 on the CPU; bfloat16 autocast "
+                        "is several times faster on CPUs with AMX, see benchmarks/encode_bench.py)")
     p.add_argument("--shard-size", type=int, default=100_000, help="passages per shard file (the resume unit)")
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="encode only part I of N (default: RANK/WORLD_SIZE under torchrun, else all)")

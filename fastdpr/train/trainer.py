@@ -18,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import json
 import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -182,14 +183,18 @@ class Trainer:
         # BiEncoder.forward(q_tokens, p_tokens) -> (q, p) runs both towers in one call, so DDP (which hooks
         # forward) sees every encoder call
         self.pair = self.model
+        # also in a single process, so that optimizer states (and checkpoints) do not depend on the world size
+        self._freeze_unreached_parameters()
         if self.world > 1:
-            self._freeze_unreached_parameters()
             from torch.nn.parallel import DistributedDataParallel
 
+            # encoders have no running statistics: skip the per-forward buffer broadcast (the keyword was
+            # renamed in recent torch)
+            no_buffer_sync = ({"forward_sync_buffers": False}
+                              if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                              else {"broadcast_buffers": False})
             self.encoder = DistributedDataParallel(
-                self.pair,
-                device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                broadcast_buffers=False,
+                self.pair, device_ids=[self.device.index] if self.device.type == "cuda" else None, **no_buffer_sync
             )
         else:
             self.encoder = self.pair
@@ -237,7 +242,9 @@ class Trainer:
         probe_p = self._to_device(self.model.tokenize_passages([("probe", "probe")]))
         was_training = self.model.training
         self.model.eval()
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+        # enable_grad: the first call may come from validate(), which runs under no_grad
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), \
+                torch.enable_grad():
             q, p = self.pair(probe_q, probe_p)
             (q.sum() + p.sum()).backward()
         for param in self.model.parameters():
