@@ -83,10 +83,10 @@ size_t IVFPQ::memory_bytes() const {
 }
 
 void IVFPQ::prepare_tables() {
-    centroids_T_ = transpose(centroids_.data(), nlist_, d_);
-    codebooks_T_.assign(codebooks_.size(), 0.f);
+    centroids_T_ = pack_columns(centroids_.data(), nlist_, d_);
+    codebooks_T_.assign(codebooks_.size(), 0.f);  // 256 is a whole number of tiles: no padding
     for (int64_t j = 0; j < m_; ++j) {
-        const std::vector<float> t = transpose(&codebooks_[j * kKsub * dsub_], kKsub, dsub_);
+        const std::vector<float> t = pack_columns(&codebooks_[j * kKsub * dsub_], kKsub, dsub_);
         std::copy(t.begin(), t.end(), codebooks_T_.begin() + j * kKsub * dsub_);
     }
 }

@@ -82,7 +82,7 @@ public:
 
 private:
     void check_trained(const char* what) const;
-    void prepare_tables();  // transposed copies the search kernels stream
+    void prepare_tables();  // packed copies (kmeans.h pack_columns) the search kernels stream
     void assign_lists(const float* x, int64_t n, int64_t* lists) const;
     void encode_residuals(const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const;
     void own_vectors();  // copy memory-mapped vectors into owned memory before appending
@@ -92,9 +92,9 @@ private:
     bool assign_by_ip_;
     bool trained_ = false;
     std::vector<float> centroids_;    // (nlist, d)
-    std::vector<float> centroids_T_;  // (d, nlist)
+    std::vector<float> centroids_T_;  // centroids packed for inner_products_T
     std::vector<float> codebooks_;    // (m, 256, dsub)
-    std::vector<float> codebooks_T_;  // (m, dsub, 256)
+    std::vector<float> codebooks_T_;  // per sub-quantizer: its 256 codewords packed
     std::vector<std::vector<uint8_t>> list_codes_;  // per list: (len, m)
     std::vector<std::vector<int64_t>> list_pos_;    // per list: positions (row numbers in the order added)
     int64_t ntotal_ = 0;

@@ -1,5 +1,7 @@
 #include "kmeans.h"
 
+#include "simd.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,50 +18,68 @@
 namespace fastdpr {
 namespace {
 
-// Columns of the transposed panel handled at once: R x 256 fp32 accumulators stay in L1 while the panel rows
-// stream past, so every panel load feeds R fused multiply-adds.
-constexpr int64_t kPanel = 256;
+// Packed panel layout (see pack_columns): tiles of kTile columns, each tile stored as (d, kTile) rows. A tile is
+// one contiguous stream (d * 128 bytes) however many columns there are in all, so the kernel never walks a
+// power-of-two stride (which maps every row to the same cache sets).
+constexpr int64_t kTile = 32;
 
-// out[r * ldo + j] = sum_t x[r * ldx + t] * yT[t * ldy + j] for r < R, j < nc. Written as plain loops over j so
-// the compiler vectorises them at whatever width the calling (target-specific) function allows; a hand-tuned
-// BLAS would be faster for huge k-means runs, but this keeps the extension free of a BLAS dependency and is
-// within a small factor of it at the sizes IVF-PQ trains on.
-template <int R>
-inline __attribute__((always_inline)) void panel_rows(const float* x, int64_t ldx, int64_t d, const float* yT,
-                                                      int64_t ldy, int64_t nc, float* out, int64_t ldo) {
-    alignas(64) float acc[R][kPanel];
+// Register-tiled micro-kernel (the GEMM idea, hand-written so the extension needs no BLAS): R rows of x against
+// one packed tile; the R x 32 outputs live in R * NV vector registers of W floats (NV * W = 32). Each step over t
+// loads NV slices of the tile and broadcasts R values of x. GCC vector types compile to zmm / ymm / xmm code in
+// the AVX-512 / AVX2 / baseline clones below.
+typedef float v4f __attribute__((vector_size(16)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v16f __attribute__((vector_size(64)));
+
+template <class V, int NV, int R>
+inline __attribute__((always_inline)) void micro_tile(const float* x, int64_t ldx, int64_t d, const float* tile,
+                                                      float* out, int64_t ldo, int64_t nc) {
+    constexpr int W = sizeof(V) / sizeof(float);
+    static_assert(NV * W == kTile, "a tile is kTile floats wide");
+    V acc[R][NV];
     for (int r = 0; r < R; ++r)
-        for (int64_t j = 0; j < nc; ++j) acc[r][j] = 0.f;
+        for (int v = 0; v < NV; ++v) acc[r][v] = V{};
     for (int64_t t = 0; t < d; ++t) {
-        float xv[R];
-        for (int r = 0; r < R; ++r) xv[r] = x[r * ldx + t];
-        const float* row = yT + t * ldy;
-#pragma omp simd
-        for (int64_t j = 0; j < nc; ++j) {
-            const float y = row[j];
-            for (int r = 0; r < R; ++r) acc[r][j] += xv[r] * y;
+        V y[NV];
+        for (int v = 0; v < NV; ++v) std::memcpy(&y[v], tile + t * kTile + v * W, sizeof(V));
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+            const float xv = x[r * ldx + t];
+            for (int v = 0; v < NV; ++v) acc[r][v] += xv * y[v];
         }
     }
-    for (int r = 0; r < R; ++r) std::memcpy(out + r * ldo, acc[r], sizeof(float) * nc);
-}
-
-inline __attribute__((always_inline)) void ip_T_body(const float* x, int64_t nx, const float* yT, int64_t ny,
-                                                     int64_t d, float* out) {
-    for (int64_t j0 = 0; j0 < ny; j0 += kPanel) {
-        const int64_t nc = std::min(kPanel, ny - j0);
-        int64_t i = 0;
-        for (; i + 4 <= nx; i += 4) panel_rows<4>(x + i * d, d, d, yT + j0, ny, nc, out + i * ny + j0, ny);
-        for (; i < nx; ++i) panel_rows<1>(x + i * d, d, d, yT + j0, ny, nc, out + i * ny + j0, ny);
+    for (int r = 0; r < R; ++r) {
+        if (nc == kTile) {
+            std::memcpy(out + r * ldo, &acc[r][0], sizeof(float) * kTile);
+        } else {  // the last, partial tile (its padding columns are zeros)
+            alignas(64) float tmp[kTile];
+            std::memcpy(tmp, &acc[r][0], sizeof(float) * kTile);
+            std::memcpy(out + r * ldo, tmp, sizeof(float) * nc);
+        }
     }
 }
 
-// Nearest panel column of each row: scores v_j = <x, y_j> - bias_j, argmax with ties to the lowest j.
+template <class V, int NV, int R>
+inline __attribute__((always_inline)) void ip_T_body(const float* x, int64_t nx, const float* packed, int64_t ny,
+                                                     int64_t d, float* out) {
+    const int64_t ntiles = (ny + kTile - 1) / kTile;
+    for (int64_t jt = 0; jt < ntiles; ++jt) {
+        const float* tile = packed + jt * d * kTile;
+        const int64_t j0 = jt * kTile, nc = std::min(kTile, ny - j0);
+        int64_t i = 0;
+        for (; i + R <= nx; i += R) micro_tile<V, NV, R>(x + i * d, d, d, tile, out + i * ny + j0, ny, nc);
+        for (; i < nx; ++i) micro_tile<V, NV, 1>(x + i * d, d, d, tile, out + i * ny + j0, ny, nc);
+    }
+}
+
+// Nearest packed column of each row: scores v_j = <x, y_j> - bias_j, argmax with ties to the lowest j.
 // `scratch` holds nx * ny floats. The max is a vector reduction; the index is found by a second, predictable scan
 // (a compare-and-branch argmax over 256 codewords would cost more than the products for small sub-vectors).
+template <class V, int NV, int R>
 inline __attribute__((always_inline)) void nearest_body(const float* x, int64_t nx, const float* yT,
                                                         const float* bias, int64_t ny, int64_t d, float* scratch,
                                                         int64_t* labels, float* best) {
-    ip_T_body(x, nx, yT, ny, d, scratch);
+    ip_T_body<V, NV, R>(x, nx, yT, ny, d, scratch);
     for (int64_t r = 0; r < nx; ++r) {
         float* row = scratch + r * ny;
         float bv = -std::numeric_limits<float>::infinity();
@@ -80,41 +100,46 @@ using IpTFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, fl
 using NearestFn = void (*)(const float*, int64_t, const float*, const float*, int64_t, int64_t, float*, int64_t*,
                            float*);
 
-#define FASTDPR_KMEANS_KERNELS(SUFFIX, ATTR)                                                                      \
+// Tile shapes per level: R * NV accumulators + NV tile slices + 1 broadcast must fit the register file
+// (16 xmm, 16 ymm, 32 zmm).
+#define FASTDPR_KMEANS_KERNELS(SUFFIX, ATTR, V, NV, R)                                                            \
     ATTR void ip_T_##SUFFIX(const float* x, int64_t nx, const float* yT, int64_t ny, int64_t d, float* out) {    \
-        ip_T_body(x, nx, yT, ny, d, out);                                                                        \
+        ip_T_body<V, NV, R>(x, nx, yT, ny, d, out);                                                              \
     }                                                                                                            \
     ATTR void nearest_##SUFFIX(const float* x, int64_t nx, const float* yT, const float* bias, int64_t ny,       \
                                int64_t d, float* scratch, int64_t* labels, float* best) {                        \
-        nearest_body(x, nx, yT, bias, ny, d, scratch, labels, best);                                             \
+        nearest_body<V, NV, R>(x, nx, yT, bias, ny, d, scratch, labels, best);                                   \
     }
 
-FASTDPR_KMEANS_KERNELS(default, )
+FASTDPR_KMEANS_KERNELS(default, , v4f, 8, 1)
 #if defined(__x86_64__) && defined(__GNUC__)
-FASTDPR_KMEANS_KERNELS(avx2, __attribute__((target("avx2,fma"))))
-FASTDPR_KMEANS_KERNELS(avx512, __attribute__((target("avx512f,avx512vl,avx2,fma,prefer-vector-width=512"))))
+FASTDPR_KMEANS_KERNELS(avx2, __attribute__((target("avx2,fma"))), v8f, 4, 2)
+FASTDPR_KMEANS_KERNELS(avx512, __attribute__((target("avx512f,avx512vl,avx2,fma,prefer-vector-width=512"))), v16f, 2,
+                       8)
 #endif
 
-enum class Isa { Default, AVX2, AVX512 };
-
-Isa pick_isa() {
+// The level follows simd::current(), so simd::force_level (tests, benchmarks) switches these kernels too.
+IpTFn ip_T_kernel() {
 #if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return Isa::AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::AVX2;
+    switch (simd::current()) {
+        case simd::Level::AVX512: return ip_T_avx512;
+        case simd::Level::AVX2: return ip_T_avx2;
+        default: break;
+    }
 #endif
-    return Isa::Default;
+    return ip_T_default;
 }
 
-const Isa isa = pick_isa();
+NearestFn nearest_kernel() {
 #if defined(__x86_64__) && defined(__GNUC__)
-const IpTFn ip_T_impl = isa == Isa::AVX512 ? ip_T_avx512 : isa == Isa::AVX2 ? ip_T_avx2 : ip_T_default;
-const NearestFn nearest_impl =
-    isa == Isa::AVX512 ? nearest_avx512 : isa == Isa::AVX2 ? nearest_avx2 : nearest_default;
-#else
-const IpTFn ip_T_impl = ip_T_default;
-const NearestFn nearest_impl = nearest_default;
+    switch (simd::current()) {
+        case simd::Level::AVX512: return nearest_avx512;
+        case simd::Level::AVX2: return nearest_avx2;
+        default: break;
+    }
 #endif
+    return nearest_default;
+}
 
 inline float sqnorm(const float* v, int64_t d) {
     float s = 0.f;
@@ -143,24 +168,29 @@ void check_positive(int64_t v, const char* what) {
 
 }  // namespace
 
-std::vector<float> transpose(const float* y, int64_t n, int64_t d) {
-    std::vector<float> yT(static_cast<size_t>(n) * d);
-    constexpr int64_t B = 32;  // cache-blocked so neither side is walked with a huge stride for long
-    for (int64_t i0 = 0; i0 < n; i0 += B)
-        for (int64_t t0 = 0; t0 < d; t0 += B)
-            for (int64_t i = i0; i < std::min(n, i0 + B); ++i)
-                for (int64_t t = t0; t < std::min(d, t0 + B); ++t) yT[t * n + i] = y[i * d + t];
-    return yT;
+size_t packed_size(int64_t n, int64_t d) {
+    return static_cast<size_t>((n + kTile - 1) / kTile) * kTile * static_cast<size_t>(d);
+}
+
+std::vector<float> pack_columns(const float* y, int64_t n, int64_t d) {
+    std::vector<float> p(packed_size(n, d), 0.f);
+    for (int64_t j = 0; j < n; ++j) {
+        float* tile = p.data() + (j / kTile) * d * kTile + (j % kTile);
+        const float* row = y + j * d;
+        for (int64_t t = 0; t < d; ++t) tile[t * kTile] = row[t];
+    }
+    return p;
 }
 
 void inner_products_T(const float* x, int64_t nx, const float* yT, int64_t ny, int64_t d, float* out) {
-    ip_T_impl(x, nx, yT, ny, d, out);
+    ip_T_kernel()(x, nx, yT, ny, d, out);
 }
 
 void inner_products(const float* x, int64_t nx, const float* y, int64_t ny, int64_t d, float* out) {
-    const std::vector<float> yT = transpose(y, ny, d);
+    const std::vector<float> yT = pack_columns(y, ny, d);
     constexpr int64_t kRows = 32;
     const int64_t nblocks = (nx + kRows - 1) / kRows;
+    const IpTFn ip_T_impl = ip_T_kernel();
 #pragma omp parallel for schedule(dynamic, 1) if (worth_threads(nx * ny * d))
     for (int64_t b = 0; b < nblocks; ++b) {
         const int64_t i0 = b * kRows, rows = std::min(kRows, nx - i0);
@@ -171,13 +201,14 @@ void inner_products(const float* x, int64_t nx, const float* y, int64_t ny, int6
 void assign_nearest(const float* x, int64_t n, const float* centroids, int64_t k, int64_t d, bool max_inner_product,
                     int64_t* labels, float* dist) {
     if (n <= 0) return;
-    const std::vector<float> cT = transpose(centroids, k, d);
+    const std::vector<float> cT = pack_columns(centroids, k, d);
     // L2: argmin ||x - c||^2 == argmax <x, c> - ||c||^2 / 2
     std::vector<float> bias(k, 0.f);
     if (!max_inner_product)
         for (int64_t j = 0; j < k; ++j) bias[j] = 0.5f * sqnorm(centroids + j * d, d);
     constexpr int64_t kRows = 32;
     const int64_t nblocks = (n + kRows - 1) / kRows;
+    const NearestFn nearest_impl = nearest_kernel();
 #pragma omp parallel if (nblocks > 1 && worth_threads(n * k * d))
     {
         std::vector<float> scratch(static_cast<size_t>(kRows) * k);

@@ -2,6 +2,7 @@
 // kernel both of them (and IVF-PQ search) spend their time in.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -10,13 +11,14 @@ namespace fastdpr {
 // out[i * ny + j] = <x_i, y_j> for x (nx, d) and y (ny, d), both row-major. Multi-threaded over rows of x.
 void inner_products(const float* x, int64_t nx, const float* y, int64_t ny, int64_t d, float* out);
 
-// The same product against a pre-transposed panel: yT is (d, ny) row-major (column j = y_j), which is the layout
-// the kernel streams. Single-threaded; used inside already-parallel loops (one query against all centroids, one
-// sub-vector against a codebook).
-void inner_products_T(const float* x, int64_t nx, const float* yT, int64_t ny, int64_t d, float* out);
+// The same product against y packed by pack_columns (the layout the kernel streams). Single-threaded; used inside
+// already-parallel loops (a few queries against all centroids, one sub-vector against a codebook).
+void inner_products_T(const float* x, int64_t nx, const float* packed, int64_t ny, int64_t d, float* out);
 
-// (d, n) transpose of a row-major (n, d) matrix.
-std::vector<float> transpose(const float* y, int64_t n, int64_t d);
+// y (n, d) rearranged for the kernel: tiles of 32 rows of y, each tile stored transposed as (d, 32), the last
+// tile zero-padded. packed_size(n, d) floats.
+std::vector<float> pack_columns(const float* y, int64_t n, int64_t d);
+size_t packed_size(int64_t n, int64_t d);
 
 // Nearest centroid of every row of x. L2: argmin ||x - c||^2 (ties -> lowest index); with max_inner_product:
 // argmax <x, c>. dist (nullable) receives ||x - c||^2, or <x, c> for max_inner_product. Multi-threaded.

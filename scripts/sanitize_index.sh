@@ -14,9 +14,9 @@ EXT=$(ls "$PWD/$BUILD"/_C*.so | head -1)
 if [ $# -eq 0 ]; then
   set -- $(ls tests/test_index*.py | grep -v test_index_faiss_cli.py)
 fi
-# Python itself is not built with ASan: preload the runtime, ignore leaks of the interpreter at exit, stop on the
-# first real error.
-export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+# Python itself is not built with ASan: preload the runtime (and libstdc++, or ASan cannot find the real
+# __cxa_throw when the extension throws), ignore leaks of the interpreter at exit, stop on the first real error.
+export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libstdc++.so)"
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:allocator_may_return_null=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export FASTDPR_SANITIZED_EXTENSION="$EXT"

@@ -80,7 +80,8 @@ def test_auto_picks_flat_for_small():
 
 
 @needs_native
-@pytest.mark.parametrize("n,d,nq,k", [(1, 3, 1, 1), (997, 37, 5, 10), (1500, 64, 70, 50), (300, 129, 33, 300)])
+@pytest.mark.parametrize("n,d,nq,k", [(1, 3, 1, 1), (997, 37, 5, 10), (1500, 64, 70, 50), (300, 129, 33, 300),
+                                     (600, 70, 250, 20)])
 def test_flat_matches_brute_force(n, d, nq, k):
     rng = np.random.default_rng(n + d)
     x = (rng.standard_normal((n, d)) * rng.lognormal(0, 0.5, (n, 1))).astype(np.float32)

@@ -356,3 +356,14 @@ def test_packaged_minilm_matches_sentence_transformers():
     # the question that is answered by the passage scores highest
     scores = got[0] @ got[1:].T
     assert scores.argmax() == 0
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_reduced_precision_autocast_stays_close_to_float32(tmp_path, precision):
+    model = tiny_biencoder(tmp_path, pooling="mean", similarity="cosine")
+    full = model.encode_passages(PASSAGES)
+    low = model.encode_passages(PASSAGES, precision=precision)
+    assert low.dtype == np.float32 and low.shape == full.shape
+    cosine = (full * low).sum(axis=1)
+    assert cosine.min() > 0.99
+    assert not np.array_equal(full, low)  # the autocast really ran in reduced precision

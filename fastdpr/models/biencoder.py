@@ -388,7 +388,7 @@ class BiEncoder(nn.Module):
         limit = self.config.max_question_length if tower == "question" else self.config.max_passage_length
         self.last_truncated = sum(1 for ids, _ in seqs if len(ids) >= limit)
         if self.last_truncated:
-            log.info("%d of %d %ss reached the %d-token limit and were truncated", self.last_truncated, len(seqs),
+            log.debug("%d of %d %ss reached the %d-token limit and were truncated", self.last_truncated, len(seqs),
                      tower, limit)
         out = np.empty((len(seqs), self.dim), dtype=np.float32)
         if not seqs:
