@@ -313,19 +313,22 @@ def plot(rows: list[dict], threads_list: list[int], title: str, path: Path) -> N
 
 def configs(args, ds: Dataset) -> dict:
     n, d = ds.n, ds.dim
-    from fastdpr.index.ivfpq import default_m, default_nlist
+    from fastdpr.index.ivfpq import default_nlist
 
-    cfg = {"M": 32, "efc": 200, "ef": [64, 128, 256, 512], "nlist": default_nlist(n), "m": default_m(d),
-           "nprobe": [4, 8, 16, 32, 64], "rerank": [0, 200, 500, 1000], "k_factor": [2, 5, 10],
+    # m = d/16 (16-dimensional sub-vectors): with an exact re-rank behind it, a coarser code is as good at
+    # recall@100 = 0.95 as d/8 and scans twice as fast (measured on the 100k x 768 mixture).
+    m = min(range(1, d + 1), key=lambda c: (d % c != 0, abs(c - d / 16)))
+    cfg = {"M": 32, "efc": 100, "ef": [64, 128, 256, 512], "nlist": default_nlist(n), "m": m,
+           "nprobe": [12, 16, 32], "rerank": [0, 150, 200, 300], "k_factor": [1.5, 2.0, 3.0],
            "train": min(n, 256 * default_nlist(n))}
     if args.quick:
-        cfg.update(M=16, efc=64, ef=[100, 200], nprobe=[4, 16], rerank=[0, 300], k_factor=[4])
+        cfg.update(M=16, efc=64, ef=[100, 200], nprobe=[4, 16], rerank=[0, 300], k_factor=[3.0])
     for key in ("M", "efc", "nlist", "m"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
-    for key in ("ef", "nprobe", "rerank", "k_factor"):
+    for key, cast in (("ef", int), ("nprobe", int), ("rerank", int), ("k_factor", float)):
         if getattr(args, key) is not None:
-            cfg[key] = [int(v) for v in getattr(args, key).split(",")]
+            cfg[key] = [cast(v) for v in getattr(args, key).split(",")]
     return cfg
 
 

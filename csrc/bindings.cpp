@@ -235,7 +235,7 @@ PYBIND11_MODULE(_C, m) {
                  return std::make_unique<HNSWIndex>(dim, p);
              }),
              py::arg("dim"), py::arg("M") = 32, py::arg("ef_construction") = 200, py::arg("ef_search") = 128,
-             py::arg("graph") = "ip", py::arg("storage") = "fp32", py::arg("phi") = 0.0, py::arg("entry_points") = 8,
+             py::arg("graph") = "ip", py::arg("storage") = "fp32", py::arg("phi") = 0.0, py::arg("entry_points") = 1,
              py::arg("seed") = 12345)
         .def_property_readonly("dim", &HNSWIndex::dim)
         .def_property_readonly("phi", &HNSWIndex::phi)
@@ -314,19 +314,21 @@ PYBIND11_MODULE(_C, m) {
             .def(
                 "train",
                 [ivf_rows](IVFPQ& s, const FloatArray& x, int niter, int pq_niter, uint64_t seed,
-                           int64_t max_points_per_centroid, bool spherical) {
+                           int64_t max_points_per_centroid, int64_t pq_max_points_per_centroid, bool spherical) {
                     auto [n, xp] = ivf_rows(x, s, "training vectors");
                     IVFPQTrainParams p;
                     p.niter = niter;
                     p.pq_niter = pq_niter;
                     p.seed = seed;
                     p.max_points_per_centroid = max_points_per_centroid;
+                    p.pq_max_points_per_centroid = pq_max_points_per_centroid;
                     p.spherical = spherical;
                     py::gil_scoped_release release;
                     s.train(xp, static_cast<int64_t>(n), p);
                 },
                 py::arg("x"), py::arg("niter") = 20, py::arg("pq_niter") = 20, py::arg("seed") = 1234,
-                py::arg("max_points_per_centroid") = 256, py::arg("spherical") = false)
+                py::arg("max_points_per_centroid") = 64, py::arg("pq_max_points_per_centroid") = 256,
+                py::arg("spherical") = false)
             .def(
                 "set_trained",
                 [](IVFPQ& s, const FloatArray& centroids, const FloatArray& codebooks) {

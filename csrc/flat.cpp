@@ -92,8 +92,9 @@ void VectorStore::load(const io::Reader& r, const std::string& name, size_t n, b
 namespace {
 
 // Queries per block: the packed vector panels are reused by all of them, so packing costs little per query.
-// 192 is a multiple of both GEMM tile heights (12 and 6) and of 4. 192 x 768 fp32 = 576 KiB stays in L2.
-constexpr size_t kQueryBlock = 192;
+// 384 is a multiple of both GEMM tile heights (12 and 6) and of 4; with d in chunks of 256 the block touches
+// 384 KiB of queries at a time, which stays in L2.
+constexpr size_t kQueryBlock = 384;
 constexpr size_t kVectorBlock = 256;  // vectors per block (a multiple of every panel width: 8, 16, 32)
 constexpr size_t kMinGemmQueries = 8; // fewer queries: plain dot products (packing would not pay)
 constexpr size_t kDepthChunk = 256;

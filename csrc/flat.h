@@ -42,6 +42,12 @@ public:
         return storage_ == Storage::F16 ? K.dot_f16(q, f16() + i * dim_, dim_) : K.dot(q, f32() + i * dim_, dim_);
     }
     void row(size_t i, float* out) const;  // as fp32
+    // Row i as fp32: a pointer into the store when it holds fp32, else converted into `buf` (dim floats).
+    const float* row_f32(size_t i, float* buf) const {
+        if (storage_ == Storage::F32) return f32() + i * dim_;
+        row(i, buf);
+        return buf;
+    }
 
     void save(io::Writer& w, const std::string& name) const;
     // `n` rows from section `name`; with `mmap` the rows stay in the file mapping (zero copy).

@@ -174,10 +174,10 @@ void HNSWIndex::select_neighbors(const float* xbase, uint32_t base, std::vector<
     std::vector<float> xc(store_.dim());
     for (const Cand& c : cands) {
         if (kept.size() >= m) break;
-        store_.row(c.second, xc.data());
+        const float* xcp = store_.row_f32(c.second, xc.data());
         bool good = true;
         for (const Cand& s : kept) {
-            if (build_sim(xc.data(), c.second, s.second) > c.first) {
+            if (build_sim(xcp, c.second, s.second) > c.first) {
                 good = false;
                 break;
             }
@@ -212,11 +212,11 @@ void HNSWIndex::connect(uint32_t node, const float* xnode, int level, const std:
             continue;
         }
         // full: re-select among the old links and the new node, by similarity to `other`
-        store_.row(other, xn.data());
+        const float* xo = store_.row_f32(other, xn.data());
         cands.clear();
         cands.emplace_back(nb.first, node);
-        for (size_t j = 0; j < cnt; ++j) cands.emplace_back(build_sim(xn.data(), other, l[1 + j]), l[1 + j]);
-        select_neighbors(xn.data(), other, cands, cap);
+        for (size_t j = 0; j < cnt; ++j) cands.emplace_back(build_sim(xo, other, l[1 + j]), l[1 + j]);
+        select_neighbors(xo, other, cands, cap);
         l[0] = static_cast<uint32_t>(cands.size());
         for (size_t j = 0; j < cands.size(); ++j) l[1 + j] = cands[j].second;
     }

@@ -34,7 +34,7 @@ struct HNSWParams {
     size_t M = 32;                // links per node on upper levels; 2M on level 0
     size_t ef_construction = 200;
     size_t ef_search = 128;       // default beam width (raised to k when smaller)
-    size_t entry_points = 8;      // beam width on level 1, whose results all seed the level-0 search
+    size_t entry_points = 1;      // beam width on level 1, whose results all seed the level-0 search
     Graph graph = Graph::IP;
     Storage storage = Storage::F32;
     double phi = 0.0;             // L2 reduction: max squared norm; 0 = take it from the first add

@@ -107,9 +107,9 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
     cp.max_points_per_centroid = p.max_points_per_centroid;
     centroids_ = kmeans(x, n, d_, cp).centroids;
 
-    // The codebooks learn residuals of a seeded subsample (256 points per codeword is plenty).
+    // The codebooks learn residuals of a seeded subsample.
     std::mt19937_64 rng(p.seed ^ 0x9e3779b97f4a7c15ULL);
-    const int64_t np = std::min(n, kKsub * p.max_points_per_centroid);
+    const int64_t np = std::min(n, kKsub * p.pq_max_points_per_centroid);
     std::vector<int64_t> pick(n);
     std::iota(pick.begin(), pick.end(), int64_t{0});
     for (int64_t i = 0; i < np; ++i) {
@@ -134,7 +134,7 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
         sp.k = kKsub;
         sp.niter = p.pq_niter;
         sp.seed = p.seed + 1 + static_cast<uint64_t>(j);
-        sp.max_points_per_centroid = p.max_points_per_centroid;
+        sp.max_points_per_centroid = p.pq_max_points_per_centroid;
         const std::vector<float> cb = kmeans(sub.data(), np, dsub_, sp).centroids;
         std::copy(cb.begin(), cb.end(), codebooks_.begin() + j * kKsub * dsub_);
     }

@@ -25,7 +25,10 @@ struct IVFPQTrainParams {
     int niter = 20;              // Lloyd iterations of the coarse k-means
     int pq_niter = 20;           // ... and of each sub-quantizer's k-means
     uint64_t seed = 1234;
-    int64_t max_points_per_centroid = 256;
+    // Training points per centroid (subsampled above that): IVF lists are placed well from ~40-64 points each,
+    // while 256 codewords of a sub-quantizer learn from up to 256 x 256 residuals.
+    int64_t max_points_per_centroid = 64;
+    int64_t pq_max_points_per_centroid = 256;
     bool spherical = false;      // spherical coarse k-means (unit-norm centroids)
 };
 

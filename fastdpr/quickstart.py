@@ -46,38 +46,38 @@ class QuickstartConfig:
     show_progress: bool = True
     seed: int = 0
     # questions
-    nq_train: int | None = 1500
-    nq_dev: int = 300
+    nq_train: int | None = 400
+    nq_dev: int = 200
     nq_test: int = 1000
     squad_test: int = 1000
-    nyt_train: int | None = 500
-    nyt_dev: int = 200
+    nyt_train: int | None = 160
+    nyt_dev: int = 100
     nyt_test: int = 500
     # corpus: gold passages of every selected question, plus other passages up to this many (None or 0: all
-    # 17.9k). Encoding runs twice (zero-shot and fine-tuned) at ~70 passages/s on 2 cores: the pool is what
-    # keeps the default run inside 15 minutes.
-    max_passages: int | None = 10000
+    # 17.9k). MiniLM encodes ~20 passages per CPU-second at 128 tokens and runs twice (zero-shot, fine-tuned):
+    # the pool size is what keeps the default run inside 15 minutes on 2 cores; 0 takes every passage (~35 min).
+    max_passages: int | None = 5000
     # dual encoder
     question_length: int = 32
     passage_length: int = 128
-    train_steps: int = 60
-    batch_size: int = 32
-    lr: float = 2e-5
+    train_steps: int = 30
+    batch_size: int = 16
+    lr: float = 3e-5
     temperature: float = 0.05
     encode_batch_size: int = 64
     index_spec: str = "flat"
     k_union: int = 200  # hybrid: union of each side's top-K
     # reader
-    reader_train_questions: int = 600
-    reader_steps: int = 100
+    reader_train_questions: int = 200
+    reader_steps: int = 40
     reader_batch_size: int = 4
-    reader_passages: int = 3
+    reader_passages: int = 2
     reader_length: int = 192
     reader_lr: float = 5e-5
     reader_top_k: int = 5
-    reader_test_questions: int = 300
+    reader_test_questions: int = 200
     # speed
-    speed_questions: int = 200
+    speed_questions: int = 100
 
     @classmethod
     def preset(cls, fast: bool = False, **overrides) -> "QuickstartConfig":
@@ -86,8 +86,8 @@ class QuickstartConfig:
         if fast:
             base = dict(
                 fast=True, nq_train=192, nq_dev=60, nq_test=200, squad_test=100, nyt_train=64, nyt_dev=40,
-                nyt_test=100, max_passages=1000, passage_length=96, train_steps=8, batch_size=16, lr=3e-5,
-                reader_train_questions=48, reader_steps=12, reader_passages=2, reader_length=128, reader_top_k=3,
+                nyt_test=100, max_passages=1000, passage_length=96, train_steps=6, batch_size=16,
+                reader_train_questions=48, reader_steps=10, reader_passages=2, reader_length=128, reader_top_k=3,
                 reader_test_questions=40, speed_questions=40, k_union=100,
             )
         else:
@@ -120,7 +120,13 @@ class _Run:
     def stage(self, name: str, fn: Callable[[], dict], after: tuple[str, ...] = ()) -> dict:
         """Run ``fn`` unless its summary exists with these settings (and no stage it depends on was redone)."""
         marker = self.out / "stages" / f"{name}.json"
-        if not self.config.force and marker.is_file() and not (set(after) & self._redone):
+        # a stage is stale when a stage it reads from was redone after it (in this run or an interrupted one)
+        newer_inputs = any(
+            (self.out / "stages" / f"{dep}.json").is_file()
+            and (self.out / "stages" / f"{dep}.json").stat().st_mtime_ns > marker.stat().st_mtime_ns
+            for dep in after
+        ) if marker.is_file() else True
+        if not self.config.force and marker.is_file() and not newer_inputs and not (set(after) & self._redone):
             saved = json.loads(marker.read_text())
             if saved.get("fingerprint") == self._fingerprint:
                 self.log(f"[{name}] done already, skipped")
@@ -266,15 +272,33 @@ def _encode_and_index(run: _Run, model, name: str) -> dict:
     from fastdpr.index import build_index
 
     corpus = _corpus(run)
+    from fastdpr.errors import InputError
+
     vectors_dir = run.out / f"vectors_{name}"
-    encode_corpus(model, corpus, vectors_dir, batch_size=run.config.encode_batch_size, dtype="float16",
-                  show_progress=run.config.show_progress, model_name=name)
+
+    def encode():
+        encode_corpus(model, corpus, vectors_dir, batch_size=run.config.encode_batch_size, dtype="float16",
+                      show_progress=run.config.show_progress, model_name=name)
+
+    try:
+        encode()  # resumes an interrupted encoding of this same model and corpus
+    except InputError as err:
+        if "different run" not in str(err):
+            raise
+        # vectors of an earlier model or corpus (the stage is being redone): they are stale, start afresh
+        import shutil
+
+        run.log(f"  {vectors_dir}: stale vectors of an earlier run, encoding again")
+        shutil.rmtree(vectors_dir)
+        encode()
     vectors, ids = load_vectors(vectors_dir)
     if list(ids) != list(corpus.ids):
         raise RuntimeError(f"{vectors_dir}: vector ids are not in corpus row order")
     index = build_index(vectors.astype("float32"), run.config.index_spec)
     path = index.save(run.out / f"index_{name}")
-    size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) if Path(path).is_dir() else Path(path).stat().st_size
+    path = Path(path)
+    files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
+    size = sum(f.stat().st_size for f in files)
     return {"passages": len(ids), "dim": int(vectors.shape[1]), "index_spec": run.config.index_spec,
             "index_bytes": int(size), "index_path": str(path)}
 
@@ -292,7 +316,8 @@ def _stage_train(run: _Run) -> dict:
     model = _load_model(run, _base_model_path())
     examples = load_examples(str(run.out / "train.dpr.json"))
     args = TrainingArguments(
-        output_dir=str(run.out / "train"), batch_size=c.batch_size, n_hard=1, epochs=1000, max_steps=c.train_steps,
+        output_dir=str(run.out / "train"), batch_size=c.batch_size, n_hard=1, epochs=1000,
+        max_steps=c.train_steps,
         lr=c.lr, warmup_steps=0.1, seed=c.seed, logging_steps=max(1, c.train_steps // 10),
         save_steps=10**9, save_total_limit=1, show_progress=c.show_progress,
         # the Triton interpreter is a test vehicle, not a CPU backend: on a CPU the chunked torch loss is used
@@ -325,7 +350,8 @@ def _retrievers(run: _Run, alpha: float = 1.0, n_threads: int | None = None) -> 
     corpus = _corpus(run)
     sparse = SparseRetriever(BM25.load(run.out / "bm25"), corpus, n_threads=n_threads)
     zero = DenseRetriever(_load_model(run, _base_model_path()), load_index(run.out / "index_zero_shot"), corpus)
-    dense = DenseRetriever(BiEncoder.from_pretrained(run.out / "train" / "model"), load_index(run.out / "index_dense"), corpus)
+    fine_tuned = BiEncoder.from_pretrained(run.out / "train" / "model")
+    dense = DenseRetriever(fine_tuned, load_index(run.out / "index_dense"), corpus)
     hybrid = HybridRetriever(dense, sparse, alpha=alpha, k_union=run.config.k_union)
     for r in (zero.model, dense.model):
         r.eval()
@@ -374,12 +400,14 @@ def _stage_search(run: _Run) -> dict:
             acc = topk_accuracy(hits, ks=KS)
             gold = [q["gold_ids"] for q in qs]
             # recall of the gold paragraph the question was written about (stricter than has_answer)
-            acc["gold_top20"] = sum(bool(set(g) & {pid for pid, _ in r[:20]}) for r, g in zip(ranked, gold)) / max(1, len(qs))
+            found = sum(bool(set(g) & {pid for pid, _ in r[:20]}) for r, g in zip(ranked, gold))
+            acc["gold_top20"] = found / max(1, len(qs))
             metrics[dataset]["retrieval"][name] = acc
             write_json(run.out / "runs" / f"{dataset}.{name}.json",
                        {q["qid"]: [[pid, round(s, 5), h] for (pid, s), h in zip(r, hr)]
                         for q, r, hr in zip(qs, ranked, hits)}, indent=None)
-            run.log(f"  {dataset:<10} {name:<9} " + " ".join(f"{k}={acc[k]:.3f}" for k in ("top1", "top5", "top20", "top100")))
+            shown = " ".join(f"top{k}={acc[f'top{k}']:.3f}" for k in KS)
+            run.log(f"  {dataset:<10} {name:<9} {shown}")
     return {"alpha": alpha, "alpha_table": hybrid.tuning_table, "metrics": metrics}
 
 
@@ -395,7 +423,8 @@ def _stage_reader(run: _Run) -> dict:
     retrievers = _retrievers(run, alpha=search["alpha"])
     train_qs = _take(_questions(run, "nq_train"), c.reader_train_questions, "reader")
     retrieved = retrievers["dense"].retrieve([q["question"] for q in train_qs], 10)
-    examples = [{"question": q["question"], "answers": q["answers"], "ctxs": ctxs} for q, ctxs in zip(train_qs, retrieved)]
+    examples = [{"question": q["question"], "answers": q["answers"], "ctxs": ctxs}
+                for q, ctxs in zip(train_qs, retrieved)]
     torch.manual_seed(c.seed)
     reader = Reader.from_pretrained(_base_model_path(), max_length=c.reader_length)
     stats = reader.train(examples, max_steps=c.reader_steps, batch_size=c.reader_batch_size,
@@ -407,7 +436,8 @@ def _stage_reader(run: _Run) -> dict:
                               show_progress=c.show_progress)
     scores = evaluate_answers([p["answer"] for p in predictions], [q["answers"] for q in test])
     write_json(run.out / "reader_predictions.json",
-               [{"qid": q["qid"], "question": q["question"], "answers": q["answers"], **p} for q, p in zip(test, predictions)])
+               [{"qid": q["qid"], "question": q["question"], "answers": q["answers"], **p}
+                for q, p in zip(test, predictions)])
     return {**scores, "top_k": c.reader_top_k, "retriever": "hybrid", "train": stats}
 
 
@@ -483,7 +513,8 @@ def _table(results: dict) -> str:
             m = section["retrieval"][name]
             qps = results["qps"].get(name)
             extra = f"   {qps:7.1f} q/s" if dataset == "nq_test" and qps else ""
-            lines.append(f"  {name:<24}" + "".join(f"{m[f'top{k}']:8.3f}" for k in KS) + f"{m['gold_top20']:9.3f}" + extra)
+            cells = "".join(f"{m[f'top{k}']:8.3f}" for k in KS)
+            lines.append(f"  {name:<24}{cells}{m['gold_top20']:9.3f}{extra}")
     r = results["reader"]
     lines.append(f"reader on NQ test (top-{r['top_k']} {r['retriever']} passages, {r['n']} questions): "
                  f"EM {r['em']:.3f}  F1 {r['f1']:.3f}")
@@ -546,7 +577,7 @@ def run_quickstart(config: QuickstartConfig, log: Callable[[str], None] | None =
     results = {
         "dataset": "nq_test: Natural Questions (BIG-bench contextual_parametric_knowledge_conflicts, answers "
                    "restored), held-out test split",
-        "retrieval": {name: {f"top{k}": nq[name][f"top{k}"] for k in KS} for name in ("bm25", "dense", "zero_shot", "hybrid")},
+        "retrieval": {name: {f"top{k}": nq[name][f"top{k}"] for k in KS} for name in RETRIEVERS},
         "reader": {"em": reader["em"], "f1": reader["f1"], "n": reader["n"], "top_k": reader["top_k"],
                    "retriever": reader["retriever"]},
         "qps": {name: speed["qps"][name] for name in RETRIEVERS},

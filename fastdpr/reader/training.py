@@ -33,7 +33,8 @@ def prepare_groups(reader, examples: list[dict], max_positives: int = 3, max_neg
     for ex in examples:
         answers = list(ex.get("answers") or [])
         ctxs = list(ex.get("ctxs") or [])
-        hits = [c.get("has_answer") if c.get("has_answer") is not None else has_answer(c["text"], answers) for c in ctxs]
+        hits = [c["has_answer"] if c.get("has_answer") is not None else has_answer(c["text"], answers)
+                for c in ctxs]
         candidates = [c for c, hit in zip(ctxs, hits) if hit][:max_positives]
         negatives = [c for c, hit in zip(ctxs, hits) if not hit][:max_negatives]
         positives = []
@@ -125,9 +126,12 @@ def train_reader(
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
     )
     warmup = int(warmup_fraction * total)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: (step + 1) / max(1, warmup) if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
-    )
+    def lr_factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     reader.train(True)
     order: list[int] = []
     last = float("nan")
@@ -153,7 +157,8 @@ def train_reader(
         start, end, relevance = reader(inputs)
         allowed = inputs.allowed_mask().to(start.device)
         first = inputs.passage_start.tolist()
-        absolute = [[(a + first[r], b + first[r]) for a, b in spans] for r, spans in zip(positive_rows, positive_spans)]
+        absolute = [[(a + first[r], b + first[r]) for a, b in spans]
+                    for r, spans in zip(positive_rows, positive_spans)]
         span_loss, select_loss = reader_loss(
             start, end, relevance, allowed, torch.tensor(positive_rows), absolute,
             torch.tensor(group_of_row, device=start.device), len(batch),

@@ -12,10 +12,13 @@ pool. GradCache splits the step in three (Gao et al., 2021):
 
 Memory is then one chunk's activations plus the B×d and N×d representations, whatever the batch size.
 
-Usage::
+Usage (``model`` is a ``BiEncoder``, whose ``forward(q_tokens, p_tokens)`` returns both sides)::
 
-    step = GradCacheStep(encoder, chunk_size=32, autocast=lambda: torch.autocast("cpu", enabled=False))
-    loss = step(q_chunks, p_chunks, loss_from_reps, backward=lambda t: t.backward())
+    step = GradCacheStep(model)
+    q_chunks = split_tokens(model.tokenize_questions(questions), 32)
+    p_chunks = split_tokens(model.tokenize_passages(passages), 32)
+    loss = step(q_chunks, p_chunks, lambda q, p: inbatch_nll(q, p, targets), backward=lambda t: t.backward())
+    optimizer.step()
 """
 from __future__ import annotations
 

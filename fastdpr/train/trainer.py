@@ -163,12 +163,13 @@ class Trainer:
         if self._prepared:
             return
         args = self.args
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
         if args.device:
             self.device = torch.device(args.device)
-        elif torch.cuda.is_available():
-            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         else:
-            self.device = torch.device("cpu")
+            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cuda" and self.device.index is None:  # one GPU per process under torchrun
+            self.device = torch.device("cuda", local_rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         distributed.init_from_env(self.device)
