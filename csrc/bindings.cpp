@@ -61,8 +61,7 @@ py::array section_view(const io::Reader& r, const std::string& name) {
     auto holder = new std::shared_ptr<io::Mapping>(r.mapping());
     py::capsule owner(holder, [](void* p) { delete static_cast<std::shared_ptr<io::Mapping>*>(p); });
     py::array view(py::dtype::of<uint8_t>(), {static_cast<py::ssize_t>(s.length)}, {1}, s.data, owner);
-    // read-only: the mapping is PROT_READ
-    py::detail::array_proxy(view.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+    view.attr("setflags")(py::arg("write") = false);  // the mapping is PROT_READ
     return view;
 }
 

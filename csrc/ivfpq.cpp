@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -92,6 +93,7 @@ void IVFPQ::prepare_tables() {
 }
 
 void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
     if (size() > 0) throw std::runtime_error("ivfpq: cannot retrain an index that already holds vectors");
     if (n < nlist_)
         throw std::invalid_argument("ivfpq: nlist=" + str(nlist_) + " needs at least that many training vectors, got " +
@@ -143,6 +145,7 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
 }
 
 void IVFPQ::set_trained(const float* centroids, const float* codebooks) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
     if (size() > 0) throw std::runtime_error("ivfpq: cannot replace the trained state of an index holding vectors");
     centroids_.assign(centroids, centroids + nlist_ * d_);
     codebooks_.assign(codebooks, codebooks + m_ * kKsub * dsub_);
@@ -169,6 +172,7 @@ void IVFPQ::encode_residuals(const float* x, int64_t n, const int64_t* lists, ui
 }
 
 void IVFPQ::encode(const float* x, int64_t n, int64_t* lists, uint8_t* codes) const {
+    std::shared_lock<std::shared_mutex> lock(mu_);
     check_trained("encode()");
     assign_lists(x, n, lists);
     encode_residuals(x, n, lists, codes);
@@ -183,6 +187,7 @@ void IVFPQ::own_vectors() {
 }
 
 void IVFPQ::add(const float* x, int64_t n) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
     check_trained("add()");
     if (n <= 0) return;
     own_vectors();
@@ -225,6 +230,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
     if (rerank < 0) throw std::invalid_argument("ivfpq: rerank must be >= 0, got " + str(rerank));
     if (rerank > 0 && storage_ == VectorStorage::None)
         throw std::invalid_argument("ivfpq: rerank needs the full vectors; build the index with store=fp16 or fp32");
+    std::shared_lock<std::shared_mutex> lock(mu_);
     check_trained("search()");
     nprobe = std::min(nprobe, nlist_);
     const int64_t kc = rerank > 0 ? std::max(k, rerank) : k;
@@ -303,6 +309,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
 }
 
 void IVFPQ::save(io::Writer& w) const {
+    std::shared_lock<std::shared_mutex> lock(mu_);
     w.meta("dim", d_);
     w.meta("nlist", nlist_);
     w.meta("m", m_);

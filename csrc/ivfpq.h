@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,8 @@ private:
     void encode_residuals(const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const;
     void own_vectors();  // copy memory-mapped vectors into owned memory before appending
 
+    // Searches share it; train/add/set_trained take it alone, so a search never sees lists being reallocated.
+    mutable std::shared_mutex mu_;
     int64_t d_, nlist_, m_, dsub_;
     VectorStorage storage_;
     bool assign_by_ip_;

@@ -186,6 +186,16 @@ def test_bad_input_errors(spec):
         build_index(np.zeros((0, 6), np.float32), spec)
 
 
+@pytest.mark.parametrize("spec", ["flat,fp16", "hnsw,M=4,fp16"])
+def test_fp16_storage_rejects_out_of_range(spec):
+    x = np.ones((5, 3), np.float32)
+    x[3, 1] = 1e5
+    index = make_index(spec, 3)
+    with pytest.raises(InputError, match="row 3.*fp16"):
+        index.add(x)
+    assert len(index) == 0
+
+
 def test_fp16_and_fp64_inputs_are_accepted():
     x = np.random.default_rng(0).standard_normal((100, 12))
     q = x[:3].astype(np.float32)

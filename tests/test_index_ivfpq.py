@@ -441,3 +441,33 @@ def test_every_simd_level_matches_reference(small):
         assert (i == i0).mean() >= 0.99
         np.testing.assert_allclose(s, s0, rtol=1e-5, atol=1e-4)
         assert (results[level + "-codes"] == results["scalar-codes"]).mean() >= 0.999
+
+
+@needs_c
+def test_search_while_adding(small):
+    """Searches running during adds see a consistent index (never a crash or a half-added row)."""
+    x, q = small
+    index = IVFPQIndex(32, nlist=8, m=8, store="fp16", niter=3, pq_niter=3)
+    index.train(x)
+    index.add(x[:500])
+    errors, stop = [], threading.Event()
+
+    def searcher():
+        while not stop.is_set():
+            try:
+                s, i = index.search(q, 10, nprobe=8, rerank=30)
+                assert ((i >= 0) & (i < len(x))).all()
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=searcher) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for start in range(500, len(x), 250):
+        index.add(x[start:start + 250])
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert len(index) == len(x)

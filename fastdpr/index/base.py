@@ -158,6 +158,19 @@ def check_matrix(x: Any, dim: int | None, what: str) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
+FP16_MAX = 65504.0
+
+
+def check_fp16_range(x: np.ndarray, what: str = "vectors") -> None:
+    """fp16 storage cannot hold |v| > 65504 (it would become Inf and poison every score): a clear error instead."""
+    for start in range(0, x.shape[0], ADD_CHUNK):
+        block = x[start:start + ADD_CHUNK]
+        if block.size and float(np.abs(block).max()) > FP16_MAX:
+            bad = start + int(np.argwhere(np.abs(block) > FP16_MAX)[0, 0])
+            raise InputError(f"{what} row {bad} has a component beyond the fp16 range (|v| > 65504); "
+                             "use fp32 storage or rescale the vectors")
+
+
 def check_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
         raise InputError(f"k must be a positive integer, got {k!r}")
@@ -206,6 +219,9 @@ class Index:
     def _ntotal(self) -> int:
         raise NotImplementedError
 
+    def _check_rows(self, x: np.ndarray) -> None:
+        """Type-specific checks of rows about to be added (raise InputError); run before anything is added."""
+
     def _add(self, x: np.ndarray) -> None:
         """Append float32 C-contiguous rows (already checked); row numbers continue from ``_ntotal()``."""
         raise NotImplementedError
@@ -245,6 +261,7 @@ class Index:
         """Append vectors (n, dim) of any float dtype; ``ids`` (n,) int64 >= 0, unique (default: row numbers)."""
         x = check_shape(vectors, self._dim, "vectors")
         check_finite(x, "vectors")  # before anything is added: a bad row leaves the index unchanged
+        self._check_rows(x)
         n = x.shape[0]
         if not self.is_trained:
             raise InputError(f"{type(self).__name__} must be trained before vectors are added "

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fastdpr.index._native import native
-from fastdpr.index.base import Index, take_params
+from fastdpr.index.base import Index, check_fp16_range, take_params
 
 NUMPY_BLOCK = 16384  # vectors scored per matrix product in the fallback
 
@@ -81,6 +81,10 @@ class FlatIndex(Index):
     @property
     def native(self) -> bool:
         return self._impl is not None
+
+    def _check_rows(self, x: np.ndarray) -> None:
+        if self.fp16:
+            check_fp16_range(x)
 
     def _ntotal(self) -> int:
         return len(self._impl) if self._impl is not None else self._n

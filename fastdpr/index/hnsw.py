@@ -35,7 +35,7 @@ import numpy as np
 
 from fastdpr.errors import InputError
 from fastdpr.index._native import native
-from fastdpr.index.base import Index, take_params
+from fastdpr.index.base import Index, check_fp16_range, take_params
 from fastdpr.index.flat import numpy_exact_search
 
 DEFAULTS = {"M": 32, "efc": 200, "ef": 128, "fp16": False, "fp32": False, "graph": "ip", "mips": "ip", "phi": 0.0,
@@ -91,6 +91,10 @@ class HNSWIndex(Index):
     @property
     def phi(self) -> float:
         return self._impl.phi if self._impl is not None else self._phi
+
+    def _check_rows(self, x: np.ndarray) -> None:
+        if self.fp16:
+            check_fp16_range(x)
 
     def _ntotal(self) -> int:
         return len(self._impl) if self._impl is not None else self._n

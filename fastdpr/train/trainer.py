@@ -90,6 +90,8 @@ class TrainingArguments:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.n_hard < 0 or self.n_random < 0:
             raise InputError("n_hard and n_random must be >= 0")
+        if self.loss_backend not in ("auto", "triton", "torch", "reference"):
+            raise InputError(f"loss_backend must be auto, triton or torch, got {self.loss_backend!r}")
         if self.lr <= 0:
             raise InputError(f"lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0:
