@@ -30,9 +30,10 @@ HERE = Path(__file__).resolve().parent
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tarball", default="/tmp/dl/bigbench-1.0.0.tar.gz", help="bigbench-1.0.0.tar.gz")
-    p.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "fastdpr-bench-cache"),
-                   help="where the needed tarball members are extracted (once)")
+    p.add_argument("--tarball", default=None,
+                   help="a local bigbench-1.0.0.tar.gz (default: fetched once into the fastdpr cache)")
+    p.add_argument("--cache", default=None, help="fastdpr data cache (default: $FASTDPR_CACHE or ~/.cache/fastdpr)")
+    p.add_argument("--quick", action="store_true", help="SQuAD dev only, 200 questions, 1 repeat (smoke run)")
     p.add_argument("--datasets", default="nq,squad_dev,new_wiki,nyt,reddit,amazon_reviews",
                    help="comma-separated sources whose passages form the corpus")
     p.add_argument("--questions", type=int, default=2000, help="questions sampled from those sources")
@@ -41,13 +42,21 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-lucene", action="store_true", help="skip the Lucene peer")
     p.add_argument("--out", default=str(HERE / "results"), help="results directory")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.datasets, args.questions, args.repeats = "squad_dev", min(args.questions, 200), 1
+    return args
 
 
 def load_data(args):
     from fastdpr.data import sources
 
-    paths = sources.extract_bigbench(args.tarball, args.cache)
+    if args.tarball:
+        args.cache = args.cache or sources.default_cache()
+        paths = sources.extract_bigbench(args.tarball, args.cache)
+    else:
+        args.cache = sources.fetch(args.cache, show_progress=False, with_topics=False)
+        paths = {name: sources.member_path(args.cache, name) for name in sources.BIGBENCH_MEMBERS}
     names = [n for n in args.datasets.split(",") if n]
     passage_lists, questions = [], []
     for name in names:

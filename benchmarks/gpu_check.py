@@ -18,7 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
-import torch
+import torch  # noqa: E402  (the machine's own CUDA build)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -80,42 +80,18 @@ def section_correctness() -> list[dict]:
     return rows
 
 
-def section_loss_speed() -> list[dict]:
-    import torch.nn.functional as F
+def section_loss_speed(out: Path) -> list[dict]:
+    """Delegates to benchmarks/loss_bench.py (the same script as the CPU rows), CUDA events and
+    torch.cuda.max_memory_allocated; eager sizes that cannot fit are skipped by its memory estimate."""
+    import subprocess
 
-    from fastdpr.kernels import inbatch_nll
-
-    rows = []
-    d = 768
-    for B in (1024, 4096, 16384, 65536):
-        for dtype in (torch.bfloat16,):
-            row = {"B": B, "N": 2 * B, "d": d, "dtype": "bf16"}
-            for name in ("eager", "fused"):
-                torch.cuda.empty_cache()
-                q, p, t = _inputs(B, 1, d, dtype, seed=1)
-                q.requires_grad_(True)
-                p.requires_grad_(True)
-
-                if name == "eager":
-                    def step():
-                        s = (q @ p.T).float()
-                        F.cross_entropy(s, t).backward()
-                else:
-                    def step():
-                        inbatch_nll(q, p, t, backend="triton").backward()
-                try:
-                    torch.cuda.reset_peak_memory_stats()
-                    base = torch.cuda.memory_allocated()
-                    row[f"{name}_ms"] = _time_cuda(step) * 1e3
-                    row[f"{name}_peak_MiB"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-                except torch.cuda.OutOfMemoryError:
-                    row[f"{name}_ms"] = None
-                    row[f"{name}_peak_MiB"] = "OOM"
-                del q, p, t
-            if row.get("eager_ms") and row.get("fused_ms"):
-                row["speedup"] = row["eager_ms"] / row["fused_ms"]
-            rows.append(row)
-    return rows
+    cmd = [sys.executable, str(Path(__file__).with_name("loss_bench.py")), "--device", "cuda", "--dtype", "bfloat16",
+           "--sizes", "1024,4096,16384,65536", "--out", str(out)]
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, timeout=240)
+    newest = max(out.glob("loss*.json"), key=lambda p: p.stat().st_mtime)
+    data = json.loads(newest.read_text())
+    return data.get("rows", [data])
 
 
 def section_encoding() -> list[dict]:
@@ -141,9 +117,8 @@ def section_encoding() -> list[dict]:
 
 
 def section_grad_cache() -> list[dict]:
+    from train_bench import grad_cache_step_benchmark
     from transformers import BertConfig
-
-    from fastdpr.train.grad_cache import grad_cache_step_benchmark
 
     return grad_cache_step_benchmark(BertConfig(num_hidden_layers=4), device="cuda")
 
@@ -167,7 +142,7 @@ def main() -> int:
         name, fn = SECTIONS[key]
         t = time.perf_counter()
         try:
-            rows = fn()
+            rows = fn(args.out) if name == "loss_speed" else fn()
             results["sections"][name] = {"rows": rows, "seconds": time.perf_counter() - t}
             md += f"### {name}\n\n" + markdown_table(rows) + "\n"
         except Exception as err:

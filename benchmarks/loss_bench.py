@@ -275,6 +275,7 @@ def main(argv=None):
     parser.add_argument("--budget-gb", type=float, default=None,
                         help="skip configurations estimated above this (default: 6 on CPU, 90%% of GPU memory)")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--quick", action="store_true", help="B = 128..1024, one repeat (smoke run)")
     parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
@@ -284,6 +285,8 @@ def main(argv=None):
     if args._worker:
         cpu_worker(args)
         return 0
+    if args.quick:
+        args.sizes, args.repeats = "128,256,512,1024", 1
     args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     if args.budget_gb is None:
         args.budget_gb = 6.0 if args.device == "cpu" else 1e9

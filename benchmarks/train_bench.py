@@ -185,10 +185,13 @@ def main() -> int:
     ap.add_argument("--max-batch", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up step)")
     ap.add_argument("--out", help="results directory (default benchmarks/results)")
+    ap.add_argument("--quick", action="store_true", help="a tiny model, batches up to 64, one timed step (smoke run)")
     ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--grad-cache", action="store_true", help=argparse.SUPPRESS)
     opts = ap.parse_args()
+    if opts.quick and not opts._worker:
+        opts.hidden, opts.intermediate, opts.max_batch, opts.steps, opts.chunk_size = 32, 64, 64, 1, 8
 
     if opts._worker:
         print(json.dumps(run_config(opts, opts.batch, opts.grad_cache, opts.steps)))

@@ -40,11 +40,13 @@ def batch_loss(
 ) -> torch.Tensor:
     """Mean NLL over every question of the global batch, computed identically on every rank.
 
-    ``local`` is this rank's shard of ``global_batch`` (the whole batch when not distributed). Vectors are cast to
-    float32: the score matrix and its softmax are accumulated in fp32 whatever the encoder's precision."""
+    ``local`` is this rank's shard of ``global_batch`` (the whole batch when not distributed). Vectors keep the
+    encoder's precision: the fused loss accumulates scores and softmax in fp32 itself, so casting bf16/fp16 vectors
+    up first would only double their memory and, on a GPU, lose the tensor cores."""
     device = q_local.device
-    p_local = place_columns(p_real_local.float(), local.passage_columns, local.n_columns)
-    q_all = distributed.gather_keep_local(q_local.float())
+    dtype = torch.promote_types(q_local.dtype, p_real_local.dtype)
+    p_local = place_columns(p_real_local.to(dtype), local.passage_columns, local.n_columns)
+    q_all = distributed.gather_keep_local(q_local.to(dtype))
     p_all = distributed.gather_keep_local(p_local)
     if q_all.shape[0] != global_batch.size or p_all.shape[0] != global_batch.n_columns:
         raise RuntimeError(
