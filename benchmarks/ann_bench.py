@@ -352,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k-factor", dest="k_factor", help="comma-separated k_factor sweep (faiss IVF-PQ + RFlat)")
     ap.add_argument("--out", type=Path, help=f"results directory (default {DEFAULT_OUT}; --quick: the cache)")
     ap.add_argument("--fresh", action="store_true", help="ignore configurations cached by earlier runs")
+    ap.add_argument("--redo", default="", help="comma-separated methods whose cached configurations are re-measured")
     args = ap.parse_args(argv)
 
     if args.quick:  # one thread throughout: a smoke run must not depend on how busy the machine is
@@ -380,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     tag = f"{ds.name}{'-quick' if args.quick else ''}"
     state_path = cache_dir() / "ann_state" / f"{tag}-q{len(ds.queries)}.json"
     state = {} if args.fresh or not state_path.exists() else json.loads(state_path.read_text())["rows"]
+    redo = set(filter(None, args.redo.split(",")))
+    state = {key: row for key, row in state.items() if row["method"] not in redo}
     rows = []
     for method in methods:
         rows += run_method(method, ds, gt, threads_list, args.repeats, state, state_path)

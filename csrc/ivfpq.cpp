@@ -235,7 +235,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
     nprobe = std::min(nprobe, nlist_);
     const int64_t kc = rerank > 0 ? std::max(k, rerank) : k;
     const simd::Kernels& K = simd::kernels();
-    constexpr int64_t G = 4;  // queries per coarse-product call: each centroid panel load feeds 4 queries
+    constexpr int64_t G = 8;  // queries per coarse-product call: each centroid tile load feeds 8 queries
     const int64_t ngroups = (nq + G - 1) / G;
     const float ninf = -std::numeric_limits<float>::infinity();
 

@@ -277,11 +277,11 @@ def _encode_and_index(run: _Run, model, name: str) -> dict:
     vectors_dir = run.out / f"vectors_{name}"
 
     def encode():
-        encode_corpus(model, corpus, vectors_dir, batch_size=run.config.encode_batch_size, dtype="float16",
+        return encode_corpus(model, corpus, vectors_dir, batch_size=run.config.encode_batch_size, dtype="float16",
                       show_progress=run.config.show_progress, model_name=name)
 
     try:
-        encode()  # resumes an interrupted encoding of this same model and corpus
+        manifest = encode()  # resumes an interrupted encoding of this same model and corpus
     except InputError as err:
         if "different run" not in str(err):
             raise
@@ -290,7 +290,7 @@ def _encode_and_index(run: _Run, model, name: str) -> dict:
 
         run.log(f"  {vectors_dir}: stale vectors of an earlier run, encoding again")
         shutil.rmtree(vectors_dir)
-        encode()
+        manifest = encode()
     vectors, ids = load_vectors(vectors_dir)
     if list(ids) != list(corpus.ids):
         raise RuntimeError(f"{vectors_dir}: vector ids are not in corpus row order")
@@ -300,7 +300,8 @@ def _encode_and_index(run: _Run, model, name: str) -> dict:
     files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
     size = sum(f.stat().st_size for f in files)
     return {"passages": len(ids), "dim": int(vectors.shape[1]), "index_spec": run.config.index_spec,
-            "index_bytes": int(size), "index_path": str(path)}
+            "index_bytes": int(size), "index_path": str(path),
+            "truncated_passages": int(manifest.get("truncated", 0))}
 
 
 def _stage_zero_shot(run: _Run) -> dict:
@@ -584,7 +585,8 @@ def run_quickstart(config: QuickstartConfig, log: Callable[[str], None] | None =
         "datasets": metrics,
         "hybrid_alpha": search["alpha"],
         "index": {"spec": dense["index_spec"], "bytes": dense["index_bytes"], "passages": dense["passages"],
-                  "dim": dense["dim"]},
+                  "dim": dense["dim"], "truncated_passages": dense.get("truncated_passages"),
+                  "max_passage_length": config.passage_length},
         "claims": _claims(metrics),
         "corpus": corpus,
         "training": {"dual_encoder": train, "mining": mine["stats"], "reader": reader["train"]},
@@ -597,6 +599,8 @@ def run_quickstart(config: QuickstartConfig, log: Callable[[str], None] | None =
             "Accuracy is DPR top-k (has_answer on passage text); gold_top20 is recall of the question's own "
             "paragraph in the top 20.",
             "qps: questions/second for top-100 on 1 thread, question encoding included.",
+            f"Dense encoders read at most {config.passage_length} passage tokens (the rest is cut; see "
+            "index.truncated_passages); BM25 indexes the whole passage.",
         ],
         "config": {**config.settings(), "zero_shot_index_bytes": zero["index_bytes"]},
         "source_counts": data,

@@ -326,9 +326,10 @@ def test_concurrent_searches_equal_serial(spec):
 
 
 @needs_native
-def test_search_while_adding_is_safe():
+@pytest.mark.parametrize("spec", ["flat", "hnsw,M=8,efc=30"])
+def test_search_while_adding_is_safe(spec):
     x, q = gaussian_mixture(4000, 16, n_queries=20, seed=8)
-    index = build_index(x[:1000], "flat")
+    index = build_index(x[:1000], spec)
     stop = threading.Event()
     errors = []
 
