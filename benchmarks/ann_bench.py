@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -397,7 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     body = (f"Data: {ds.description}; {ds.n} x {ds.dim}, {len(ds.queries)} queries, top-{K}; recall against exact "
             f"inner-product search (numpy BLAS ground truth). QPS = queries / median wall time of {args.repeats} "
             f"run(s) over all queries at the given thread count; build time with {ALL} threads; bytes/vector = "
-            f"serialized index size / n.\nBuild settings: {json.dumps(cfg)}\n\n"
+            f"serialized index size / n. Configurations measured by earlier runs of the same command (the resumable "
+            f"state; `--redo` re-measures a method) are reused, so rows may come from several runs.\n"
+            f"Build settings: {json.dumps(cfg)}\n\n"
             f"### Summary (QPS at recall@100 = {TARGET}, interpolated on each frontier)\n\n```\n"
             + "\n".join(lines) + f"\n```\n\n![recall vs QPS]({name}.png)\n\n### All configurations\n\n"
             + markdown_table(table_rows, columns))

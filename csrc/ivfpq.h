@@ -1,8 +1,9 @@
 // IVF-PQ for maximum inner product.
 //
-// Coarse level: nlist k-means centroids. A vector is filed under its nearest centroid in L2 (the default; it
-// minimises the residual the PQ has to encode, hence the quantisation error) and its residual r = x - c is
-// product-quantised: m sub-vectors of d/m dimensions, each replaced by the index of the nearest of 256 codewords.
+// Coarse level: nlist k-means centroids (spherical k-means -- unit-norm directions -- ranks better for MIPS on
+// non-normalised vectors and is what fastdpr/index/ivfpq.py asks for by default). A vector is filed under its
+// nearest centroid in L2 (with unit centroids: the largest inner product; assign_by_ip forces the latter) and
+// its residual r = x - c is product-quantised: m sub-vectors of d/m dimensions, each replaced by the index of the nearest of 256 codewords.
 // Inner products decompose exactly over that split:
 //     <q, x> ~= <q, c> + <q, r_hat> = <q, c> + sum_j LUT_j[code_j],   LUT_j[t] = <q_j, codeword_j,t>
 // and for inner product the table does not depend on the list (unlike L2), so one m x 256 table per query serves

@@ -162,7 +162,8 @@ def test_recall_clustered_with_and_without_rerank(data):
 @needs_c
 def test_ip_assignment_option_works(data):
     x, q, gt = data
-    index = build_index(x, "ivfpq,nlist=64,m=16,store=fp32,assign=ip,niter=10,pq_niter=10,rerank=300")
+    index = build_index(x, "ivfpq,nlist=64,m=16,store=fp32,assign=ip,spherical=false,niter=10,pq_niter=10,rerank=300")
+    assert index.assign == "ip" and index.train_params["spherical"] is False
     _, ids = index.search(q, 100, nprobe=8)
     assert recall(ids, gt, 10) >= 0.97
 
@@ -388,6 +389,8 @@ def test_bad_params_have_clear_messages(small):
         build_index(x, "ivfpq,nlist=8,m=8,nbits=4")
     with pytest.raises(InputError, match="unknown parameter"):
         build_index(x, "ivfpq,nlist=8,m=8,efc=3")
+    with pytest.raises(InputError, match="spherical must be true or false"):
+        build_index(x, "ivfpq,nlist=8,m=8,spherical=maybe")
     with pytest.raises(InputError, match="store must be"):
         build_index(x, "ivfpq,nlist=8,m=8,store=int8")
     with pytest.raises(InputError, match="needs the full vectors"):

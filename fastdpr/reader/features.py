@@ -50,7 +50,8 @@ def tokenize_pairs(
     if cls_id is None or sep_id is None:
         raise InputError("the reader needs a tokenizer with [CLS]/[SEP]-like tokens (a BERT-family encoder)")
     pad_id = 0 if pad_id is None else pad_id
-    plain = dict(add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
+    # pieces are truncated below, so the "longer than the model maximum" warning would be noise
+    plain = dict(add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False, verbose=False)
     q_tok = tokenizer(list(questions), **plain)["input_ids"]
     t_tok = tokenizer([str(p.get("title") or "") for p in passages], **plain)["input_ids"]
     p_enc = tokenizer([str(p["text"]) for p in passages], return_offsets_mapping=True, **plain)
