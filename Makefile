@@ -20,6 +20,9 @@ $(VENV)/.fastdpr-installed: pyproject.toml CMakeLists.txt
 	$(BIN)/python -c "import triton" 2>/dev/null || $(BIN)/python -m pip install -q "$(TRITON_SPEC)"
 	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
 	$(BIN)/python -m pip install -q --no-build-isolation -e ".[test,quickstart]"
+	# the Lucene peer (tests of BM25 agreement, benchmarks): pyserini's jar only, its other requirements are not needed
+	$(BIN)/python -m pip install -q "pyjnius>=1.6"
+	$(BIN)/python -m pip install -q --no-deps "pyserini==0.19.2"
 	touch $@
 
 # rebuild the C++ extension after editing csrc/

@@ -96,12 +96,15 @@ std::vector<Cand> beam_search(const std::vector<Cand>& seeds, size_t ef, size_t 
         const Cand c = frontier.top();
         if (best.size() >= ef && c.first < best.top().first) break;
         frontier.pop();
+        // Keep only the unvisited neighbours first, so that the vector prefetch one step ahead goes to a row that
+        // is scored next (late in a search most neighbours were seen already).
         const size_t cnt = read_links(c.second, buf);
-        for (size_t j = 0; j < cnt; ++j) {
+        size_t fresh = 0;
+        for (size_t j = 0; j < cnt; ++j)
+            if (!visited.test_and_set(buf[j])) buf[fresh++] = buf[j];
+        for (size_t j = 0; j < fresh; ++j) {
             const uint32_t nb = buf[j];
-            if (j + 1 < cnt) __builtin_prefetch(&visited.tags[buf[j + 1]]);
-            if (visited.test_and_set(nb)) continue;
-            const float s = sim(nb, j + 1 < cnt ? static_cast<int64_t>(buf[j + 1]) : -1);
+            const float s = sim(nb, j + 1 < fresh ? static_cast<int64_t>(buf[j + 1]) : -1);
             if (best.size() < ef || s > best.top().first) {
                 frontier.emplace(s, nb);
                 best.emplace(s, nb);
@@ -188,6 +191,21 @@ void HNSWIndex::select_neighbors(const float* xbase, uint32_t base, std::vector<
     cands.swap(kept);
 }
 
+// Which of a full list's candidates (its links plus one newcomer) to drop. Re-running the full heuristic with the
+// top-up would keep all but one of them anyway, at a quadratic number of similarities per reverse link (it was
+// most of the build time); this asks the heuristic's question directly, from the least similar candidate up:
+// the first one that some more similar candidate is closer to than the list owner is (so it stays reachable through that
+// one, which is kept) goes; when none is redundant, the least similar goes. Mostly one or two rows are scored.
+size_t HNSWIndex::redundant_link(std::vector<Cand>& cands, std::vector<float>& buf) const {
+    std::sort(cands.begin(), cands.end(), [](const Cand& x, const Cand& y) { return x.first > y.first; });
+    for (size_t i = cands.size(); i-- > 1;) {
+        const float* xi = store_.row_f32(cands[i].second, buf.data());
+        for (size_t j = 0; j < i; ++j)
+            if (build_sim(xi, cands[i].second, cands[j].second) > cands[i].first) return i;
+    }
+    return cands.size() - 1;
+}
+
 void HNSWIndex::connect(uint32_t node, const float* xnode, int level, const std::vector<Cand>& nbrs) {
     const size_t cap = capacity(level);
     {
@@ -196,7 +214,7 @@ void HNSWIndex::connect(uint32_t node, const float* xnode, int level, const std:
         l[0] = static_cast<uint32_t>(std::min(nbrs.size(), cap));
         for (size_t j = 0; j < l[0]; ++j) l[1 + j] = nbrs[j].second;
     }
-    std::vector<float> xn(store_.dim());
+    std::vector<float> xn(store_.dim()), xc(store_.dim());
     std::vector<Cand> cands;
     for (const Cand& nb : nbrs) {
         const uint32_t other = nb.second;
@@ -211,14 +229,15 @@ void HNSWIndex::connect(uint32_t node, const float* xnode, int level, const std:
             l[0] = static_cast<uint32_t>(cnt + 1);
             continue;
         }
-        // full: re-select among the old links and the new node, by similarity to `other`
+        // full: one of the old links and the new node has to go
         const float* xo = store_.row_f32(other, xn.data());
         cands.clear();
         cands.emplace_back(nb.first, node);
         for (size_t j = 0; j < cnt; ++j) cands.emplace_back(build_sim(xo, other, l[1 + j]), l[1 + j]);
-        select_neighbors(xo, other, cands, cap);
-        l[0] = static_cast<uint32_t>(cands.size());
-        for (size_t j = 0; j < cands.size(); ++j) l[1 + j] = cands[j].second;
+        const size_t drop = redundant_link(cands, xc);
+        for (size_t j = 0, o = 0; j < cands.size(); ++j)
+            if (j != drop) l[1 + o++] = cands[j].second;
+        l[0] = static_cast<uint32_t>(cap);
     }
 }
 

@@ -29,7 +29,9 @@ def default_benchmarks_dir() -> Path:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run of every benchmark, ≤ 5 min)")
-    p.add_argument("--out", type=Path, default=None, help="results folder (default: benchmarks/results)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="results folder (default: benchmarks/results, or benchmarks/results/quick with --quick, so "
+                        "a smoke run never overwrites measured results)")
     p.add_argument("--only", default=",".join(BENCHMARKS), help=f"comma-separated subset of {','.join(BENCHMARKS)}")
     p.add_argument("--benchmarks-dir", type=Path, default=None, help="folder holding the benchmark scripts")
     p.add_argument("--keep-going", action="store_true", help="run the remaining benchmarks after one fails")
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         raise InputError(f"--only: unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)}")
-    out = (args.out or bdir / "results").resolve()
+    out = (args.out or bdir / "results" / ("quick" if args.quick else "")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     failed = []
     for name in names:

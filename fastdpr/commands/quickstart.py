@@ -21,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-passages", type=int, default=None,
                         help="cap the passage pool; gold passages are always kept (0: every passage)")
     parser.add_argument("--train-steps", type=int, default=None, help="dual-encoder optimizer steps")
+    parser.add_argument("--lr", type=float, default=None, help="dual-encoder learning rate")
     parser.add_argument("--reader-steps", type=int, default=None, help="reader optimizer steps")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = QuickstartConfig.preset(
         fast=args.fast, out=args.out, cache=args.cache, source_dir=args.source_dir, force=args.force,
-        threads=args.threads, max_passages=args.max_passages, train_steps=args.train_steps,
+        threads=args.threads, max_passages=args.max_passages, train_steps=args.train_steps, lr=args.lr,
         reader_steps=args.reader_steps, show_progress=not args.quiet,
     )
     results = run_quickstart(config)
