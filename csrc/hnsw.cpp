@@ -166,10 +166,12 @@ float HNSWIndex::build_sim(const float* xa, uint32_t a, uint32_t b) const {
     return ip * weight_[a] * weight_[b] + extra_[a] * extra_[b];
 }
 
-// The HNSW neighbour heuristic with the build similarity: keep a candidate only when no already kept neighbour is
-// more similar to it than the base node is (diversifies directions), then top up with the best of the rest so that
-// nodes keep their degree (important for inner product, where high-norm nodes would otherwise prune everything).
-void HNSWIndex::select_neighbors(const float* xbase, uint32_t base, std::vector<Cand>& cands, size_t m) const {
+// The HNSW neighbour heuristic with the build similarity: keep (at most m) candidates only when no already kept
+// neighbour is more similar to it than the base node is (diversifies directions), then top up with the best of the
+// rest to at least `floor` so that nodes keep their degree (important for inner product, where high-norm nodes would
+// otherwise prune everything).
+void HNSWIndex::select_neighbors(const float* xbase, uint32_t base, std::vector<Cand>& cands, size_t m,
+                                 size_t floor) const {
     if (cands.size() <= m) return;
     std::sort(cands.begin(), cands.end(), [](const Cand& x, const Cand& y) { return x.first > y.first; });
     std::vector<Cand> kept, pruned;
@@ -187,23 +189,8 @@ void HNSWIndex::select_neighbors(const float* xbase, uint32_t base, std::vector<
         }
         (good ? kept : pruned).push_back(c);
     }
-    for (size_t i = 0; kept.size() < m && i < pruned.size(); ++i) kept.push_back(pruned[i]);
+    for (size_t i = 0; kept.size() < floor && i < pruned.size(); ++i) kept.push_back(pruned[i]);
     cands.swap(kept);
-}
-
-// Which of a full list's candidates (its links plus one newcomer) to drop. Re-running the full heuristic with the
-// top-up would keep all but one of them anyway, at a quadratic number of similarities per reverse link (it was
-// most of the build time); this asks the heuristic's question directly, from the least similar candidate up:
-// the first one that some more similar candidate is closer to than the list owner is (so it stays reachable through that
-// one, which is kept) goes; when none is redundant, the least similar goes. Mostly one or two rows are scored.
-size_t HNSWIndex::redundant_link(std::vector<Cand>& cands, std::vector<float>& buf) const {
-    std::sort(cands.begin(), cands.end(), [](const Cand& x, const Cand& y) { return x.first > y.first; });
-    for (size_t i = cands.size(); i-- > 1;) {
-        const float* xi = store_.row_f32(cands[i].second, buf.data());
-        for (size_t j = 0; j < i; ++j)
-            if (build_sim(xi, cands[i].second, cands[j].second) > cands[i].first) return i;
-    }
-    return cands.size() - 1;
 }
 
 void HNSWIndex::connect(uint32_t node, const float* xnode, int level, const std::vector<Cand>& nbrs) {
@@ -214,7 +201,7 @@ void HNSWIndex::connect(uint32_t node, const float* xnode, int level, const std:
         l[0] = static_cast<uint32_t>(std::min(nbrs.size(), cap));
         for (size_t j = 0; j < l[0]; ++j) l[1 + j] = nbrs[j].second;
     }
-    std::vector<float> xn(store_.dim()), xc(store_.dim());
+    std::vector<float> xn(store_.dim());
     std::vector<Cand> cands;
     for (const Cand& nb : nbrs) {
         const uint32_t other = nb.second;
@@ -229,15 +216,16 @@ void HNSWIndex::connect(uint32_t node, const float* xnode, int level, const std:
             l[0] = static_cast<uint32_t>(cnt + 1);
             continue;
         }
-        // full: one of the old links and the new node has to go
+        // Full: re-select among the old links and the new node, by similarity to `other`. Topping up only to M
+        // (the degree a node starts with), not to the 2M capacity, leaves room: a list topped up to capacity would
+        // be full again at once and re-run this quadratic selection for every later link (most of the build time).
         const float* xo = store_.row_f32(other, xn.data());
         cands.clear();
         cands.emplace_back(nb.first, node);
         for (size_t j = 0; j < cnt; ++j) cands.emplace_back(build_sim(xo, other, l[1 + j]), l[1 + j]);
-        const size_t drop = redundant_link(cands, xc);
-        for (size_t j = 0, o = 0; j < cands.size(); ++j)
-            if (j != drop) l[1 + o++] = cands[j].second;
-        l[0] = static_cast<uint32_t>(cap);
+        select_neighbors(xo, other, cands, cap, std::min(cap, params_.M));
+        l[0] = static_cast<uint32_t>(cands.size());
+        for (size_t j = 0; j < cands.size(); ++j) l[1 + j] = cands[j].second;
     }
 }
 
@@ -293,7 +281,7 @@ void HNSWIndex::insert(uint32_t node) {
         std::vector<Cand> nbrs;
         for (const Cand& c : found)
             if (c.second != node) nbrs.push_back(c);
-        select_neighbors(x.data(), node, nbrs, params_.M);
+        select_neighbors(x.data(), node, nbrs, params_.M, params_.M);
         connect(node, x.data(), l, nbrs);
     }
     if (level > top) {

@@ -81,8 +81,7 @@ private:
     void insert(uint32_t node);
     float build_sim(const float* xa, uint32_t a, uint32_t b) const;
     void select_neighbors(const float* xbase, uint32_t base, std::vector<std::pair<float, uint32_t>>& cands,
-                          size_t m) const;
-    size_t redundant_link(std::vector<std::pair<float, uint32_t>>& cands, std::vector<float>& buf) const;
+                          size_t m, size_t floor) const;
     void connect(uint32_t node, const float* xnode, int level, const std::vector<std::pair<float, uint32_t>>& nbrs);
     void search_one(const float* q, size_t k, size_t ef, size_t entry_points, float* scores, int64_t* ids) const;
 
