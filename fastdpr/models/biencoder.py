@@ -18,6 +18,7 @@ from fastdpr.models.batching import TokenSeq, length_sorted_batches, pad_batch
 from fastdpr.models.config import CONFIG_NAME, BiEncoderConfig
 from fastdpr.models.loading import (
     directory_kind,
+    hf_quiet,
     load_dpr_tower,
     load_encoder,
     load_tokenizer,
@@ -228,9 +229,10 @@ class BiEncoder(nn.Module):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
         try:
-            self.question_encoder.save_pretrained(tmp / QUESTION_DIR)
-            if not self.config.shared:
-                self.passage_encoder.save_pretrained(tmp / PASSAGE_DIR)
+            with hf_quiet():
+                self.question_encoder.save_pretrained(tmp / QUESTION_DIR)
+                if not self.config.shared:
+                    self.passage_encoder.save_pretrained(tmp / PASSAGE_DIR)
             if self.config.projection_dim:
                 st = require_safetensors()
                 tensors = {f"question.{k}": v.detach().cpu().contiguous()

@@ -2,6 +2,7 @@
 HF DPR checkpoints. Only metadata is interpreted here; weights are loaded by transformers itself."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -13,6 +14,24 @@ log = logging.getLogger("fastdpr.models")
 
 # a model_max_length this large means "no limit set" in transformers
 _UNSET_MAX_LENGTH = 10**9
+
+
+@contextlib.contextmanager
+def hf_quiet():
+    """Silence transformers' own warnings and per-file progress bars ("Loading weights", "Writing model shards")
+    while fastdpr loads or saves a model: fastdpr reports its own progress, and checkpoints are saved often."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def read_json(path: Path) -> dict:
@@ -48,7 +67,6 @@ def load_encoder(path: str | Path):
     """An encoder-only ``transformers`` model from a directory (offline, no BERT pooler: it is never used, and an
     unused parameter would break DDP). Weights the checkpoint lacks are reported, the dropped pooler is not."""
     from transformers import AutoConfig, AutoModel
-    from transformers.utils import logging as hf_logging
 
     path = Path(path)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
@@ -59,15 +77,11 @@ def load_encoder(path: str | Path):
         model_class = AutoModel
         # BERT-family classes take add_pooling_layer; pooling is ours
         kwargs = {"add_pooling_layer": False}
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
+    with hf_quiet():
         try:
             model, info = model_class.from_pretrained(path, local_files_only=True, output_loading_info=True, **kwargs)
         except TypeError:
             model, info = model_class.from_pretrained(path, local_files_only=True, output_loading_info=True)
-    finally:
-        hf_logging.set_verbosity(verbosity)
     missing = [k for k in info.get("missing_keys", ()) if not k.endswith("position_ids")]
     if missing:
         log.warning("%s: %d weights not in the checkpoint were newly initialised: %s", path, len(missing),

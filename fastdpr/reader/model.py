@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from fastdpr.errors import InputError
+from fastdpr.models.loading import hf_quiet
 from fastdpr.reader.decode import best_spans
 from fastdpr.reader.features import ReaderInputs, tokenize_pairs
 
@@ -73,8 +74,9 @@ class Reader(nn.Module):
             if value is not None:
                 setattr(config, key, value)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            encoder = AutoModel.from_pretrained(path)
+            with hf_quiet():
+                tokenizer = AutoTokenizer.from_pretrained(path)
+                encoder = AutoModel.from_pretrained(path)
         except (OSError, ValueError) as err:
             raise InputError(f"cannot load an encoder and tokenizer: {err}", path=str(path)) from err
         if not getattr(tokenizer, "is_fast", False):
@@ -97,7 +99,8 @@ class Reader(nn.Module):
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.encoder.save_pretrained(path)
+        with hf_quiet():
+            self.encoder.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         state = {f"span_head.{k}": v.contiguous() for k, v in self.span_head.state_dict().items()}
         state.update({f"select_head.{k}": v.contiguous() for k, v in self.select_head.state_dict().items()})
