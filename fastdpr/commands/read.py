@@ -10,7 +10,7 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", help="DPR retriever-results JSON (question, answers, ctxs)")
     parser.add_argument("--reader", required=True, help="reader directory (from train-reader)")
-    parser.add_argument("--out", required=True, help="predictions JSON")
+    parser.add_argument("-o", "--out", required=True, help="predictions JSON")
     parser.add_argument("--top-k", type=int, default=10, help="passages read per question")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default=None)

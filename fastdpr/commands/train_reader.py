@@ -11,7 +11,7 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("results", help="DPR retriever-results JSON of the training questions")
     parser.add_argument("--model", required=True, help="a saved reader or any HF encoder directory to start from")
-    parser.add_argument("--out", required=True, help="output reader directory")
+    parser.add_argument("-o", "--out", required=True, help="output reader directory")
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (overrides epochs)")
     parser.add_argument("--batch-size", type=int, default=4, help="questions per step")
