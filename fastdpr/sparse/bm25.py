@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import sys
 import json
 import os
 import shutil
@@ -141,13 +142,15 @@ class BM25:
     # ------------------------------------------------------------------ building
     @classmethod
     def from_corpus(
-        cls, passages: Iterable[dict], *, show_progress: bool = True, total: int | None = None, **params: Any
+        cls, passages: Iterable[dict], *, show_progress: bool | None = None, total: int | None = None, **params: Any
     ) -> "BM25":
         """Index ``passages`` (an iterable of ``{"id", "title", "text"}`` dicts, or a ``Corpus``), streaming them:
         only token ids are kept, never the passage texts.
 
         Example: ``BM25.from_corpus(fastdpr.data.iter_passages("psgs.tsv"), k1=0.9, b=0.4)``"""
         bm25 = cls(**params)
+        if show_progress is None:  # bars only where someone watches: not in logs, CI or pipes
+            show_progress = sys.stderr.isatty()
         bm25._index(passages, show_progress=show_progress, total=total)
         return bm25
 
