@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import array
 import contextlib
-import sys
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
