@@ -139,7 +139,35 @@ class PyWriter:
             fh.write(header)
 
 
-class PyReader:
+class _TypedReader:
+    """Typed access shared by both readers, on top of their ``section``, ``meta`` and ``_fail``."""
+
+    def array(self, name: str, dtype: Any, count: int | None = None) -> np.ndarray:
+        """The section as a read-only array of ``dtype`` (a view into the file mapping); ``count`` checks its
+        length."""
+        raw = self.section(name)
+        itemsize = np.dtype(dtype).itemsize
+        if raw.shape[0] % itemsize or (count is not None and raw.shape[0] != count * itemsize):
+            self._fail(f"section {name!r} has the wrong length")
+        return np.asarray(raw).view(dtype)
+
+    def meta_int(self, key: str, lo: int | None = None, hi: int | None = None) -> int:
+        try:
+            value = int(self.meta(key))
+        except ValueError:
+            self._fail(f"metadata {key!r} is not an integer")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            self._fail(f"metadata {key!r} = {value} is out of range")
+        return value
+
+    def meta_float(self, key: str) -> float:
+        try:
+            return float(self.meta(key))
+        except ValueError:
+            self._fail(f"metadata {key!r} is not a number")
+
+
+class PyReader(_TypedReader):
     def __init__(self, path: str | os.PathLike, verify: bool = True):
         self.path = str(path)
         size = os.path.getsize(path)
@@ -215,15 +243,6 @@ class PyReader:
         off, length = self._sections[name]
         return self._buf[off:off + length]
 
-    def array(self, name: str, dtype: Any, count: int | None = None) -> np.ndarray:
-        """The section as a read-only array of ``dtype`` (a view into the file mapping); ``count`` checks its
-        length."""
-        raw = self.section(name)
-        itemsize = np.dtype(dtype).itemsize
-        if raw.shape[0] % itemsize or (count is not None and raw.shape[0] != count * itemsize):
-            self._fail(f"section {name!r} has the wrong length")
-        return np.asarray(raw).view(dtype)
-
     def has_meta(self, key: str) -> bool:
         return key in self._meta
 
@@ -232,20 +251,6 @@ class PyReader:
             self._fail(f"missing metadata {key!r}")
         return self._meta[key]
 
-    def meta_int(self, key: str, lo: int | None = None, hi: int | None = None) -> int:
-        try:
-            value = int(self.meta(key))
-        except ValueError:
-            self._fail(f"metadata {key!r} is not an integer")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            self._fail(f"metadata {key!r} = {value} is out of range")
-        return value
-
-    def meta_float(self, key: str) -> float:
-        try:
-            return float(self.meta(key))
-        except ValueError:
-            self._fail(f"metadata {key!r} is not a number")
 
 
 class CompiledWriter:
@@ -265,7 +270,7 @@ class CompiledWriter:
         self.raw.commit()
 
 
-class CompiledReader:
+class CompiledReader(_TypedReader):
     """The C++ reader behind the Python reader API (``raw`` goes to compiled index types' ``load``)."""
 
     def __init__(self, raw):
@@ -289,13 +294,6 @@ class CompiledReader:
             self._fail(f"missing section {name!r}")
         return self.raw.section(name)
 
-    def array(self, name: str, dtype: Any, count: int | None = None) -> np.ndarray:
-        raw = self.section(name)
-        itemsize = np.dtype(dtype).itemsize
-        if raw.shape[0] % itemsize or (count is not None and raw.shape[0] != count * itemsize):
-            self._fail(f"section {name!r} has the wrong length")
-        return raw.view(dtype)
-
     def has_meta(self, key: str) -> bool:
         return self.raw.has_meta(key)
 
@@ -304,17 +302,3 @@ class CompiledReader:
             self._fail(f"missing metadata {key!r}")
         return self.raw.meta(key)
 
-    def meta_int(self, key: str, lo: int | None = None, hi: int | None = None) -> int:
-        try:
-            value = int(self.meta(key))
-        except ValueError:
-            self._fail(f"metadata {key!r} is not an integer")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            self._fail(f"metadata {key!r} = {value} is out of range")
-        return value
-
-    def meta_float(self, key: str) -> float:
-        try:
-            return float(self.meta(key))
-        except ValueError:
-            self._fail(f"metadata {key!r} is not a number")
