@@ -18,7 +18,7 @@ from fastdpr.index.base import (
 )
 
 __all__ = ["Index", "build_index", "load_index", "make_index", "parse_spec", "index_class", "REGISTRY",
-           "FlatIndex", "HNSWIndex", "exact_search", "native_available"]
+           "FlatIndex", "HNSWIndex", "IVFPQIndex", "exact_search", "native_available"]
 
 
 def __getattr__(name):
@@ -30,6 +30,10 @@ def __getattr__(name):
         from fastdpr.index.hnsw import HNSWIndex
 
         return HNSWIndex
+    if name == "IVFPQIndex":
+        from fastdpr.index.ivfpq import IVFPQIndex
+
+        return IVFPQIndex
     if name == "native_available":
         from fastdpr.index._native import native_available
 
