@@ -18,7 +18,9 @@ $(VENV)/.fastdpr-installed: pyproject.toml CMakeLists.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -c "import triton" 2>/dev/null || $(BIN)/python -m pip install -q "$(TRITON_SPEC)"
-	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
+	# build requirements of everything installed below with --no-build-isolation: fastdpr itself, and peers that
+	# ship only an sdist for some Pythons (hnswlib's setup.py imports numpy and pybind11)
+	$(BIN)/python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" "numpy>=1.24" setuptools wheel
 	$(BIN)/python -m pip install -q --no-build-isolation -e ".[test,quickstart]"
 	# the Lucene peer (tests of BM25 agreement, benchmarks): pyserini's jar only, its other requirements are not needed
 	$(BIN)/python -m pip install -q "pyjnius>=1.6"
