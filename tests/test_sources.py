@@ -218,3 +218,28 @@ def test_data_fetch_command(tmp_path, local_index, capsys):
     assert main(["data", "fetch", "--cache", str(tmp_path / "c"), "--from", str(files), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "nq" in out and "squad_dev" in out and "passages 2" in out
+
+
+def test_document_split_keeps_each_article_on_one_side():
+    # five questions per paragraph, two paragraphs per article, as in SQuAD-style sets
+    passages = [{"id": f"p{a}-{k}", "title": f"article {a}", "text": "x"} for a in range(300) for k in range(2)]
+    passages += [{"id": f"r{i}", "title": "one title for everything", "text": "y"} for i in range(400)]
+    questions = [{"qid": f"{p['id']}-{j}", "question": f"question {j} on {p['id']}", "gold_ids": [p["id"]]}
+                 for p in passages for j in range(5)]
+    splits = sources.split_by_question(questions, group=sources.document_group(passages))
+    side = {}
+    for name, records in splits.items():
+        for q in records:
+            p = q["gold_ids"][0]
+            key = p.rsplit("-", 1)[0] if p.startswith("p") else p  # the article, or the passage itself
+            assert side.setdefault(key, name) == name, f"{key} on two sides"
+    # a title shared by more than 1% of the passages is not an article: those questions still spread over splits
+    shared = {name for name, records in splits.items() for q in records if q["gold_ids"][0].startswith("r")}
+    assert shared == {"train", "dev", "test"}
+    # the default (by question text) would have put most articles on two sides
+    by_question = sources.split_by_question(questions)
+    sides = {}
+    for name, records in by_question.items():
+        for q in records:
+            sides.setdefault(q["gold_ids"][0].rsplit("-", 1)[0], set()).add(name)
+    assert sum(len(s) > 1 for s in sides.values()) > 100

@@ -35,7 +35,7 @@ import zipfile
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from fastdpr.atomic import atomic_open, write_json
 from fastdpr.errors import FastDPRError, InputError
@@ -429,21 +429,46 @@ def load(cache: str | os.PathLike, dataset: str) -> tuple[list[dict], list[dict]
 
 
 def split_by_question(
-    questions: Iterable[dict], dev: float = 0.1, test: float = 0.1, salt: str = "fastdpr"
+    questions: Iterable[dict], dev: float = 0.1, test: float = 0.1, salt: str = "fastdpr",
+    group: Callable[[dict], str] | None = None,
 ) -> dict[str, list[dict]]:
-    """Deterministic train/dev/test split keyed on the (lower-cased) question text.
+    """Deterministic train/dev/test split keyed on a hash of each question's *group*.
 
-    The bucket of a question is a hash of its text, so the split does not depend on order or on which other
-    questions are present, and a question asked twice always lands in one split: the test questions are never
-    seen in training or tuning."""
+    ``group`` maps a question record to a string; questions with the same group land in the same split. By default
+    the group is the (lower-cased, space-folded) question text, so a question asked twice is never on both sides.
+    :func:`prepare` groups by source document instead (see :func:`document_group`): SQuAD-style sets ask about five
+    questions per paragraph, and a split by question alone puts nearly every test paragraph in training too — a
+    retriever fine-tuned on that has seen the test passages as positives. The split does not depend on order or on
+    which other questions are present."""
     if not (0 <= dev and 0 <= test and dev + test < 1):
         raise ValueError(f"dev={dev} and test={test} must be fractions summing to less than 1")
     out: dict[str, list[dict]] = {"train": [], "dev": [], "test": []}
     for record in questions:
-        key = f"{salt}\n{' '.join(record['question'].lower().split())}".encode("utf-8")
+        name = group(record) if group else " ".join(record["question"].lower().split())
+        key = f"{salt}\n{name}".encode("utf-8")
         u = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64
         out["test" if u < test else "dev" if u < test + dev else "train"].append(record)
     return out
+
+
+def document_group(passages: Iterable[dict]) -> Callable[[dict], str]:
+    """A ``group`` for :func:`split_by_question`: the article (passage title) of a question's first gold passage,
+    or the passage itself where passages carry no title (the NQ paragraphs) or where a title is not an article
+    (one title over more than 1% of the passages, e.g. SQuADShifts' "Filtered Reddit Comments")."""
+    passages = list(passages)
+    counts: dict[str, int] = {}
+    for p in passages:
+        counts[p.get("title") or ""] = counts.get(p.get("title") or "", 0) + 1
+    widest = max(100, len(passages) // 100)
+    titles = {p["id"]: p.get("title") or "" for p in passages if counts[p.get("title") or ""] <= widest}
+
+    def group(record: dict) -> str:
+        gold = sorted(record.get("gold_ids") or [])
+        if not gold:
+            return "q:" + " ".join(record["question"].lower().split())
+        return "t:" + titles[gold[0]] if titles.get(gold[0]) else "p:" + gold[0]
+
+    return group
 
 
 def deduplicate(passage_lists: Iterable[Iterable[dict]]) -> list[dict]:
@@ -484,6 +509,11 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
                     raise InputError(f"bad JSON: {err.msg}", path=str(path), line=number) from err
 
 
+# 2: split by source document (article, or paragraph where there is no title), so no test passage is ever a
+# training positive; 1 (no "split" field): split by question text
+SPLIT_VERSION = 2
+
+
 def prepare(cache: str | os.PathLike, datasets: Iterable[str] = ("nq", "squad_dev", "nyt")) -> dict[str, dict]:
     """Write each dataset in the project's formats under ``cache/prepared/<name>/``: ``passages.jsonl`` and
     ``{train,dev,test}.jsonl`` (SQuAD dev, an evaluation set, keeps all its questions in ``test.jsonl``).
@@ -495,13 +525,15 @@ def prepare(cache: str | os.PathLike, datasets: Iterable[str] = ("nq", "squad_de
         names = ["passages", "test"] if name == "squad_dev" else ["passages", "train", "dev", "test"]
         paths = {n: folder / f"{n}.jsonl" for n in names}
         done = folder / "counts.json"
-        if not done.is_file():
+        if not done.is_file() or json.loads(done.read_text()).get("split") != SPLIT_VERSION:
             passages, questions = load(cache, name)
-            splits = {"test": questions} if name == "squad_dev" else split_by_question(questions)
+            splits = ({"test": questions} if name == "squad_dev"
+                      else split_by_question(questions, group=document_group(passages)))
             write_passages_jsonl(paths["passages"], passages)
             for split, records in splits.items():
                 write_qa_jsonl(paths[split], records)
             # written last: its presence says the folder is complete
-            write_json(done, {"passages": len(passages), **{s: len(r) for s, r in splits.items()}})
+            write_json(done, {"passages": len(passages), **{s: len(r) for s, r in splits.items()},
+                              "split": SPLIT_VERSION})
         out[name] = {**{n: str(p) for n, p in paths.items()}, "counts": json.loads(done.read_text())}
     return out
