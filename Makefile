@@ -9,7 +9,7 @@ TORCH_SPEC  ?= torch==2.13.0
 TRITON_SPEC ?= triton==3.7.1
 PYTEST_ARGS ?=
 
-.PHONY: setup build test quickstart quickstart-fast bench clean
+.PHONY: setup build test quickstart quickstart-fast bench microbench clean
 
 setup: $(VENV)/.fastdpr-installed
 
@@ -42,6 +42,14 @@ quickstart-fast: setup
 
 bench: setup
 	$(BIN)/fastdpr bench
+
+# pytest-benchmark micro-benchmarks of the hot paths (benchmarks/micro; never collected by `make test`). Each run is
+# compared with the previous saved one, then saved under .benchmarks/. MICROBENCH_ARGS adds options, e.g.
+# MICROBENCH_ARGS="--benchmark-compare-fail=median:25%" to fail on a regression, or "-k index".
+MICROBENCH_ARGS ?=
+microbench: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest benchmarks/micro -q -p no:xdist --benchmark-autosave \
+		--benchmark-compare --benchmark-columns=min,median,iqr,rounds --benchmark-sort=name $(MICROBENCH_ARGS)
 
 clean:
 	rm -rf build dist *.egg-info

@@ -35,7 +35,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import DEFAULT_OUT, markdown_table, write_results  # noqa: E402
-from datasets import Dataset, cache_dir, ground_truth, real, recall, synthetic  # noqa: E402
+from datasets import Dataset, cache_dir, ground_truth, real, synthetic  # noqa: E402
 
 TARGET = 0.95
 K = 100
@@ -199,6 +199,8 @@ def run_method(method: Method, ds: Dataset, gt: np.ndarray, threads_list: list[i
     if not todo:
         print(f"  {method.name}: all {len(rows)} configurations cached")
         return rows
+    from fastdpr.index.synthetic import recall_at
+
     print(f"  {method.name}: building {method.build_params}", flush=True)
     t0 = time.perf_counter()
     handle = method.build(ds.base)
@@ -210,7 +212,7 @@ def run_method(method: Method, ds: Dataset, gt: np.ndarray, threads_list: list[i
         sec, ids = timed_search(method, handle, q, threads, params, repeats)
         row = {"method": method.name, "family": method.family, **{f"p_{k}": v for k, v in params.items()},
                "params": params, "threads": threads, "qps": len(q) / sec,
-               "recall@10": recall(ids, gt, 10), "recall@100": recall(ids, gt, 100),
+               "recall@10": recall_at(ids, gt, 10), "recall@100": recall_at(ids, gt, 100),
                "build_s": build_s, "bytes_per_vector": bpv, "build_params": method.build_params}
         print(f"    {params} threads={threads}: {row['qps']:.0f} q/s  recall@10 {row['recall@10']:.4f}  "
               f"recall@100 {row['recall@100']:.4f}", flush=True)
@@ -285,11 +287,9 @@ def summarise(rows: list[dict], threads_list: list[int]) -> tuple[list[str], dic
 
 
 def plot(rows: list[dict], threads_list: list[int], title: str, path: Path) -> None:
-    import matplotlib
+    from fastdpr.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(threads_list), figsize=(6.5 * len(threads_list), 5), squeeze=False)
     for ax, threads in zip(axes[0], threads_list):
         methods = sorted({r["method"] for r in rows if r["threads"] == threads})
@@ -394,7 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     lines, summary = summarise(rows, threads_list)
     print("\n".join(lines))
     name = f"ann_{tag}"
-    plot(rows, threads_list, f"{ds.name} ({ds.n} x {ds.dim})", out / f"{name}.png")
+    from fastdpr.errors import MissingDependency
+
+    try:
+        plot(rows, threads_list, f"{ds.name} ({ds.n} x {ds.dim})", out / f"{name}.png")
+    except MissingDependency as err:  # the measurements are worth keeping without their picture
+        print(f"no plot: {err}", file=sys.stderr)
     columns = ["method", "params", "threads", "qps", "recall@10", "recall@100", "build_s", "bytes_per_vector"]
     table_rows = [{**r, "params": ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "-"}
                   for r in sorted(rows, key=lambda r: (r["threads"], r["method"], -r["qps"]))]

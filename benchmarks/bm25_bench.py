@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _common  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -94,14 +95,7 @@ def accuracy(ids, questions, corpus_text, ks=(1, 5, 20)):
 
 
 def machine():
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(), "load_average_at_start": list(os.getloadavg())}
+    return {**_common.machine(), "load_average_at_start": list(os.getloadavg())}
 
 
 def main(argv=None):

@@ -128,10 +128,3 @@ def ground_truth(ds: Dataset, k: int = 100, block: int = 65536) -> np.ndarray:
     _save(path, gt)
     return gt
 
-
-def recall(found: np.ndarray, truth: np.ndarray, k: int) -> float:
-    """Mean fraction of the true top-``k`` found among the first ``k`` results (``-1`` never counts)."""
-    hits = 0
-    for f, t in zip(found[:, :k], truth[:, :k]):
-        hits += len(np.intersect1d(f[f >= 0], t))
-    return hits / float(truth.shape[0] * k)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cpu_model  # noqa: E402
 
 CLOCK = time.perf_counter
 
@@ -57,7 +59,7 @@ def main() -> None:
 
     faiss.omp_set_num_threads(args.threads)
     print("command:", " ".join([os.path.basename(sys.executable)] + sys.argv))
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, threads={args.threads}, "
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cpus, threads={args.threads}, "
           f"clock: {'process CPU time' if args.cpu_time else 'wall'}, load average {os.getloadavg()[0]:.1f}")
     x, q = gaussian_mixture(args.n, args.dim, n_queries=args.nq, seed=1)
 

@@ -26,13 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cpu_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GIB = 1024 ** 3
@@ -92,17 +94,6 @@ def _rss_kib(field):
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def cpu_worker(args):
@@ -305,7 +296,7 @@ def main(argv=None):
         memory_method = "torch.cuda.max_memory_allocated during one step, minus memory allocated before it."
         backend = "triton (compiled, autotuned)"
     else:
-        machine = f"{_cpu_model()}, {os.cpu_count()} logical CPUs"
+        machine = f"{cpu_model()}, {os.cpu_count()} logical CPUs"
         rows = run_cpu(args)
         memory_method = ("growth of peak resident memory (VmHWM, reset via /proc/self/clear_refs) over resident "
                          "memory just before one step, in a fresh process per configuration; includes the "
