@@ -6,17 +6,8 @@ import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastdpr.text.answers import (
-    TOKEN_PATTERN,
-    AnswerMatcher,
-    best_exact_match,
-    best_f1,
-    exact_match_score,
-    f1_score,
-    has_answer,
-    normalize_answer,
-    tokenize,
-)
+from fastdpr.eval.qa import best_exact_match, best_f1, exact_match_score, f1_score, normalize_answer
+from fastdpr.text.answers import TOKEN_PATTERN, AnswerMatcher, has_answer, tokenize
 
 
 def test_tokenize_splits_punctuation_and_keeps_marks():
@@ -177,3 +168,14 @@ def test_best_over_gold_answers():
     assert best_exact_match("Denver Broncos", ["Carolina Panthers", "the Denver Broncos"]) == 1.0
     assert best_f1("Denver", ["Denver Broncos", "Broncos"]) == pytest.approx(2 / 3)
     assert best_f1("x", []) == 0.0
+
+
+def test_squad_scores_live_in_eval_qa_and_the_old_names_still_import_with_a_warning():
+    import fastdpr.text.answers as answers
+
+    with pytest.warns(DeprecationWarning, match="fastdpr.eval.qa.best_f1"):
+        from fastdpr.text.answers import best_f1 as old
+    assert old is best_f1
+    assert "best_f1" not in answers.__all__
+    with pytest.raises(AttributeError):
+        answers.no_such_name

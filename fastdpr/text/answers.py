@@ -1,9 +1,10 @@
-"""Answer matching: DPR's ``has_answer`` (retrieval top-k accuracy) and SQuAD's EM/F1 (reader).
+"""Answer matching for retrieval: DPR's ``has_answer``, behind top-k accuracy, mining and reader training. (The
+reader's SQuAD EM/F1 are in :mod:`fastdpr.eval.qa`.)
 
-``has_answer`` follows DPR's evaluation exactly (DESIGN §4): both sides are NFD-normalised (accents kept as
-combining marks), split into tokens by ``([\\p{L}\\p{N}\\p{M}]+)|([^\\p{Z}\\p{C}])`` -- runs of letters/digits/marks,
-or any single other visible character -- and each token is lowercased. An answer hits when its token list
-occurs as a contiguous run of the passage's tokens. Only the passage *text* is searched, never its title.
+``has_answer`` follows DPR's evaluation exactly (docs/architecture.md §4.1): both sides are NFD-normalised (accents
+kept as combining marks), split into tokens by ``([\\p{L}\\p{N}\\p{M}]+)|([^\\p{Z}\\p{C}])`` -- runs of
+letters/digits/marks, or any single other visible character -- and each token is lowercased. An answer hits when its
+token list occurs as a contiguous run of the passage's tokens. Only the passage *text* is searched, never its title.
 So ``"U.S."`` is ``["u", ".", "s", "."]`` and matches ``"the U.S. army"`` but not ``"the US army"``.
 
 Regex mode (CuratedTREC, whose answers are patterns): NFD both sides, ``regex.search`` with
@@ -25,27 +26,13 @@ Example::
 """
 from __future__ import annotations
 
-import collections
 import functools
-import re as _stdlib_re
-import string
 import unicodedata
 from typing import Iterable, Sequence
 
 import regex
 
-__all__ = [
-    "TOKEN_PATTERN",
-    "AnswerMatcher",
-    "has_answer",
-    "tokenize",
-    "normalize_answer",
-    "exact_match_score",
-    "f1_score",
-    "max_over_ground_truths",
-    "best_exact_match",
-    "best_f1",
-]
+__all__ = ["TOKEN_PATTERN", "AnswerMatcher", "has_answer", "tokenize"]
 
 #: DPR's SimpleTokenizer pattern: a run of letters, numbers and combining marks, or one non-space, non-control char.
 TOKEN_PATTERN = r"([\p{L}\p{N}\p{M}]+)|([^\p{Z}\p{C}])"
@@ -180,56 +167,19 @@ def has_answer(text: str, answers: Iterable[str], mode: str = "string") -> bool:
     return AnswerMatcher(answers, mode)(text)
 
 
-# --- SQuAD answer normalisation and scores (reader EM / F1) ------------------------------------------------------
-
-_PUNCT = frozenset(string.punctuation)
-_ARTICLES = _stdlib_re.compile(r"\b(a|an|the)\b", _stdlib_re.UNICODE)
-
-
-def normalize_answer(s: str) -> str:
-    """SQuAD normalisation: lowercase, drop ASCII punctuation, drop the articles a/an/the, fold whitespace.
-
-    >>> normalize_answer("The  Eiffel-Tower!")
-    'eiffeltower'
-    """
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in _PUNCT)
-    s = _ARTICLES.sub(" ", s)
-    return " ".join(s.split())
+# The SQuAD scores (EM/F1) live in fastdpr.eval.qa; these names were importable from here and still are, with a
+# warning, until callers have moved.
+_MOVED_TO_EVAL_QA = ("normalize_answer", "exact_match_score", "f1_score", "max_over_ground_truths",
+                     "best_exact_match", "best_f1")
 
 
-def exact_match_score(prediction: str, ground_truth: str) -> float:
-    """1.0 when the normalised strings are equal, else 0.0."""
-    return float(normalize_answer(prediction) == normalize_answer(ground_truth))
+def __getattr__(name: str):
+    if name in _MOVED_TO_EVAL_QA:
+        import warnings
 
+        from fastdpr.eval import qa
 
-def f1_score(prediction: str, ground_truth: str) -> float:
-    """SQuAD token-overlap F1 between normalised strings.
-
-    When either side normalises to no tokens, F1 is 1.0 if both do and 0.0 otherwise (SQuAD v2's rule; v1.1 gave
-    0.0 even for two empty strings, which would score a correct "The" against gold "the" as wrong).
-    """
-    pred = normalize_answer(prediction).split()
-    gold = normalize_answer(ground_truth).split()
-    if not pred or not gold:
-        return float(pred == gold)
-    common = collections.Counter(pred) & collections.Counter(gold)
-    same = sum(common.values())
-    if same == 0:
-        return 0.0
-    precision = same / len(pred)
-    recall = same / len(gold)
-    return 2 * precision * recall / (precision + recall)
-
-
-def max_over_ground_truths(metric, prediction: str, ground_truths: Iterable[str]) -> float:
-    """The best ``metric(prediction, gold)`` over the gold answers (0.0 when there are none)."""
-    return max((metric(prediction, g) for g in ground_truths), default=0.0)
-
-
-def best_exact_match(prediction: str, ground_truths: Iterable[str]) -> float:
-    return max_over_ground_truths(exact_match_score, prediction, ground_truths)
-
-
-def best_f1(prediction: str, ground_truths: Iterable[str]) -> float:
-    return max_over_ground_truths(f1_score, prediction, ground_truths)
+        warnings.warn(f"fastdpr.text.answers.{name} moved to fastdpr.eval.qa.{name}", DeprecationWarning,
+                      stacklevel=2)
+        return getattr(qa, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
