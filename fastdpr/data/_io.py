@@ -144,6 +144,28 @@ def detect_by_extension(path: str | os.PathLike) -> str | None:
     return None
 
 
+def sniff_format(path: str | os.PathLike, delimited: str) -> str:
+    """``"jsonl"`` or ``delimited`` (the caller's name for its TSV/CSV format): from the extension (``.jsonl``/``.json``
+    vs ``.tsv``/``.csv``), else from the first character (``{`` means JSONL)."""
+    ext = detect_by_extension(path)
+    if ext in ("jsonl", "json"):
+        return "jsonl"
+    if ext in ("tsv", "csv"):
+        return delimited
+    return "jsonl" if first_char(path) == "{" else delimited
+
+
+def resolve_directory(path: str | os.PathLike, names: tuple[str, ...]) -> Path:
+    """``path`` itself, or when it is a directory (a BEIR dataset) the first of ``names`` inside it."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    for name in names:
+        if (path / name).exists():
+            return path / name
+    raise InputError(f"directory holds none of {', '.join(names)}", str(path))
+
+
 def peek(path: str | os.PathLike, nbytes: int = 4096) -> bytes:
     """The first bytes of a file (after a BOM), for content sniffing."""
     with open_binary(path) as fh:

@@ -4,6 +4,8 @@ The standard library has no incremental JSON parser, and the files are arrays of
 reader keeps a text buffer and lets :meth:`json.JSONDecoder.raw_decode` take one element at a time, reading more
 when an element is cut off at the buffer's end. Memory is bounded by the largest single element plus one read
 chunk (elements above ``max_element_bytes`` are refused), never by the file.
+
+JSON-lines records go through :func:`parse_json_object` too, so every reader words a bad line the same way.
 """
 from __future__ import annotations
 
@@ -122,3 +124,15 @@ def iter_json_array(
         buf.pos = end
         first = False
         expect_value = False
+
+
+def parse_json_object(line: str) -> dict:
+    """The JSON object on one line of a JSON-lines file; ``ValueError`` saying what is wrong otherwise (the
+    caller's bad-row policy adds the file and line)."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    return obj

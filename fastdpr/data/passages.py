@@ -23,12 +23,13 @@ from fastdpr.data._io import (
     ReadStats,
     clean_id,
     detect_by_extension,
-    first_char,
     open_binary,
     open_output,
+    resolve_directory,
+    sniff_format,
     split_delimited,
 )
-from fastdpr.errors import InputError
+from fastdpr.data._jsonstream import parse_json_object
 
 PASSAGE_FORMATS = ("tsv", "jsonl")
 _ID_KEYS = ("id", "_id", "docid", "doc_id", "passage_id")
@@ -38,23 +39,12 @@ _TEXT_KEYS = ("text", "contents", "passage")
 def detect_passage_format(path: str | os.PathLike) -> str:
     """``"tsv"`` or ``"jsonl"``: from the extension (``.tsv``/``.csv`` vs ``.jsonl``/``.json``), else from the first
     character (``{`` means JSONL)."""
-    by_ext = detect_by_extension(path)
-    if by_ext in ("tsv", "csv"):
-        return "tsv"
-    if by_ext in ("jsonl", "json"):
-        return "jsonl"
-    return "jsonl" if first_char(path) == "{" else "tsv"
+    return sniff_format(path, "tsv")
 
 
 def resolve_passage_path(path: str | os.PathLike) -> Path:
     """A BEIR dataset directory stands for its ``corpus.jsonl``."""
-    path = Path(path)
-    if path.is_dir():
-        for name in ("corpus.jsonl", "corpus.jsonl.gz", "passages.tsv", "psgs_w100.tsv"):
-            if (path / name).exists():
-                return path / name
-        raise InputError("directory holds no corpus.jsonl or passages.tsv", str(path))
-    return path
+    return resolve_directory(path, ("corpus.jsonl", "corpus.jsonl.gz", "passages.tsv", "psgs_w100.tsv"))
 
 
 class PassageParser:
@@ -101,12 +91,7 @@ class PassageParser:
         return _checked(pid, title, text)
 
     def _parse_jsonl(self, line: str) -> dict:
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+        obj = parse_json_object(line)
         pid = _first_key(obj, _ID_KEYS)
         text = _first_key(obj, _TEXT_KEYS)
         if pid is None:

@@ -28,13 +28,14 @@ from fastdpr.data._io import (
     ReadStats,
     clean_id,
     detect_by_extension,
-    first_char,
     numbered_lines,
     open_binary,
     open_output,
+    resolve_directory,
+    sniff_format,
     split_delimited,
 )
-from fastdpr.errors import InputError
+from fastdpr.data._jsonstream import parse_json_object
 
 QA_FORMATS = ("dpr", "jsonl")
 _Q_KEYS = ("question", "query", "text")
@@ -44,22 +45,12 @@ _QID_KEYS = ("qid", "id", "_id", "query_id", "question_id")
 
 def resolve_qa_path(path: str | os.PathLike) -> Path:
     """A BEIR dataset directory stands for its ``queries.jsonl``."""
-    path = Path(path)
-    if path.is_dir():
-        for name in ("queries.jsonl", "queries.jsonl.gz"):
-            if (path / name).exists():
-                return path / name
-        raise InputError("directory holds no queries.jsonl", str(path))
-    return path
+    return resolve_directory(path, ("queries.jsonl", "queries.jsonl.gz"))
 
 
 def detect_qa_format(path: str | os.PathLike) -> str:
-    ext = detect_by_extension(path)
-    if ext in ("jsonl", "json"):
-        return "jsonl"
-    if ext in ("csv", "tsv"):
-        return "dpr"
-    return "jsonl" if first_char(path) == "{" else "dpr"
+    """``"dpr"`` (CSV/TSV) or ``"jsonl"``, as :func:`~fastdpr.data._io.sniff_format` decides."""
+    return sniff_format(path, "dpr")
 
 
 def parse_answers(field: str) -> list[str]:
@@ -159,12 +150,7 @@ _GOLD_KEYS = ("gold_ids", "gold_passage_id", "gold_passage_ids", "positive_ctxs"
 
 
 def _parse_jsonl_qa(line: str) -> dict:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    obj = parse_json_object(line)
     question = next((obj[k] for k in _Q_KEYS if isinstance(obj.get(k), str)), None)
     if question is None or not question.strip():
         raise ValueError("missing or empty field 'question'")

@@ -16,7 +16,7 @@ import os
 from typing import Iterable, Iterator
 
 from fastdpr.data._io import BadRows, ReadStats, clean_id, first_char, numbered_lines, open_binary, open_output
-from fastdpr.data._jsonstream import iter_json_array
+from fastdpr.data._jsonstream import iter_json_array, parse_json_object
 from fastdpr.errors import InputError
 
 _CTX_ID_KEYS = ("passage_id", "psg_id", "docid", "id", "_id")
@@ -123,9 +123,9 @@ def read_training(
 def _jsonl_objects(fh, bad: BadRows):
     for lineno, line in numbered_lines(fh, bad):
         try:
-            yield lineno, json.loads(line)
-        except json.JSONDecodeError as exc:
-            bad(f"not valid JSON ({exc.msg} at column {exc.colno})", lineno)
+            yield lineno, parse_json_object(line)
+        except ValueError as exc:
+            bad(str(exc), lineno)
 
 
 def _dpr_ctx(c: dict) -> dict:
