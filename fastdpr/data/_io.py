@@ -13,7 +13,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 from fastdpr.atomic import atomic_open
 from fastdpr.errors import InputError
@@ -58,6 +58,19 @@ class BadRows:
         if len(self.stats.first_errors) < MAX_ROW_WARNINGS:
             self.stats.first_errors.append(str(err))
             warnings.warn(f"skipping bad row: {err}", BadRowWarning, stacklevel=3)
+
+    def parsed(self, items: Iterable[tuple[int, Any]], parse: Callable[[Any], dict]) -> Iterator[dict]:
+        """``parse(item)`` for each ``(line number, item)``, in order; a ``ValueError`` from ``parse`` is a bad row
+        at that line. Calls :meth:`finish` at the end."""
+        for lineno, item in items:
+            try:
+                record = parse(item)
+            except ValueError as exc:
+                self(str(exc), lineno)
+                continue
+            self.stats.rows += 1
+            yield record
+        self.finish()
 
     def finish(self) -> None:
         if self.stats.bad:
@@ -142,6 +155,16 @@ def detect_by_extension(path: str | os.PathLike) -> str | None:
         if name.endswith(ext):
             return fmt
     return None
+
+
+def output_format(path: str | os.PathLike, fmt: str, formats: tuple[str, ...], what: str) -> str:
+    """The format to write ``path`` in: ``fmt``, or for ``"auto"`` JSONL when the name ends in ``.jsonl``/``.json``
+    and the delimited format ``formats[0]`` otherwise."""
+    if fmt == "auto":
+        fmt = "jsonl" if detect_by_extension(path) in ("jsonl", "json") else formats[0]
+    if fmt not in formats:
+        raise ValueError(f"{what} format must be one of {formats}, got {fmt!r}")
+    return fmt
 
 
 def sniff_format(path: str | os.PathLike, delimited: str) -> str:

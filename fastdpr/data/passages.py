@@ -22,9 +22,9 @@ from fastdpr.data._io import (
     BadRows,
     ReadStats,
     clean_id,
-    detect_by_extension,
     open_binary,
     open_output,
+    output_format,
     resolve_directory,
     sniff_format,
     split_delimited,
@@ -186,10 +186,7 @@ def write_passages(path: str | os.PathLike, passages: Iterable[dict], fmt: str =
     >>> write_passages("out.jsonl", [{"id": "1", "title": "T", "text": "x"}])  # doctest: +SKIP
     1
     """
-    if fmt == "auto":
-        fmt = "jsonl" if detect_by_extension(path) in ("jsonl", "json") else "tsv"
-    if fmt not in PASSAGE_FORMATS:
-        raise ValueError(f"passage format must be one of {PASSAGE_FORMATS}, got {fmt!r}")
+    fmt = output_format(path, fmt, PASSAGE_FORMATS, "passage")
     n = 0
     with open_output(path) as fh:
         if fmt == "tsv":

@@ -27,10 +27,10 @@ from fastdpr.data._io import (
     BadRows,
     ReadStats,
     clean_id,
-    detect_by_extension,
     numbered_lines,
     open_binary,
     open_output,
+    output_format,
     resolve_directory,
     sniff_format,
     split_delimited,
@@ -171,10 +171,7 @@ def _parse_jsonl_qa(line: str) -> dict:
 def write_qa(path: str | os.PathLike, questions: Iterable[dict], fmt: str = "auto") -> int:
     """Write questions atomically as DPR TSV (``question \\t ["a", ...]`` plus the qid as a third column when it
     is not the row position) or as JSONL ``{"qid", "question", "answers"}``. Returns the number written."""
-    if fmt == "auto":
-        fmt = "jsonl" if detect_by_extension(path) in ("jsonl", "json") else "dpr"
-    if fmt not in QA_FORMATS:
-        raise ValueError(f"QA format must be one of {QA_FORMATS}, got {fmt!r}")
+    fmt = output_format(path, fmt, QA_FORMATS, "QA")
     n = 0
     with open_output(path) as fh:
         writer = csv.writer(fh, delimiter="\t", lineterminator="\n")

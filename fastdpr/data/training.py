@@ -103,29 +103,15 @@ def read_training(
     """
     path = str(path)
     bad = BadRows(path, skip_bad, stats)
-    is_array = first_char(path) == "["
     with open_binary(path) as fh:
-        if is_array:
-            items = iter_json_array(fh, path)
+        if first_char(path) == "[":
+            yield from bad.parsed(iter_json_array(fh, path), normalize_training_record)
         else:
-            items = _jsonl_objects(fh, bad)
-        for lineno, obj in items:
-            try:
-                rec = normalize_training_record(obj)
-            except ValueError as exc:
-                bad(str(exc), lineno)
-                continue
-            bad.stats.rows += 1
-            yield rec
-    bad.finish()
+            yield from bad.parsed(numbered_lines(fh, bad), _jsonl_record)
 
 
-def _jsonl_objects(fh, bad: BadRows):
-    for lineno, line in numbered_lines(fh, bad):
-        try:
-            yield lineno, parse_json_object(line)
-        except ValueError as exc:
-            bad(str(exc), lineno)
+def _jsonl_record(line: str) -> dict:
+    return normalize_training_record(parse_json_object(line))
 
 
 def _dpr_ctx(c: dict) -> dict:
