@@ -118,27 +118,48 @@ def test_sparse_retriever_maps_bm25_ids_to_passages(world):
 
 
 # ---------------------------------------------------------------------------------------------- fusion arithmetic
-def test_linear_fusion_by_hand():
+def test_raw_linear_fusion_by_hand():
     dense = [("a", 10.0), ("b", 8.0), ("c", 5.0)]
     sparse = [("c", 20.0), ("d", 12.0), ("b", 4.0)]
     # a: 10 + 0.5*4 (sparse min fills)   = 12
     # b: 8 + 0.5*4                        = 10
     # c: 5 + 0.5*20                       = 15
     # d: 5 (dense min fills) + 0.5*12     = 11
-    assert fuse(dense, sparse, alpha=0.5) == [("c", 15.0), ("a", 12.0), ("d", 11.0), ("b", 10.0)]
-    assert fuse(dense, sparse, alpha=0.5, k=2) == [("c", 15.0), ("a", 12.0)]
+    raw = "linear-raw"
+    assert fuse(dense, sparse, alpha=0.5, method=raw) == [("c", 15.0), ("a", 12.0), ("d", 11.0), ("b", 10.0)]
+    assert fuse(dense, sparse, alpha=0.5, method=raw, k=2) == [("c", 15.0), ("a", 12.0)]
     # alpha = 0: dense order, sparse-only passages tie at the dense minimum after the dense-listed one
-    assert [pid for pid, _ in fuse(dense, sparse, alpha=0.0)] == ["a", "b", "c", "d"]
+    assert [pid for pid, _ in fuse(dense, sparse, alpha=0.0, method=raw)] == ["a", "b", "c", "d"]
+
+
+def test_normalised_linear_fusion_by_hand():
+    dense = [("a", 0.9), ("b", 0.7), ("c", 0.4)]
+    sparse = [("c", 30.0), ("d", 20.0), ("b", 10.0)]
+    # min-max per side: dense a 1, b 0.6, c 0 (d missing: 0); sparse c 1, d 0.5, b 0 (a missing: 0)
+    got = fuse(dense, sparse)  # the defaults: normalised linear, alpha 1
+    assert [pid for pid, _ in got] == ["a", "c", "b", "d"]  # a and c tie at 1.0: the dense list's order first
+    assert [s for _, s in got] == pytest.approx([1.0, 1.0, 0.6, 0.5])
+    assert dict(fuse(dense, sparse, alpha=2.0)) == pytest.approx({"a": 1.0, "b": 0.6, "c": 2.0, "d": 1.0})
+    # rescaling one side changes nothing (the point of normalising); it does change raw fusion
+    scaled = [(p, 1000 * s) for p, s in sparse]
+    a, b = fuse(dense, scaled, alpha=0.7), fuse(dense, sparse, alpha=0.7)
+    assert [p for p, _ in a] == [p for p, _ in b] and [s for _, s in a] == pytest.approx([s for _, s in b])
+    assert fuse(dense, scaled, alpha=0.7, method="linear-raw")[0][0] == "c"
+    assert fuse(dense, sparse, alpha=0.001, method="linear-raw")[0][0] == "a"
+    # a side whose scores are all equal carries no order: it adds 0 everywhere
+    assert fuse([("a", 1.0), ("b", 1.0)], [("b", 5.0)]) == [("a", 0.0), ("b", 0.0)]
 
 
 def test_linear_fusion_edge_cases():
+    raw = "linear-raw"
     # one side empty: the other side's order and scores (the empty side contributes its fill, 0)
-    assert fuse([("a", 2.0), ("b", 1.0)], [], alpha=3.0) == [("a", 2.0), ("b", 1.0)]
-    assert fuse([], [("x", 1.0), ("y", 3.0)], alpha=2.0) == [("y", 6.0), ("x", 2.0)]
+    assert fuse([("a", 2.0), ("b", 1.0)], [], alpha=3.0, method=raw) == [("a", 2.0), ("b", 1.0)]
+    assert fuse([], [("x", 1.0), ("y", 3.0)], alpha=2.0, method=raw) == [("y", 6.0), ("x", 2.0)]
+    assert fuse([], []) == []
     # negative scores: the fill is the list minimum, not zero
-    assert fuse([("a", -1.0), ("b", -3.0)], [("b", 2.0)], alpha=1.0) == [("a", 1.0), ("b", -1.0)]
+    assert fuse([("a", -1.0), ("b", -3.0)], [("b", 2.0)], alpha=1.0, method=raw) == [("a", 1.0), ("b", -1.0)]
     # a passage listed twice on a side keeps its first (best) score
-    assert fuse([("a", 5.0), ("a", 1.0)], [("a", 1.0)], alpha=1.0) == [("a", 6.0)]
+    assert fuse([("a", 5.0), ("a", 1.0)], [("a", 1.0)], alpha=1.0, method=raw) == [("a", 6.0)]
     with pytest.raises(ValueError):
         fuse([], [], method="max")
 
@@ -156,18 +177,74 @@ def test_reciprocal_rank_fusion_by_hand():
     assert dict(fuse([("a", 1.0)], [("b", 1.0)], method="rrf", rrf_k=0)) == {"a": 1.0, "b": 1.0}
 
 
+def _reference_fuse(dense, sparse, alpha, method, rrf_k=60.0):
+    """Fusion written the plain way, one passage at a time, to check the vectorised one against."""
+    def side(ranked):
+        scores, ranks = {}, {}
+        for rank, (pid, s) in enumerate(ranked, 1):
+            if pid >= 0 and pid not in scores:
+                scores[pid], ranks[pid] = s, rank
+        return scores, ranks
+
+    (ds, dr), (ss, sr) = side(dense), side(sparse)
+    union = list(dict.fromkeys([p for p, _ in dense if p >= 0] + [p for p, _ in sparse if p >= 0]))
+
+    def value(scores, pid):
+        low, high = (min(scores.values()), max(scores.values())) if scores else (0.0, 0.0)
+        v = scores.get(pid, low)
+        if method == "linear-raw":
+            return v
+        return (v - low) / (high - low) if high > low else 0.0
+
+    def fused(pid):
+        if method == "rrf":
+            return sum(1 / (rrf_k + r[pid]) for r in (dr, sr) if pid in r)
+        return value(ds, pid) + alpha * value(ss, pid)
+
+    order = sorted(range(len(union)), key=lambda j: (-fused(union[j]), j))
+    return [(union[j], fused(union[j])) for j in order]
+
+
+@pytest.mark.parametrize("method", ["linear", "linear-raw", "rrf"])
+def test_vectorised_fusion_equals_the_plain_rule(method):
+    from fastdpr.retrieve.hybrid import _Union
+
+    rng = np.random.default_rng(3)
+    n, kd, ks = 40, 12, 9
+    d_rows = rng.integers(0, 30, size=(n, kd))
+    s_rows = rng.integers(0, 30, size=(n, ks))  # duplicates within a list happen: the first listing counts
+    d_rows[::7, -3:] = -1  # an index found fewer than k
+    d_scores = -np.sort(-rng.standard_normal((n, kd)), axis=1)
+    s_scores = -np.sort(-rng.gamma(2.0, 5.0, size=(n, ks)), axis=1)
+    s_scores[::5] = 3.0  # ties everywhere
+    union = _Union(d_scores, d_rows, s_scores, s_rows)
+    scores, rows = union.top(union.fused(0.37, method, 60.0), 25)
+    for i in range(n):
+        expected = _reference_fuse(list(zip(d_rows[i].tolist(), d_scores[i].tolist())),
+                                   list(zip(s_rows[i].tolist(), s_scores[i].tolist())), 0.37, method)[:25]
+        got = [(r, s) for r, s in zip(rows[i].tolist(), scores[i].tolist()) if r >= 0]
+        assert [r for r, _ in got] == [r for r, _ in expected]
+        assert [s for _, s in got] == pytest.approx([s for _, s in expected])
+        assert (rows[i, len(got):] == -1).all()
+
+
 # ---------------------------------------------------------------------------------------------- hybrid retriever
 class ListRetriever:
-    """A retriever serving fixed rankings (for hybrid tests independent of any model)."""
+    """A retriever serving fixed rankings of passage ids (for hybrid tests independent of any model)."""
 
     def __init__(self, rankings, corpus):
         self.rankings = rankings
         self.corpus = corpus
         self.asked = []
 
-    def ranked_ids(self, questions, k):
+    def search(self, questions, k):
         self.asked.append(k)
-        return [self.rankings[q][:k] for q in questions]
+        scores = np.full((len(questions), k), -np.inf)
+        rows = np.full((len(questions), k), -1, dtype=np.int64)
+        for i, q in enumerate(questions):
+            for j, (pid, s) in enumerate(self.rankings[q][:k]):
+                scores[i, j], rows[i, j] = s, self.corpus.row_of(pid)
+        return scores, rows
 
 
 def test_hybrid_retriever_fuses_each_sides_top_k_union(world):
@@ -175,14 +252,45 @@ def test_hybrid_retriever_fuses_each_sides_top_k_union(world):
     texts = [q["question"] for q in questions[:12]]
     dense = DenseRetriever(FakeModel(), BruteForceIndex(vectors), corpus)
     sparse = SparseRetriever(bm25, corpus, n_threads=1)
-    for method in ("linear", "rrf"):
-        hybrid = HybridRetriever(dense, sparse, alpha=0.3, k_union=25, method=method)
+    for method in ("linear", "linear-raw", "rrf"):
+        hybrid = HybridRetriever(dense, sparse, alpha=0.3, k_union=25, method=method, chunk_size=5)
         got = hybrid.retrieve(texts, k=8)
         d, s = dense.ranked_ids(texts, 25), sparse.ranked_ids(texts, 25)
         for ranking, dl, sl in zip(got, d, s):
             expected = fuse(dl, sl, alpha=0.3, method=method, k=8)
             assert [(p["id"], pytest.approx(p["score"])) for p in ranking] == [(i, sc) for i, sc in expected]
             assert all(p["text"] == corpus.get(p["id"])["text"] for p in ranking)
+        assert hybrid.ranked_ids(texts, 8) == [[(p["id"], pytest.approx(p["score"])) for p in r] for r in got]
+
+
+def test_default_hybrid_does_not_depend_on_the_score_scales(world):
+    corpus, vectors, bm25, questions = world
+    texts = [q["question"] for q in questions[:12]]
+
+    class Scaled(SparseRetriever):
+        def search(self, questions, k):
+            scores, rows = super().search(questions, k)
+            return scores * 1000.0, rows
+
+    dense = DenseRetriever(FakeModel(), BruteForceIndex(vectors), corpus)
+    plain = HybridRetriever(dense, SparseRetriever(bm25, corpus, n_threads=1), k_union=20)
+    scaled = HybridRetriever(dense, Scaled(bm25, corpus, n_threads=1), k_union=20)
+    assert scaled.search(texts, 10)[1].tolist() == plain.search(texts, 10)[1].tolist()
+    raw = [HybridRetriever(dense, side, k_union=20, method="linear-raw") for side in (plain.sparse, scaled.sparse)]
+    assert raw[0].search(texts, 10)[1].tolist() != raw[1].search(texts, 10)[1].tolist()
+
+
+def test_sparse_retriever_maps_bm25_rows_to_corpus_rows(world):
+    corpus, _, _, questions = world
+    texts = [q["question"] for q in questions[:6]]
+    shuffled = [corpus[r] for r in np.random.default_rng(0).permutation(len(corpus))]
+    other_order = BM25.from_corpus(shuffled, show_progress=False)
+    retriever = SparseRetriever(other_order, corpus, n_threads=1)
+    scores, rows = retriever.search(texts, 5)
+    by_id = retriever.ranked_ids(texts, 5)
+    for srow, rrow, ranking in zip(scores, rows, by_id):
+        assert [corpus.id_at(int(r)) for r in rrow] == [pid for pid, _ in ranking]
+        np.testing.assert_allclose(srow, [s for _, s in ranking])
 
 
 def test_tune_alpha_picks_the_weight_that_finds_answers(world):
@@ -197,25 +305,29 @@ def test_tune_alpha_picks_the_weight_that_finds_answers(world):
     sparse_rank = [(pid, 5.0) for pid in sorted(passages_with_answer)] + [(dense_rank[0][0], 1.0)]
     dense = ListRetriever({q: dense_rank}, corpus)
     sparse = ListRetriever({q: sparse_rank}, corpus)
-    hybrid = HybridRetriever(dense, sparse, k_union=50)
+    hybrid = HybridRetriever(dense, sparse, k_union=50, method="linear-raw")
     best = hybrid.tune_alpha([q], [[answer_word]], grid=[0.0, 0.5, 1.0, 3.0, 10.0], k=1)
     # top-1 needs 1 + 5a > 10 + 1a  <=>  a > 2.25: the smallest such grid value wins the tie with 10.0
     assert best == 3.0
     assert [row["top1"] for row in hybrid.tuning_table] == [0.0, 0.0, 0.0, 1.0, 1.0]
     assert dense.asked == [50] and sparse.asked == [50]  # each side searched once for the whole grid
+    # normalised: dense gives the answer passage 0 and the top one 1; sparse gives it 1 and that one 0: alpha > 1
+    normalised = HybridRetriever(dense, sparse, k_union=50)
+    assert normalised.tune_alpha([q], [[answer_word]], grid=[0.5, 1.0, 1.5, 3.0], k=1) == 1.5
     with pytest.raises(ValueError):
         HybridRetriever(dense, sparse, method="rrf").tune_alpha([q], [[answer_word]])
     with pytest.raises(ValueError):
         hybrid.tune_alpha([q], [])
 
 
-def test_tune_alpha_table_matches_direct_evaluation(world):
+@pytest.mark.parametrize("method", ["linear", "linear-raw"])
+def test_tune_alpha_table_matches_direct_evaluation(world, method):
     corpus, vectors, bm25, questions = world
     texts = [q["question"] for q in questions[:20]]
     answers = [q["answers"] for q in questions[:20]]
     dense = DenseRetriever(FakeModel(), BruteForceIndex(vectors), corpus)
     sparse = SparseRetriever(bm25, corpus, n_threads=1)
-    hybrid = HybridRetriever(dense, sparse, k_union=30)
+    hybrid = HybridRetriever(dense, sparse, k_union=30, method=method)
     grid = [0.0, 0.05, 0.5, 5.0]
     best = hybrid.tune_alpha(texts, answers, grid=grid, k=5)
     for row in hybrid.tuning_table:

@@ -3,19 +3,28 @@
     fastdpr evaluate nq-test.results.json
     fastdpr evaluate run.trec --answers nq-test.qa.csv --corpus psgs.tsv --ks 1,5,20,100
     fastdpr evaluate run.trec --qrels qrels/test.tsv --ks 10,100 --json
+    fastdpr evaluate runs/nq_test.hybrid.json             # the quickstart's compact runs, pyserini and BEIR runs too
     fastdpr evaluate curated.results.json --match regex --recompute
 """
 from __future__ import annotations
 
 import argparse
 
+# fastdpr.data.runs.RUN_FORMATS, spelled out so that building the parser imports nothing heavy (a test keeps the
+# two equal)
+RUN_FORMATS = ("dpr", "pyserini", "trec", "beir", "compact")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", help="DPR retriever-results JSON or TREC run")
+    parser.add_argument("run", help="run file: DPR retriever results, pyserini DPR run, TREC, BEIR or compact JSON "
+                                    "(told apart by content)")
+    parser.add_argument("--run-format", choices=["auto", *RUN_FORMATS],
+                        default="auto", help="the run's format (default: detected from its content)")
     parser.add_argument("--qrels", help="relevance judgements (BEIR qrels TSV or TREC qrels) for MRR/nDCG/recall")
     parser.add_argument("--answers", metavar="QA_FILE",
                         help="questions with answers (DPR CSV/TSV, JSONL); matched to the run by question id")
-    parser.add_argument("--corpus", help="passage file, to check answers in the passages of a TREC run")
+    parser.add_argument("--corpus", help="passage file, to check answers in passages a run stores without text "
+                                         "(TREC, BEIR, compact)")
     parser.add_argument("--ks", default="1,5,20,100", help="comma-separated cut-offs (default 1,5,20,100)")
     parser.add_argument("--match", choices=["string", "regex"], default="string",
                         help="answer matching: DPR tokens (default) or regex answers (CuratedTREC; re-checks every passage)")
@@ -36,46 +45,6 @@ def _parse_ks(text: str) -> list[int]:
     return ks
 
 
-def attach_answers(results: list[dict], qa_path: str) -> None:
-    """Give each result the question's answers from a QA file, matched by qid -- or by position when the run's
-    ids are not the file's (DPR results carry no ids) and both hold the same number of questions. A question
-    text that disagrees with the run's is an error: the files do not belong together."""
-    from fastdpr.data import iter_qa
-    from fastdpr.errors import InputError
-
-    questions = list(iter_qa(qa_path))
-    by_qid = {q["qid"]: q for q in questions}
-    if all(res["qid"] in by_qid for res in results):
-        matched = [by_qid[res["qid"]] for res in results]
-    elif len(questions) == len(results):
-        matched = questions
-    else:
-        missing = next(res["qid"] for res in results if res["qid"] not in by_qid)
-        raise InputError(f"query id {missing!r} of the run is not in the QA file, and the two hold different "
-                         f"numbers of questions ({len(results)} vs {len(questions)})", qa_path)
-    for res, q in zip(results, matched):
-        if res.get("question") and " ".join(res["question"].split()) != q["question"]:
-            raise InputError(f"question {res['qid']!r} differs between the run ({res['question'][:50]!r}) and "
-                             f"the QA file ({q['question'][:50]!r})", qa_path)
-        res["question"] = q["question"]
-        res["answers"] = q["answers"]
-
-
-def attach_texts(results: list[dict], corpus_path: str) -> None:
-    """Fill the passage text of ctxs that lack it (TREC runs) from the corpus."""
-    from fastdpr.data import Corpus
-    from fastdpr.errors import InputError
-
-    corpus = Corpus.open(corpus_path)
-    for res in results:
-        for c in res["ctxs"]:
-            if not c.get("text"):
-                p = corpus.get(c["id"], None)
-                if p is None:
-                    raise InputError(f"passage {c['id']!r} of query {res['qid']!r} is not in the corpus", corpus_path)
-                c["title"], c["text"] = p["title"], p["text"]
-
-
 def format_table(metrics: dict) -> str:
     width = max(len(k) for k in metrics)
     lines = [f"{'metric':<{width}}  value", f"{'-' * width}  ------"]
@@ -88,12 +57,12 @@ def format_table(metrics: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from fastdpr.data import read_qrels, read_run
+    from fastdpr.data import attach_answers, attach_texts, read_qrels, read_run
     from fastdpr.errors import InputError
     from fastdpr.eval import evaluate_retrieval
 
     ks = _parse_ks(args.ks)
-    results = read_run(args.run)
+    results = read_run(args.run, fmt=args.run_format)
     if not results:
         raise InputError("the run holds no queries", args.run)
     if args.answers:

@@ -3,11 +3,20 @@
     fastdpr search nq-test.qa.csv --mode dense  --model model/ --index index/ --corpus psgs.tsv -o dense.json
     fastdpr search nq-test.qa.csv --mode bm25   --bm25 bm25/ --corpus psgs.tsv -o bm25.trec -k 1000
     fastdpr search nq-test.qa.csv --mode hybrid --model model/ --index index/ --bm25 bm25/ --corpus psgs.tsv \\
-        --alpha-file alpha.json -o hybrid.json
+        -o hybrid.json                        # normalised fusion, alpha 1: no tuning needed
+    fastdpr search nq-test.qa.csv --mode hybrid ... --alpha-file alpha.json -o hybrid.json   # alpha tuned on dev
+
+Questions without ids in their file are numbered from 0 in file order (header excluded), in every run format.
 """
 from __future__ import annotations
 
 import argparse
+
+# fastdpr.data.runs.RUN_FORMATS, spelled out so that building the parser imports nothing heavy (a test keeps the
+# two equal)
+RUN_FORMATS = ("dpr", "pyserini", "trec", "beir", "compact")
+
+DEFAULT_ALPHA = 1.0  # fastdpr.retrieve.hybrid.DEFAULT_ALPHA, kept here so that the CLI starts without numpy
 
 
 def add_retriever_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,12 +40,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("qa", metavar="QA_FILE", help="questions (DPR CSV/TSV, JSONL, BEIR queries)")
     parser.add_argument("--mode", choices=["dense", "bm25", "hybrid"], default="dense")
     add_retriever_arguments(parser)
-    parser.add_argument("-o", "--output", required=True, help="run file: .json (DPR results) or .trec")
+    parser.add_argument("-o", "--output", required=True,
+                        help="run file: .json (DPR results) or .trec, or any --format")
     parser.add_argument("-k", type=int, default=100, help="passages per question (default 100)")
-    parser.add_argument("--format", choices=["auto", "dpr", "trec"], default="auto")
-    parser.add_argument("--method", choices=["linear", "rrf"], default="linear",
-                        help="hybrid fusion: dense + alpha*bm25 (default) or reciprocal-rank fusion")
-    parser.add_argument("--alpha", type=float, help="hybrid weight of BM25 (default 1.0, or --alpha-file)")
+    parser.add_argument("--format", choices=["auto", *RUN_FORMATS], default="auto",
+                        help="run format (default: from the extension, .json = dpr); pyserini = pyserini's DPR run "
+                             "(what its evaluate_dpr_retrieval reads), beir = {qid: {docid: score}}, "
+                             "compact = {qid: [[docid, score, has_answer]]}")
+    parser.add_argument("--fusion", "--method", dest="fusion", choices=["linear", "linear-raw", "rrf"], default=None,
+                        help="hybrid fusion: linear = per-question min-max normalised dense + alpha*bm25, needs no "
+                             "tuning (default); linear-raw = raw scores, alpha must be tuned (tune-hybrid); rrf = "
+                             "reciprocal-rank fusion")
+    parser.add_argument("--alpha", type=float,
+                        help=f"hybrid weight of BM25 (default {DEFAULT_ALPHA}, or the one in --alpha-file)")
     parser.add_argument("--alpha-file", help="JSON from `fastdpr tune-hybrid` holding the tuned alpha")
     parser.add_argument("--rrf-k", type=float, default=60.0, help="reciprocal-rank fusion constant (default 60)")
 
@@ -59,7 +75,7 @@ def _search_params(items: list[str]) -> dict:
     return params
 
 
-def build_retriever(args, mode: str, alpha: float = 1.0, method: str = "linear", rrf_k: float = 60.0):
+def build_retriever(args, mode: str, alpha: float = DEFAULT_ALPHA, method: str = "linear", rrf_k: float = 60.0):
     """The retriever ``mode`` names, from the command-line arguments (shared with tune-hybrid)."""
     from fastdpr.data import Corpus
     from fastdpr.errors import InputError
@@ -99,20 +115,35 @@ def build_retriever(args, mode: str, alpha: float = 1.0, method: str = "linear",
     return HybridRetriever(dense, sparse, alpha=alpha, k_union=args.k_union, method=method, rrf_k=rrf_k)
 
 
-def _alpha(args) -> float:
+def _fusion(args) -> tuple[float, str]:
+    """(alpha, fusion) from --alpha / --alpha-file / --fusion. A tuned alpha belongs to the fusion it was tuned
+    for: files from before fusions were named say "method": "linear", which was raw linear fusion."""
     import json
+    import sys
 
     from fastdpr.errors import InputError
 
     if args.alpha is not None and args.alpha_file:
         raise InputError("give --alpha or --alpha-file, not both")
+    alpha, tuned_for = args.alpha, None
     if args.alpha_file:
         try:
             with open(args.alpha_file, encoding="utf-8") as fh:
-                return float(json.load(fh)["alpha"])
-        except (OSError, ValueError, KeyError, TypeError) as err:
+                tuned = json.load(fh)
+            alpha = float(tuned["alpha"])
+            tuned_for = tuned.get("fusion") or ("linear-raw" if tuned.get("method") == "linear" else tuned.get("method"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise InputError(f"no tuned alpha readable here ({err})", path=args.alpha_file) from None
-    return 1.0 if args.alpha is None else args.alpha
+        if args.fusion and tuned_for and args.fusion != tuned_for:
+            raise InputError(f"this alpha was tuned for --fusion {tuned_for}, not {args.fusion}", path=args.alpha_file)
+    fusion = args.fusion or tuned_for or "linear"
+    if args.mode == "hybrid" and fusion == "linear-raw" and alpha is None:
+        print(f"warning: raw linear fusion with the untuned alpha {DEFAULT_ALPHA}: dense and BM25 scores lie on "
+              "different scales, so one side may swamp the other. Tune alpha on a dev set (fastdpr tune-hybrid) or "
+              "use the default --fusion linear, which normalises both.", file=sys.stderr)
+    if args.mode == "hybrid" and fusion == "rrf" and alpha is not None:
+        print("warning: reciprocal-rank fusion has no weight: --alpha is ignored", file=sys.stderr)
+    return (DEFAULT_ALPHA if alpha is None else alpha), fusion
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise InputError(f"-k must be >= 1, got {args.k}")
     fmt = run_format(args.output, args.format)
-    retriever = build_retriever(args, args.mode, alpha=_alpha(args), method=args.method, rrf_k=args.rrf_k)
+    alpha, fusion = _fusion(args)
+    retriever = build_retriever(args, args.mode, alpha=alpha, method=fusion, rrf_k=args.rrf_k)
     qa = list(iter_qa(args.qa))
     start = time.perf_counter()
     n = search_to_run(retriever, qa, args.output, args.k, fmt=fmt, match=args.match, tag=f"fastdpr-{args.mode}",

@@ -3,6 +3,8 @@
     fastdpr tune-hybrid nq-dev.qa.csv --model model/ --index index/ --bm25 bm25/ --corpus psgs.tsv -o alpha.json
     fastdpr search nq-test.qa.csv --mode hybrid ... --alpha-file alpha.json
 
+The default fusion normalises both score lists and works untuned with alpha 1; tuning can still gain a little.
+Raw linear fusion (``--fusion linear-raw``) needs it. The file records the fusion, and ``search`` uses it.
 Tune on a dev split, never on the test questions.
 """
 from __future__ import annotations
@@ -18,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", required=True, help="JSON file to write the chosen alpha to")
     parser.add_argument("--grid", help="comma-separated alphas to try (default: 0 and 0.001 .. 100, log-spaced)")
     parser.add_argument("--at", type=int, default=20, help="maximise top-k accuracy at this k (default 20)")
+    parser.add_argument("--fusion", choices=["linear", "linear-raw"], default="linear",
+                        help="fusion to tune: linear = min-max normalised scores (default), linear-raw = raw scores")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,14 +44,14 @@ def run(args: argparse.Namespace) -> int:
     qa = [q for q in iter_qa(args.qa) if q["answers"]]
     if not qa:
         raise InputError("no dev questions with answers", path=args.qa)
-    hybrid = build_retriever(args, "hybrid")
+    hybrid = build_retriever(args, "hybrid", method=args.fusion)
     alpha = hybrid.tune_alpha([q["question"] for q in qa], [q["answers"] for q in qa], grid=grid, k=args.at,
                               match=args.match, show_progress=True)
     key = f"top{args.at}"
     for row in hybrid.tuning_table:
         mark = "  <- chosen" if row["alpha"] == alpha else ""
         print(f"alpha {row['alpha']:>10.4g}  {key} {row[key]:.4f}{mark}")
-    write_json(args.output, {"alpha": alpha, "method": "linear", "metric": key, "k_union": args.k_union,
+    write_json(args.output, {"alpha": alpha, "fusion": args.fusion, "metric": key, "k_union": args.k_union,
                              "dev_questions": len(qa), "dev_file": args.qa, "table": hybrid.tuning_table})
     print(f"alpha = {alpha:g} -> {args.output}")
     return 0

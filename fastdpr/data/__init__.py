@@ -15,21 +15,31 @@ from fastdpr.data.corpus import Corpus
 from fastdpr.data.passages import detect_passage_format, iter_passages, write_passages
 from fastdpr.data.qa import iter_qa, read_qrels, write_beir_queries, write_qa, write_qrels
 from fastdpr.data.runs import (
+    RUN_FORMATS,
+    attach_answers,
+    attach_texts,
+    detect_run_format,
     read_dpr_results,
     read_run,
     read_trec,
     results_to_run,
     write_dpr_results,
+    write_pyserini_run,
+    write_run,
     write_trec,
 )
 from fastdpr.data.split import split_documents, split_text, iter_documents
 from fastdpr.data.training import read_training, write_dpr_biencoder, write_tevatron
 
 __all__ = [
+    "RUN_FORMATS",
+    "attach_answers",
+    "attach_texts",
     "BadRowWarning",
     "Corpus",
     "ReadStats",
     "detect_passage_format",
+    "detect_run_format",
     "iter_documents",
     "iter_passages",
     "iter_qa",
@@ -45,8 +55,10 @@ __all__ = [
     "write_dpr_biencoder",
     "write_dpr_results",
     "write_passages",
+    "write_pyserini_run",
     "write_qa",
     "write_qrels",
+    "write_run",
     "write_tevatron",
     "write_trec",
 ]

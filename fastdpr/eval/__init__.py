@@ -10,6 +10,7 @@ from fastdpr.eval.retrieval import (
     evaluate_retrieval,
     first_hit_ranks,
     ir_metrics,
+    ranking_hits,
     result_hits,
     topk_accuracy,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "evaluate_retrieval",
     "first_hit_ranks",
     "ir_metrics",
+    "ranking_hits",
     "result_hits",
     "topk_accuracy",
 ]

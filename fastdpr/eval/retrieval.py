@@ -46,27 +46,102 @@ def topk_accuracy(hits: Sequence[Sequence[bool]], ks: Iterable[int] = DEFAULT_KS
     return {f"top{k}": sum(1 for r in firsts if r is not None and r < k) / n for k in ks}
 
 
+def ranking_hits(rankings, answers: Sequence[Sequence[str]], passages=None, *, mode: str = "string",
+                 memo: list[dict] | None = None) -> list[list[bool]]:
+    """DPR ``has_answer`` of every ranked passage: ``hits[i][r]`` for question i's passage at rank r (0-based),
+    ready for :func:`topk_accuracy`. The one place a ranking is checked against answers.
+
+    ``rankings[i]`` lists question i's passages best first, each given as a corpus row (int; a negative row,
+    an index's "no result", is skipped), a passage id (str), a ``(row or id, score)`` pair, or a passage dict
+    with ``"text"`` (and ``"id"``). Rows and ids are looked up in ``passages``: a :class:`fastdpr.data.Corpus`,
+    or anything with ``[row]`` and ``.get(id)`` returning ``{"text", ...}``. Only the passage text is searched,
+    never its title.
+
+    ``memo``: one dict per question (``[{} for _ in questions]``), kept across calls on the same question set
+    so that a passage several retrievers list is read and matched once -- their top-100 lists overlap a lot.
+
+    >>> ranking_hits([[{"id": "a", "text": "Lyon"}, {"id": "b", "text": "Paris, France"}]], [["Paris"]])
+    [[False, True]]
+    """
+    import numpy as np
+
+    if isinstance(rankings, np.ndarray):
+        rankings = rankings.tolist()
+    if len(rankings) != len(answers):
+        raise ValueError(f"{len(rankings)} rankings but {len(answers)} answer lists")
+    if memo is not None and len(memo) != len(rankings):
+        raise ValueError(f"the memo holds {len(memo)} questions but there are {len(rankings)} rankings")
+    out = []
+    for i, (ranking, ans) in enumerate(zip(rankings, answers)):
+        seen = memo[i] if memo is not None else {}
+        matcher = None
+        flags = []
+        for item in ranking:
+            key, text = _key_and_text(item)
+            if key is not None and isinstance(key, int) and key < 0:
+                continue
+            if key is None or key not in seen:
+                if matcher is None:
+                    matcher = AnswerMatcher([ans] if isinstance(ans, str) else ans, mode)
+                if text is None:
+                    text = _passage_text(passages, key)
+                verdict = matcher(text)
+                if key is None:
+                    flags.append(verdict)
+                    continue
+                seen[key] = verdict
+            flags.append(seen[key])
+        out.append(flags)
+    return out
+
+
+def _key_and_text(item):
+    """(memo key, text or None) of one ranked item."""
+    if isinstance(item, dict):
+        text = item.get("text")
+        if text is None:
+            raise ValueError(f"passage {item.get('id')!r} has no text to check answers in")
+        pid = item.get("id")
+        return (None if pid is None else str(pid)), text
+    if isinstance(item, (tuple, list)):
+        item = item[0]
+    if isinstance(item, str):
+        return item, None
+    return int(item), None
+
+
+def _passage_text(passages, key) -> str:
+    if passages is None:
+        raise ValueError("rankings of rows or ids need the passages (a Corpus) to read texts from")
+    if isinstance(key, int):
+        return passages[key].get("text", "")
+    try:
+        return passages.get(key)["text"]
+    except KeyError:
+        raise ValueError(f"passage {key!r} is not in the corpus") from None
+
+
 def result_hits(results: Iterable[dict], mode: str = "string", recompute: bool = False) -> list[list[bool]]:
     """``has_answer`` flags of DPR-shaped results. A ctx's stored ``has_answer`` is used unless it is missing or
     ``recompute`` is set; then it is computed from the ctx's *text* (never its title) and the result's answers."""
     hits = []
     for i, res in enumerate(results):
         ctxs = res.get("ctxs") or []
-        need = recompute or any(c.get("has_answer") is None for c in ctxs)
-        if need:
-            answers = res.get("answers")
-            if answers is None:
-                raise ValueError(f"result {i} (qid {res.get('qid')}) has no answers to check passages against")
-            matcher = AnswerMatcher(answers, mode)
-        flags = []
-        for c in ctxs:
-            if not need and c.get("has_answer") is not None:
-                flags.append(bool(c["has_answer"]))
-                continue
-            if c.get("text") is None:
-                raise ValueError(f"result {i} (qid {res.get('qid')}): passage {c.get('id')!r} has no text")
-            flags.append(matcher(c["text"]))
-        hits.append(flags)
+        todo = [c for c in ctxs if recompute or c.get("has_answer") is None]
+        if not todo:
+            hits.append([bool(c["has_answer"]) for c in ctxs])
+            continue
+        answers = res.get("answers")
+        if answers is None:
+            raise ValueError(f"result {i} (qid {res.get('qid')}) has no answers to check passages against")
+        try:
+            computed = iter(ranking_hits([[{"text": c.get("text")} for c in todo]], [answers], mode=mode)[0])
+        except ValueError:
+            missing = next(c for c in todo if c.get("text") is None)
+            raise ValueError(f"result {i} (qid {res.get('qid')}): passage {missing.get('id')!r} has no text") \
+                from None
+        hits.append([next(computed) if (recompute or c.get("has_answer") is None) else bool(c["has_answer"])
+                     for c in ctxs])
     return hits
 
 

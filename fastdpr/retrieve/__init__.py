@@ -1,10 +1,12 @@
-"""Retrievers: dense (bi-encoder + MIPS index), sparse (BM25) and hybrid (linear or reciprocal-rank fusion).
+"""Retrievers: dense (bi-encoder + MIPS index), sparse (BM25) and hybrid (normalised linear, raw linear or
+reciprocal-rank fusion).
 
-Each has ``retrieve(questions, k) -> list[list[{id, title, text, score}]]``."""
+Each has ``search(questions, k) -> (scores, corpus rows)``, ``ranked_ids(questions, k) -> [[(id, score)]]`` and
+``retrieve(questions, k) -> list[list[{id, title, text, score}]]``."""
 from fastdpr.retrieve.dense import DenseRetriever
-from fastdpr.retrieve.hybrid import DEFAULT_ALPHA_GRID, HybridRetriever, fuse
+from fastdpr.retrieve.hybrid import DEFAULT_ALPHA, DEFAULT_ALPHA_GRID, METHODS, HybridRetriever, fuse
 from fastdpr.retrieve.results import dpr_results, hits, run_format, search_to_run, trec_run
 from fastdpr.retrieve.sparse import SparseRetriever
 
-__all__ = ["DenseRetriever", "SparseRetriever", "HybridRetriever", "fuse", "DEFAULT_ALPHA_GRID", "dpr_results",
-           "trec_run", "hits", "run_format", "search_to_run"]
+__all__ = ["DenseRetriever", "SparseRetriever", "HybridRetriever", "fuse", "DEFAULT_ALPHA", "DEFAULT_ALPHA_GRID",
+           "METHODS", "dpr_results", "trec_run", "hits", "run_format", "search_to_run"]

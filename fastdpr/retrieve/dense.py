@@ -1,11 +1,11 @@
-"""Dense retrieval: encode questions with a bi-encoder, search a MIPS index, map index rows to passages."""
+"""Dense retrieval: encode questions with a bi-encoder, search a MIPS index; its rows are corpus rows."""
 from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
 
-from fastdpr.retrieve.base import Ranked, Retriever, check_k, check_questions
+from fastdpr.retrieve.base import Retriever, check_k, check_questions
 
 
 class DenseRetriever(Retriever):
@@ -46,11 +46,3 @@ class DenseRetriever(Retriever):
         if not all_scores:
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
         return np.concatenate(all_scores), np.concatenate(all_rows)
-
-    def ranked_ids(self, questions: Sequence[str], k: int) -> list[Ranked]:
-        scores, rows = self.search(questions, k)
-        id_at = self.corpus.id_at
-        return [
-            [(id_at(int(r)), float(s)) for s, r in zip(srow, rrow) if r >= 0]
-            for srow, rrow in zip(scores, rows)
-        ]

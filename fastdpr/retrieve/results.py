@@ -1,7 +1,15 @@
-"""Retrieval results as run files: DPR retriever-results records (with ``has_answer``) and TREC runs."""
+"""Retrieval results as run files: DPR retriever-results records (with ``has_answer``), pyserini, TREC, BEIR and
+compact runs (see :mod:`fastdpr.data.runs` for the formats).
+
+Questions without an id in their file (DPR's QA CSV/TSV) are known by their 0-based position among the file's
+questions, header excluded -- the numbering pyserini's DPR topics use -- so a TREC run written from a TSV file
+and that same file always agree on query ids."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
+
+from fastdpr.data.runs import RUN_FORMATS
 
 
 def dpr_results(questions: Sequence[str], answers: Sequence[Sequence[str]], retrieved: Sequence[list[dict]],
@@ -12,19 +20,21 @@ def dpr_results(questions: Sequence[str], answers: Sequence[Sequence[str]], retr
     ``has_answer`` follows DPR's rule on the passage text (``match="regex"`` for CuratedTREC).
 
     Example: ``write_dpr_results("run.json", dpr_results(qs, answers, retriever.retrieve(qs, 100)))``"""
-    from fastdpr.text.answers import has_answer
+    from fastdpr.eval.retrieval import ranking_hits
 
     if not (len(questions) == len(answers) == len(retrieved)):
         raise ValueError(f"{len(questions)} questions, {len(answers)} answer lists, {len(retrieved)} results")
     if qids is not None and len(qids) != len(questions):
         raise ValueError(f"{len(qids)} query ids for {len(questions)} questions")
+    answers = [[a] if isinstance(a, str) else list(a) for a in answers]
+    flags = ranking_hits([[{"text": p.get("text", "")} for p in passages] for passages in retrieved], answers,
+                         mode=match)
     out = []
-    for i, (question, ans, passages) in enumerate(zip(questions, answers, retrieved)):
-        ans = [ans] if isinstance(ans, str) else list(ans)
+    for i, (question, ans, passages, hit) in enumerate(zip(questions, answers, retrieved, flags)):
         ctxs = [
             {"id": p["id"], "title": p.get("title", ""), "text": p.get("text", ""), "score": float(p["score"]),
-             "has_answer": bool(has_answer(p.get("text", ""), ans, mode=match))}
-            for p in passages
+             "has_answer": h}
+            for p, h in zip(passages, hit)
         ]
         record = {"question": question, "answers": ans, "ctxs": ctxs}
         out.append({"qid": str(qids[i]), **record} if qids is not None else record)
@@ -50,66 +60,75 @@ def hits(results: Sequence[dict]) -> list[list[bool]]:
     return [[bool(c["has_answer"]) for c in r["ctxs"]] for r in results]
 
 
-RUN_FORMATS = {".json": "dpr", ".trec": "trec", ".run": "trec", ".txt": "trec", ".tsv": "trec"}
+EXTENSIONS = {".json": "dpr", ".trec": "trec", ".run": "trec", ".txt": "trec", ".tsv": "trec"}
+_NEEDS_TEXT = ("dpr", "pyserini")  # formats that store passage texts
+_NEEDS_ANSWERS = ("dpr", "pyserini", "compact")  # formats that store has_answer
 
 
 def run_format(path, fmt: str = "auto") -> str:
-    """``"dpr"`` or ``"trec"``: given, or from the output file's extension."""
-    from pathlib import Path
-
+    """One of :data:`fastdpr.data.runs.RUN_FORMATS`: given, or from the output file's extension (``.json``: DPR
+    results; ``.trec``, ``.run``, ``.txt``, ``.tsv``: TREC)."""
     from fastdpr.errors import InputError
 
     if fmt != "auto":
-        if fmt not in ("dpr", "trec"):
-            raise InputError(f"run format must be 'dpr' or 'trec', got {fmt!r}")
+        if fmt not in RUN_FORMATS:
+            raise InputError(f"run format must be one of {', '.join(RUN_FORMATS)}; got {fmt!r}")
         return fmt
     suffix = Path(path).suffix.lower()
-    if suffix not in RUN_FORMATS:
+    if suffix not in EXTENSIONS:
         raise InputError(f"cannot tell the run format from the extension {suffix!r}: use .json (DPR results) or "
-                         ".trec, or pass --format", path=str(path))
-    return RUN_FORMATS[suffix]
+                         f".trec, or pass --format ({', '.join(RUN_FORMATS)})", path=str(path))
+    return EXTENSIONS[suffix]
 
 
 def search_to_run(retriever, qa: Sequence[dict], path, k: int, *, fmt: str = "auto", match: str = "string",
                   tag: str = "fastdpr", chunk_size: int = 1024, show_progress: bool = False) -> int:
-    """Retrieve top-``k`` for QA records ``{qid, question, answers}`` and write the run, atomically: DPR results
-    JSON (with ``has_answer``) or TREC, by ``fmt`` or the file extension. Questions go through the retriever
-    ``chunk_size`` at a time and DPR records are streamed out, so passage texts of only one chunk are held.
-    Returns the number of questions written.
+    """Retrieve top-``k`` for QA records ``{qid, question, answers}`` and write the run, atomically, in ``fmt``
+    (or by the file extension): the DPR and pyserini formats carry passage texts and ``has_answer``, the compact
+    run ``has_answer``, TREC and BEIR ids and scores only. Questions go through the retriever ``chunk_size`` at a
+    time and records are streamed out, so passage texts of only one chunk are held. Returns the number of
+    questions written.
 
     Example: ``search_to_run(SparseRetriever(bm25, corpus), list(iter_qa("test.qa.csv")), "run.json", 100)``"""
     from tqdm.auto import tqdm
 
-    from fastdpr.data import write_dpr_results, write_trec
+    from fastdpr.data.runs import write_run
 
     fmt = run_format(path, fmt)
+    if fmt not in _NEEDS_TEXT + _NEEDS_ANSWERS and len({q["qid"] for q in qa}) != len(qa):
+        raise ValueError("query ids repeat in the QA file; TREC and BEIR runs need unique query ids")
     bar = tqdm(total=len(qa), desc="search", unit="q", disable=not show_progress, mininterval=1.0)
 
-    def chunks():
+    def records():
         for start in range(0, len(qa), chunk_size):
             part = qa[start : start + chunk_size]
             questions = [q["question"] for q in part]
-            if fmt == "trec":
-                yield part, retriever.ranked_ids(questions, k)
+            if fmt in _NEEDS_TEXT:
+                results = dpr_results(questions, [q.get("answers") or [] for q in part],
+                                      retriever.retrieve(questions, k), match=match, qids=[q["qid"] for q in part])
+            elif fmt in _NEEDS_ANSWERS:
+                results = _ranked_with_hits(retriever, part, k, match)
             else:
-                yield part, retriever.retrieve(questions, k)
+                results = [{"qid": q["qid"], "question": q["question"], "answers": q.get("answers") or [],
+                            "ctxs": [{"id": pid, "score": s} for pid, s in ranking]}
+                           for q, ranking in zip(part, retriever.ranked_ids(questions, k))]
+            yield from results
             bar.update(len(part))
 
     try:
-        if fmt == "trec":
-            run = {}
-            for part, ranked in chunks():
-                run.update(trec_run([q["qid"] for q in part], ranked))
-            if len(run) != len(qa):
-                raise ValueError("query ids repeat in the QA file; TREC runs need unique query ids")
-            write_trec(path, run, tag=tag)
-            return len(qa)
-
-        def records():
-            for part, retrieved in chunks():
-                yield from dpr_results([q["question"] for q in part], [q.get("answers") or [] for q in part],
-                                       retrieved, match=match, qids=[q["qid"] for q in part])
-
-        return write_dpr_results(path, records())
+        return write_run(path, records(), fmt, tag=tag)
     finally:
         bar.close()
+
+
+def _ranked_with_hits(retriever, part: Sequence[dict], k: int, match: str) -> list[dict]:
+    """Results with ids, scores and ``has_answer`` but no texts: rows from the search, ids and texts read once."""
+    from fastdpr.eval.retrieval import ranking_hits
+    from fastdpr.retrieve.base import ranked_from_rows
+
+    answers = [q.get("answers") or [] for q in part]
+    scores, rows = retriever.search([q["question"] for q in part], k)
+    flags = ranking_hits(rows, answers, retriever.corpus, mode=match)
+    return [{"qid": q["qid"], "question": q["question"], "answers": a,
+             "ctxs": [{"id": pid, "score": s, "has_answer": h} for (pid, s), h in zip(ranking, f)]}
+            for q, a, ranking, f in zip(part, answers, ranked_from_rows(retriever.corpus, scores, rows), flags)]

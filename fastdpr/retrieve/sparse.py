@@ -3,11 +3,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
+from fastdpr.errors import InputError
 from fastdpr.retrieve.base import Ranked, Retriever, check_k, check_questions
+
+_ALIGNMENT_SAMPLE = 64
 
 
 class SparseRetriever(Retriever):
-    """BM25 top-k mapped to passages through the corpus.
+    """BM25 top-k, as corpus rows (``search``) or passages through the corpus (``retrieve``).
 
     Example: ``SparseRetriever(BM25.load("bm25/"), Corpus.open("psgs.tsv")).retrieve(["who wrote hamlet"], 100)``
     """
@@ -17,11 +22,48 @@ class SparseRetriever(Retriever):
         self.corpus = corpus
         self.n_threads = n_threads
         self.show_progress = show_progress
+        self._row_map: np.ndarray | None = None  # BM25 row -> corpus row, only when the two orders differ
+        self._aligned = False
 
-    def ranked_ids(self, questions: Sequence[str], k: int) -> list[Ranked]:
+    def _bm25_search(self, questions: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         questions = check_questions(questions)
         k = check_k(k)
         if not questions:
-            return []
-        scores, ids = self.bm25.search(questions, k, n_threads=self.n_threads, show_progress=self.show_progress)
-        return [[(str(p), float(s)) for s, p in zip(srow, prow)] for srow, prow in zip(scores, ids)]
+            return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
+        return self.bm25.search_rows(questions, k, n_threads=self.n_threads, show_progress=self.show_progress)
+
+    def _corpus_rows(self, bm25_rows: np.ndarray) -> np.ndarray:
+        if not self._aligned:
+            self._row_map = _row_map(self.bm25, self.corpus)
+            self._aligned = True
+        return bm25_rows if self._row_map is None else self._row_map[bm25_rows]
+
+    def search(self, questions: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores, rows = self._bm25_search(questions, k)
+        return scores, self._corpus_rows(rows)
+
+    def ranked_ids(self, questions: Sequence[str], k: int) -> list[Ranked]:
+        # the BM25 index holds its own ids: no corpus lookup needed (a TREC run may be written without a corpus)
+        scores, rows = self._bm25_search(questions, k)
+        ids = self.bm25.ids[rows].tolist()
+        return [[(str(p), float(s)) for s, p in zip(srow, prow)] for srow, prow in zip(scores.tolist(), ids)]
+
+
+def _row_map(bm25, corpus) -> np.ndarray | None:
+    """None when BM25 rows are corpus rows (the index was built from this corpus, the usual case), else the corpus
+    row of every BM25 row. A sample of rows decides: a BM25 index built from the same file agrees everywhere."""
+    if not hasattr(corpus, "ids_at"):
+        return None  # a stand-in without ids: rows are taken as they are
+    n = len(bm25)
+    if n == len(corpus):
+        sample = np.unique(np.linspace(0, n - 1, min(n, _ALIGNMENT_SAMPLE)).astype(np.int64))
+        if corpus.ids_at(sample) == [str(x) for x in bm25.ids[sample].tolist()]:
+            return None
+    rows = np.empty(n, dtype=np.int64)
+    for i, pid in enumerate(bm25.ids.tolist()):
+        try:
+            rows[i] = corpus.row_of(str(pid))
+        except KeyError:
+            raise InputError(f"BM25 passage {pid!r} is not in the corpus: the index was built from another "
+                             "passage file") from None
+    return rows
