@@ -122,12 +122,12 @@ def main(argv=None):
     ours = BM25.from_corpus(passages, show_progress=False)
     build_s = time.perf_counter() - start
     start = time.perf_counter()
-    ours.search(queries[:8], k=args.k, n_threads=1)
-    ours.search(queries[:8], k=args.k, n_threads=all_threads)
+    ours.search(queries[:8], k=args.k, threads=1)
+    ours.search(queries[:8], k=args.k, threads=all_threads)
     warmup_s = time.perf_counter() - start
     fd = {"index_s": build_s, "first_search_compile_s": warmup_s}
     for label, threads in (("1_thread", 1), ("all_threads", all_threads)):
-        med, times, out = timed(lambda t=threads: ours.search(queries, k=args.k, n_threads=t), args.repeats)
+        med, times, out = timed(lambda t=threads: ours.search(queries, k=args.k, threads=t), args.repeats)
         fd[f"qps_{label}"] = len(queries) / med
         fd[f"times_{label}_s"] = times
     our_ids = out[1]

@@ -55,7 +55,7 @@ def test_matches_bm25s_used_directly(squad, bm25):
     ref_rows, ref_scores = reference.retrieve(query_tokens, k=10, show_progress=False, n_threads=1)
     ref_ids = np.array([p["id"] for p in passages])[ref_rows]
 
-    scores, ids = bm25.search(queries, k=10, n_threads=1)
+    scores, ids = bm25.search(queries, k=10, threads=1)
     assert scores.dtype == np.float32 and scores.shape == (len(queries), 10) and ids.shape == (len(queries), 10)
     np.testing.assert_allclose(scores, ref_scores, rtol=1e-6, atol=1e-6)
     _ids_agree(ids, ref_ids, scores)
@@ -78,7 +78,7 @@ def test_scores_follow_lucene_bm25_formula():
         return idf * tf / (tf + k1 * (1 - b + b * dl / avgdl))
 
     expected = {"a": term(2, 1, 3) + term(1, 2, 3), "b": term(1, 2, 2) + term(1, 2, 2), "c": term(3, 2, 4)}
-    scores, ids = index.search(["apple banana cherry"], k=3, n_threads=1)
+    scores, ids = index.search(["apple banana cherry"], k=3, threads=1)
     got = dict(zip(ids[0], scores[0]))
     for pid, value in expected.items():
         assert got[pid] == pytest.approx(value, rel=1e-5)
@@ -86,21 +86,21 @@ def test_scores_follow_lucene_bm25_formula():
 
 def test_all_threads_equal_one_thread(squad, bm25):
     queries = [q["question"] for q in squad[1]]
-    s1, i1 = bm25.search(queries, k=20, n_threads=1)
-    s2, i2 = bm25.search(queries, k=20, n_threads=None, batch_size=37)  # odd batches across the boundary
+    s1, i1 = bm25.search(queries, k=20, threads=1)
+    s2, i2 = bm25.search(queries, k=20, threads=None, batch_size=37)  # odd batches across the boundary
     np.testing.assert_array_equal(s1, s2)
     _ids_agree(i1, i2, s1)
 
 
 def test_save_load_round_trip(tmp_path, squad, bm25):
     queries = [q["question"] for q in squad[1]][:50]
-    before = bm25.search(queries, k=15, n_threads=1)
+    before = bm25.search(queries, k=15, threads=1)
     bm25.save(tmp_path / "idx")
     for mmap in (False, True):
         loaded = BM25.load(tmp_path / "idx", mmap=mmap)
         assert len(loaded) == len(bm25)
         assert loaded.params == bm25.params
-        after = loaded.search(queries, k=15, n_threads=1)
+        after = loaded.search(queries, k=15, threads=1)
         np.testing.assert_array_equal(before[0], after[0])
         np.testing.assert_array_equal(before[1], after[1])
     # saving again over an existing index replaces it, leaving no temporary directories behind
@@ -143,16 +143,16 @@ def test_analysis_stems_drops_stopwords_and_possessives():
             {"id": "obama", "title": "Barack Obama", "text": "Obama's presidency began in 2009."},
             {"id": "stop", "title": "", "text": "the of and"}]
     index = BM25.from_corpus(docs, show_progress=False)
-    _, ids = index.search(["running", "obama"], k=1, n_threads=1)
+    _, ids = index.search(["running", "obama"], k=1, threads=1)
     assert list(ids[:, 0]) == ["run", "obama"]
     # a query of stopwords or unknown words matches nothing (and the term-less passage is not a match for it)
-    scores, _ = index.search(["the", "zzzz qqqq", ""], k=3, n_threads=1)
+    scores, _ = index.search(["the", "zzzz qqqq", ""], k=3, threads=1)
     assert (scores == 0).all()
     assert re.compile(LUCENE_LIKE_SPLITTER).findall("obama's u.s.a 1,000 don't") == ["obama", "u.s.a", "1,000", "don't"]
 
 
 def test_k_is_capped_at_corpus_size_and_validated(bm25):
-    scores, ids = bm25.search(["anything"], k=10_000, n_threads=1)
+    scores, ids = bm25.search(["anything"], k=10_000, threads=1)
     assert scores.shape == (1, len(bm25)) and len(set(ids[0])) == len(bm25)
     with pytest.raises(ValueError):
         bm25.search(["x"], k=0)
@@ -162,7 +162,7 @@ def test_k_is_capped_at_corpus_size_and_validated(bm25):
 
 def test_title_is_indexed():
     docs = [{"id": "t", "title": "Zanzibar", "text": "An island."}, {"id": "u", "title": "Other", "text": "Land."}]
-    _, ids = BM25.from_corpus(docs, show_progress=False).search(["zanzibar"], k=1, n_threads=1)
+    _, ids = BM25.from_corpus(docs, show_progress=False).search(["zanzibar"], k=1, threads=1)
     assert ids[0, 0] == "t"
 
 
@@ -171,7 +171,17 @@ def test_numpy_backend_gives_the_same_results(squad, bm25):
     queries = [q["question"] for q in questions[:60]]
     plain = BM25.from_corpus(passages, backend="numpy", show_progress=False)
     assert plain.backend == "numpy" and bm25.backend == "numba"
-    s_np, i_np = plain.search(queries, k=10, n_threads=1)
-    s_nb, i_nb = bm25.search(queries, k=10, n_threads=1)
+    s_np, i_np = plain.search(queries, k=10, threads=1)
+    s_nb, i_nb = bm25.search(queries, k=10, threads=1)
     np.testing.assert_allclose(s_np, s_nb, rtol=1e-6, atol=1e-6)
     _ids_agree(i_np, i_nb, s_nb)
+
+
+def test_n_threads_is_the_deprecated_name_of_threads():
+    bm25 = BM25.from_corpus([{"id": "a", "title": "", "text": "apple pie"}, {"id": "b", "title": "", "text": "pear"}],
+                            show_progress=False)
+    with pytest.warns(DeprecationWarning, match="threads"):
+        _, ids = bm25.search(["apple"], k=1, n_threads=1)
+    assert ids[0, 0] == "a"
+    with pytest.raises(TypeError, match="not both"):
+        bm25.search(["apple"], k=1, threads=2, n_threads=1)

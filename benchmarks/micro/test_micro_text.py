@@ -39,7 +39,7 @@ def bm25_corpus(squad_passages):
             rng.shuffle(words)
             corpus.append({"id": f"{p['id']}-shuffled-{c}", "title": p["title"], "text": " ".join(words)})
     bm25 = BM25.from_corpus(corpus, show_progress=False)
-    bm25.search(["warm up numba"], k=10, n_threads=1)  # the first search pays numba's compilation
+    bm25.search(["warm up numba"], k=10, threads=1)  # the first search pays numba's compilation
     return bm25
 
 
@@ -47,7 +47,7 @@ def test_bm25_search(benchmark, bm25_corpus, squad_questions):
     benchmark.group = "bm25 search"
     questions = [q["question"] for q in squad_questions]
     benchmark.extra_info.update(passages=len(bm25_corpus), questions=len(questions))
-    scores, ids = benchmark(bm25_corpus.search, questions, k=100, n_threads=1)
+    scores, ids = benchmark(bm25_corpus.search, questions, k=100, threads=1)
     assert ids.shape == (len(questions), 100)
     # a question's own paragraph ranks first or ties with a shuffled copy of it (bag of words: the same score)
     top_paragraphs = [row[0].split("-shuffled-")[0] for row in ids]

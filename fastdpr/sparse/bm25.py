@@ -211,9 +211,10 @@ class BM25:
         queries: Sequence[str],
         k: int = 100,
         *,
-        n_threads: int | None = None,
+        threads: int | None = None,
         batch_size: int = 4096,
         show_progress: bool = False,
+        n_threads: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Like :meth:`search` but returns index rows (int64) instead of passage ids."""
         from tqdm.auto import tqdm
@@ -225,7 +226,7 @@ class BM25:
         if len(self) == 0:
             raise RuntimeError("this BM25 index is empty; build it with BM25.from_corpus or BM25.load")
         k = min(int(k), len(self))
-        n_threads = self._threads(n_threads)
+        workers = self._threads(_renamed_threads(threads, n_threads))
         n = len(queries)
         scores = np.empty((n, k), dtype=np.float32)
         rows = np.empty((n, k), dtype=np.int64)
@@ -234,7 +235,7 @@ class BM25:
             batch = queries[start : start + batch_size]
             token_ids = self.tokenize_queries(batch)
             docs, batch_scores = self.retriever.retrieve(
-                token_ids, k=k, show_progress=False, n_threads=n_threads, sorted=True
+                token_ids, k=k, show_progress=False, n_threads=workers, sorted=True
             )
             scores[start : start + len(batch)] = batch_scores
             rows[start : start + len(batch)] = docs
@@ -247,26 +248,27 @@ class BM25:
         queries: Sequence[str],
         k: int = 100,
         *,
-        n_threads: int | None = None,
+        threads: int | None = None,
         batch_size: int = 4096,
         show_progress: bool = False,
+        n_threads: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` passages of every query: ``(scores float32 (n, k), ids str (n, k))``, best first.
 
-        ``k`` is capped at the corpus size. ``n_threads``: None = all cores, 1 = this thread only. Passages
-        sharing no term with a query score 0 and fill the tail when fewer than ``k`` match.
+        ``k`` is capped at the corpus size. ``threads``: None or 0 = all cores, 1 = this thread only (the index
+        types' search and the CLI's ``--threads`` read it the same way; ``n_threads`` is its old, deprecated
+        name). Passages sharing no term with a query score 0 and fill the tail when fewer than ``k`` match.
 
         Example: ``scores, ids = bm25.search(["who wrote hamlet"], k=100)``"""
-        scores, rows = self.search_rows(
-            queries, k, n_threads=n_threads, batch_size=batch_size, show_progress=show_progress
-        )
+        scores, rows = self.search_rows(queries, k, threads=_renamed_threads(threads, n_threads),
+                                        batch_size=batch_size, show_progress=show_progress)
         return scores, self._ids[rows]
 
-    def _threads(self, n_threads: int | None) -> int:
+    def _threads(self, threads: int | None) -> int:
         most = _max_threads()
-        if n_threads is None or n_threads <= 0:
+        if threads is None or threads <= 0:
             return most
-        return min(int(n_threads), most)
+        return min(int(threads), most)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike) -> None:
@@ -314,6 +316,19 @@ class BM25:
         if len(bm25._ids) != manifest["num_docs"] or bm25.retriever.scores["num_docs"] != manifest["num_docs"]:
             raise InputError("BM25 index files disagree on the number of passages (a damaged index?)", path=str(path))
         return bm25
+
+
+def _renamed_threads(threads: int | None, n_threads: int | None) -> int | None:
+    """``threads``, or the value passed under its old name ``n_threads`` (with a DeprecationWarning)."""
+    if n_threads is None:
+        return threads
+    import warnings
+
+    warnings.warn("BM25.search(n_threads=...) is deprecated: the keyword is threads", DeprecationWarning,
+                  stacklevel=3)
+    if threads is not None and threads != n_threads:
+        raise TypeError(f"pass threads or n_threads, not both (got {threads} and {n_threads})")
+    return n_threads
 
 
 def _check_unique(ids: np.ndarray) -> None:
