@@ -142,7 +142,7 @@ def test_fallback_matches_reference_fp32(n_queries, n_hard, dim, masks, bidirect
     kwargs = dict(scale=1.9, bidirectional=bidirectional)
     if masks:
         kwargs.update(column_ids=ids, column_valid=valid)
-    assert_matches_reference(q, p, targets, kwargs, seed, backend="torch", chunk_size=5)
+    assert_matches_reference(q, p, targets, kwargs, seed, backend="torch", chunk_rows=5)
 
 
 def test_fallback_half_inputs_accumulate_in_fp32_and_return_grads_in_input_dtype():
@@ -168,19 +168,19 @@ def test_fallback_gradcheck_float64(bidirectional):
 
     def loss(q_, p_):
         return inbatch_nll(q_, p_, targets, scale=1.3, column_ids=ids, column_valid=valid,
-                           bidirectional=bidirectional, reduction="none", backend="torch", chunk_size=2)
+                           bidirectional=bidirectional, reduction="none", backend="torch", chunk_rows=2)
 
     assert torch.autograd.gradcheck(loss, (q, p), eps=1e-6, atol=1e-8, rtol=1e-6)
 
 
-def test_fallback_chunk_size_does_not_change_the_result():
+def test_fallback_chunk_rows_do_not_change_the_result():
     seed = fresh_seed()
     q, p, targets, ids, valid = make_batch(17, 2, 23, seed, dtype=torch.float64, n_pad=4, duplicates=True)
     weights = torch.rand(17, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     results = []
     for chunk in (1, 3, 8, 17, 1000):
         results.append(loss_and_grads(q, p, targets, weights, column_ids=ids, column_valid=valid, scale=2.5,
-                                      bidirectional=True, backend="torch", chunk_size=chunk))
+                                      bidirectional=True, backend="torch", chunk_rows=chunk))
     for other in results[1:]:
         for a, b in zip(results[0], other):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13, msg=f"seed {seed}")
@@ -216,7 +216,7 @@ def test_fallback_property(n_queries, n_hard, dim, n_pad, duplicates, bidirectio
     kwargs = dict(scale=scale, column_ids=ids if duplicates else None, column_valid=valid,
                   bidirectional=bidirectional)
     assert_matches_reference(q, p, targets, kwargs, seed, rtol=1e-10, atol=1e-10, backend="torch",
-                             chunk_size=chunk)
+                             chunk_rows=chunk)
 
 
 def test_module_wraps_the_function():
@@ -307,3 +307,15 @@ def test_import_and_loss_work_without_triton():
     assert out.returncode == 0, out.stderr
     assert "missing: backend='triton': triton is not installed" in out.stdout
 
+
+def test_chunk_size_is_the_deprecated_name_of_chunk_rows():
+    q, p = torch.randn(6, 8, dtype=torch.float64), torch.randn(12, 8, dtype=torch.float64)
+    targets = torch.arange(6) * 2
+    want = inbatch_nll(q, p, targets, backend="torch", chunk_rows=4)
+    with pytest.warns(DeprecationWarning, match="chunk_rows"):
+        got = inbatch_nll(q, p, targets, backend="torch", chunk_size=4)
+    assert torch.equal(got, want)
+    with pytest.warns(DeprecationWarning):
+        assert InBatchNLLLoss(chunk_size=3).chunk_rows == 3
+    with pytest.raises(TypeError, match="not both"):
+        inbatch_nll(q, p, targets, backend="torch", chunk_rows=2, chunk_size=4)

@@ -90,7 +90,7 @@ def chunked_lse(q, p, targets, row_ids, column_ids, column_valid, scale: float, 
     if chunk is None:
         chunk = default_chunk_rows(p.shape[0])
     if chunk < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk}")
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk}")
     return ChunkedLogSumExp.apply(q, p, targets, row_ids, column_ids, column_valid, float(scale), int(chunk))
 
 

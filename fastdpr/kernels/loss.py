@@ -188,7 +188,21 @@ def _check_inputs(q, p, targets, scale, column_ids, column_valid):
 # The loss
 # ---------------------------------------------------------------------------------------------------------------
 
-def _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, chunk_size):
+def _renamed_chunk_rows(chunk_rows: int | None, chunk_size: int | None) -> int | None:
+    """``chunk_rows``, or the value passed under its old name ``chunk_size`` (with a DeprecationWarning): "chunk
+    size" also names GradCache's sub-batch, which is another thing."""
+    if chunk_size is None:
+        return chunk_rows
+    import warnings
+
+    warnings.warn("inbatch_nll(chunk_size=...) is deprecated: the keyword is chunk_rows", DeprecationWarning,
+                  stacklevel=3)
+    if chunk_rows is not None and chunk_rows != chunk_size:
+        raise TypeError(f"pass chunk_rows or chunk_size, not both (got {chunk_rows} and {chunk_size})")
+    return chunk_size
+
+
+def _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, chunk_rows):
     if impl == "triton":
         # The kernels compare ids per (row, column) pair of every tile; 32-bit values there halve the registers
         # those masks take (64-bit ones made the compiled kernels spill).  Ranks of the ids keep equality exactly.
@@ -199,13 +213,14 @@ def _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, c
             row_ranks = col_ranks[targets]
         return TritonLogSumExp.apply(q.contiguous(), p.contiguous(), targets.to(torch.int32), row_ranks,
                                      col_ranks, valid_u8, scale, tiles)
-    return chunked_lse(q, p, targets, row_ids, column_ids, column_valid, scale, chunk_size)
+    return chunked_lse(q, p, targets, row_ids, column_ids, column_valid, scale, chunk_rows)
 
 
 def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: float = 1.0,
                 column_ids: torch.Tensor | None = None, column_valid: torch.Tensor | None = None,
                 bidirectional: bool = False, reduction: str = "mean", backend: str = "auto", *,
-                tiles: dict | None = None, chunk_size: int | None = None) -> torch.Tensor:
+                tiles: dict | None = None, chunk_rows: int | None = None,
+                chunk_size: int | None = None) -> torch.Tensor:
     """In-batch softmax cross-entropy of queries against all passages of the batch, without the B×N matrix.
 
     With ``S = scale·Q Pᵀ`` and excluded columns set to −inf, the loss of query row i is
@@ -233,7 +248,8 @@ def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: 
             PyTorch fallback otherwise, and always for float64), or force "triton", "torch", "reference".
         tiles: Triton tile sizes ``{"BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DO"}`` (powers of two ≥ 16, optional
             ``num_warps``/``num_stages``); None autotunes on a GPU and uses fixed tiles in the interpreter.
-        chunk_size: query rows per chunk in the PyTorch fallback (None: about 4M scores per chunk).
+        chunk_rows: query rows per chunk in the PyTorch fallback (None: about 4M scores per chunk).
+            ``chunk_size`` is its old, deprecated name.
 
     Returns:
         The reduced loss (a scalar, or (B,) for "none") in float32 — float64 for float64 inputs and for the
@@ -252,6 +268,7 @@ def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: 
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     targets, scale, column_ids, column_valid = _check_inputs(q, p, targets, scale, column_ids, column_valid)
+    chunk_rows = _renamed_chunk_rows(chunk_rows, chunk_size)
     impl = resolve_backend(backend, q)
     if impl == "reference":
         return inbatch_nll_reference(q, p, targets, scale, column_ids, column_valid, bidirectional, reduction)
@@ -260,12 +277,12 @@ def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: 
     positives = p.index_select(0, targets)
     pos_logit = scale * (q.to(acc) * positives.to(acc)).sum(dim=1)
     row_ids = None if column_ids is None else column_ids[targets]
-    lse = _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, chunk_size)
+    lse = _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, chunk_rows)
     if bidirectional:
         # the reverse direction is the same log-sum-exp with the roles swapped: rows = positive passages,
         # columns = queries, row i's positive is column i, and the column ids are the ids of each query's positive
         rows = torch.arange(q.shape[0], device=q.device)
-        lse_rev = _lse(impl, positives, q, rows, row_ids, row_ids, None, scale, tiles, chunk_size)
+        lse_rev = _lse(impl, positives, q, rows, row_ids, row_ids, None, scale, tiles, chunk_rows)
         losses = 0.5 * (lse.to(acc) + lse_rev.to(acc)) - pos_logit
     else:
         losses = lse.to(acc) - pos_logit
@@ -287,7 +304,8 @@ class InBatchNLLLoss(torch.nn.Module):
     """
 
     def __init__(self, scale: float = 1.0, bidirectional: bool = False, reduction: str = "mean",
-                 backend: str = "auto", tiles: dict | None = None, chunk_size: int | None = None):
+                 backend: str = "auto", tiles: dict | None = None, chunk_rows: int | None = None,
+                 chunk_size: int | None = None):
         super().__init__()
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
@@ -298,12 +316,12 @@ class InBatchNLLLoss(torch.nn.Module):
         self.reduction = reduction
         self.backend = backend
         self.tiles = tiles
-        self.chunk_size = chunk_size
+        self.chunk_rows = _renamed_chunk_rows(chunk_rows, chunk_size)
 
     def forward(self, q, p, targets, column_ids=None, column_valid=None):
         return inbatch_nll(q, p, targets, scale=self.scale, column_ids=column_ids, column_valid=column_valid,
                            bidirectional=self.bidirectional, reduction=self.reduction, backend=self.backend,
-                           tiles=self.tiles, chunk_size=self.chunk_size)
+                           tiles=self.tiles, chunk_rows=self.chunk_rows)
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}, bidirectional={self.bidirectional}, reduction={self.reduction!r}, " \
