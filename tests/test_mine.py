@@ -54,7 +54,7 @@ def test_positive_is_the_best_ranked_answer_passage_and_negatives_follow_bm25_or
     sample = _without_gold(questions[:40])
     records = {r["qid"]: r for r in mine_hard_negatives(sample, bm25, corpus, n_hard=3, depth=50, n_threads=1,
                                                          show_progress=False)}
-    scores, ids = bm25.search([q["question"] for q in sample], k=50, n_threads=1)
+    scores, ids = bm25.search([q["question"] for q in sample], k=50, threads=1)
     for q, srow, irow in zip(sample, scores, ids):
         ranked = [(str(pid), s) for pid, s in zip(irow, srow) if s > 0]
         answer_flags = [has_answer(corpus.get(pid)["text"], q["answers"]) for pid, _ in ranked]
@@ -134,3 +134,62 @@ def test_bad_arguments(setup):
         mine_hard_negatives([], bm25, corpus, depth=0)
     with pytest.raises(ValueError):
         mine_hard_negatives([], bm25, corpus, match="fuzzy")
+
+
+def test_gold_document_ids_survive_split_then_mine(tmp_path, capsys):
+    """QA files name documents; `fastdpr split` renames passages <doc>#k. Mining maps the gold documents to their
+    passages that contain an answer through the split's document map, and says loudly when it cannot."""
+    from fastdpr.cli import main
+    from fastdpr.data import iter_documents, read_training
+
+    docs = list(iter_documents(DATA / "squad_dev_sample.jsonl"))
+    questions = []
+    for q in (json.loads(x) for x in open(DATA / "squad_dev_sample.qa.jsonl", encoding="utf-8")):
+        owners = [d["id"] for d in docs if has_answer(d["text"], q["answers"])]
+        if len(owners) == 1:
+            questions.append({**q, "gold_ids": owners})
+    assert len(questions) >= 10
+    with open(tmp_path / "qa.jsonl", "w", encoding="utf-8") as fh:
+        for q in questions:
+            fh.write(json.dumps(q) + "\n")
+    passages = tmp_path / "passages.tsv"
+    assert main(["split", str(DATA / "squad_dev_sample.jsonl"), "-o", str(passages), "--words", "60"]) == 0
+    assert main(["bm25", "build", str(passages), "-o", str(tmp_path / "bm25")]) == 0
+    corpus = Corpus.open(passages)
+    capsys.readouterr()
+
+    mine = ["mine", str(tmp_path / "qa.jsonl"), "--corpus", str(passages), "--bm25", str(tmp_path / "bm25"),
+            "--n-hard", "2", "--threads", "1"]
+    assert main(mine + ["-o", str(tmp_path / "train.json")]) == 0
+    assert "WARNING" not in capsys.readouterr().err
+    records = list(read_training(tmp_path / "train.json"))
+    by_question = {" ".join(r["question"].split()): r for r in records}
+    mapped = 0
+    for q in questions:
+        doc_passages = [p for p in corpus if p["id"].startswith(q["gold_ids"][0] + "#")]
+        expected = [p["id"] for p in doc_passages if has_answer(p["text"], q["answers"])]
+        if not expected:
+            continue  # the answer was cut by a block boundary: a BM25 positive, counted
+        mapped += 1
+        rec = by_question[" ".join(q["question"].split())]
+        assert [c["passage_id"] for c in rec["positive_ctxs"]] == expected
+        assert not set(expected) & {c["passage_id"] for c in rec["hard_negative_ctxs"]}
+    assert mapped >= 8
+
+    # without the map the gold ids match nothing: counted, and said on stderr, not silently replaced
+    (tmp_path / "passages.tsv.docmap.tsv").rename(tmp_path / "elsewhere.tsv")
+    assert main(mine + ["-o", str(tmp_path / "train2.json")]) == 0
+    err = capsys.readouterr().err
+    assert f"WARNING: {len(questions)} gold ids are not passages" in err and "--docmap" in err
+    assert main(mine + ["-o", str(tmp_path / "train3.json"), "--docmap", str(tmp_path / "elsewhere.tsv")]) == 0
+    assert "WARNING" not in capsys.readouterr().err
+    assert list(read_training(tmp_path / "train3.json")) == records
+
+
+def test_unknown_gold_ids_warn_in_the_library(setup):
+    from fastdpr.sparse.mining import GoldIdsNotFound
+
+    corpus, bm25, questions = setup
+    q = dict(questions[0], gold_passage_id="no-such-passage")
+    with pytest.warns(GoldIdsNotFound, match="1 gold ids"):
+        list(mine_hard_negatives([q], bm25, corpus, n_hard=1, n_threads=1, show_progress=False))

@@ -105,3 +105,55 @@ def test_split_cli_round_trip(tmp_path, data_dir, capsys):
     assert main(["split", str(tmp_path / "missing.jsonl"), "-o", str(out)]) == 2
     assert "no such file" in capsys.readouterr().err
     assert main(["split", str(data_dir / "squad_dev_sample.jsonl"), "-o", str(out), "--stride", "200"]) == 2
+
+
+# ---- the document map: gold document ids survive the split ------------------------------------------------------
+
+
+def test_document_map_of_split_documents_and_files(tmp_path, data_dir):
+    from fastdpr.data.split import docmap_path, read_docmap, split_files
+
+    docs = list(iter_documents(data_dir / "squad_dev_sample.jsonl"))
+    doc_map = {}
+    passages = list(split_documents(docs, words=60, doc_map=doc_map))
+    assert list(doc_map) == [d["id"] for d in docs]
+    assert [pid for d in docs for pid in doc_map[d["id"]]] == [p["id"] for p in passages]
+
+    out = tmp_path / "passages.tsv"
+    assert split_files(data_dir / "squad_dev_sample.jsonl", out, words=60) == len(passages)
+    assert docmap_path(out) == tmp_path / "passages.tsv.docmap.tsv"
+    assert read_docmap(docmap_path(out)) == doc_map
+    assert read_docmap(docmap_path(out), only={"Normans", "nope"}) == {"Normans": doc_map["Normans"]}
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary left behind
+
+    # numbered passages: a document id that repeats (ids from line numbers, two files) keeps all its passages
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text('{"text": "w1 w2 w3"}\n', encoding="utf-8")
+    b.write_text('{"text": "w4 w5"}\n', encoding="utf-8")
+    split_files([a, b], tmp_path / "n.jsonl", words=2, numeric_ids=True)
+    assert read_docmap(docmap_path(tmp_path / "n.jsonl")) == {"1": ["1", "2", "3"]}
+    merged = {}
+    list(split_documents([{"id": "1", "text": "w1 w2 w3"}, {"id": "1", "text": "w4"}], words=2, numeric_ids=True,
+                         doc_map=merged))
+    assert merged == {"1": ["1", "2", "3"]}
+
+    bad = tmp_path / "bad.docmap.tsv"
+    bad.write_text("something else\n", encoding="utf-8")
+    with pytest.raises(InputError, match="not a document map"):
+        read_docmap(bad)
+
+
+def test_gold_passages_are_the_documents_passages_with_an_answer():
+    from fastdpr.data.split import gold_passages
+
+    doc_map = {"d1": ["d1#0", "d1#1", "d1#2"], "d2": ["d2#0"]}
+    passages = {"d1#0": {"text": "Denver won the game"}, "d1#1": {"text": "the Broncos of Denver"},
+                "d1#2": {"text": "a halftime show"}, "d2#0": {"text": "nothing here"}}
+    assert gold_passages(["d1"], ["Denver"], doc_map, passages) == ["d1#0", "d1#1"]
+    assert gold_passages(["d1"], ["Broncos of"], doc_map, passages) == ["d1#1"]
+    # the title never counts, only the text (DPR's rule); regex answers too
+    assert gold_passages(["d2"], ["Denver"], doc_map, passages) == []
+    assert gold_passages(["d1"], [r"half\w+"], doc_map, passages, mode="regex") == ["d1#2"]
+    # ids that are not documents pass through (they may name passages); no answers: the whole document
+    assert gold_passages(["p9", "d1", "d1#1"], "Denver", doc_map, passages) == ["p9", "d1#0", "d1#1"]
+    assert gold_passages(["d1"], [], doc_map, passages) == ["d1#0", "d1#1", "d1#2"]

@@ -4,7 +4,10 @@
     fastdpr mine nq-train.json   --corpus psgs.tsv --bm25 bm25/ -o nq-train.tevatron.jsonl --format tevatron
 
 A DPR biencoder JSON / Tevatron JSONL input keeps its positives (gold passages); a plain QA file gets the
-highest-ranked BM25 passage containing an answer as its positive.
+highest-ranked BM25 passage containing an answer as its positive. Gold ids in a QA file (``gold_ids``,
+``gold_passage_ids``) may name documents: when the corpus was made by ``fastdpr split``, its document map
+(``<corpus>.docmap.tsv``, found by itself, or ``--docmap``) turns each into the document's passages that contain
+an answer. Gold ids that match nothing are counted and warned about.
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answer matching: DPR tokens (default) or regex answers (CuratedTREC)")
     parser.add_argument("--threads", type=int, default=0, help="BM25 search threads (default 0 = all cores)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random negatives")
+    parser.add_argument("--docmap", help="document map of the corpus from `fastdpr split` (default: "
+                                         "<corpus>.docmap.tsv when it exists), to map gold document ids to passages")
 
 
 def _is_training_file(path: str) -> bool:
@@ -47,11 +52,14 @@ def _is_training_file(path: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
     import time
+    import warnings
 
     from fastdpr.data import Corpus, iter_qa, read_training, write_dpr_biencoder, write_tevatron
     from fastdpr.errors import InputError
     from fastdpr.sparse import BM25, mine_hard_negatives
+    from fastdpr.sparse.mining import GoldIdsNotFound
 
     for name in ("n_hard", "n_random"):
         if getattr(args, name) < 0:
@@ -63,13 +71,44 @@ def run(args: argparse.Namespace) -> int:
     if len(corpus) != len(bm25):
         raise InputError(f"the corpus has {len(corpus)} passages but the BM25 index {len(bm25)}: built from "
                          "another file?", path=args.bm25)
-    records = read_training(args.qa) if _is_training_file(args.qa) else iter_qa(args.qa)
+    training = _is_training_file(args.qa)
+
+    def records():
+        return read_training(args.qa) if training else iter_qa(args.qa)
+
+    doc_map, docmap_file = _doc_map(args, records)
     start = time.perf_counter()
-    mined = mine_hard_negatives(records, bm25, corpus, n_hard=args.n_hard, n_random=args.n_random,
+    mined = mine_hard_negatives(records(), bm25, corpus, n_hard=args.n_hard, n_random=args.n_random,
                                 depth=args.depth, match=args.match, n_threads=args.threads or None,
-                                seed=args.seed, show_progress=True)
+                                seed=args.seed, show_progress=True, doc_map=doc_map)
     write = write_tevatron if args.format == "tevatron" else write_dpr_biencoder
-    write(args.output, mined)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GoldIdsNotFound)  # said below, louder, with what to do about it
+        write(args.output, mined)
     print(f"mined in {time.perf_counter() - start:.1f}s -> {args.output}")
     print(mined.stats)
+    stats = mined.stats
+    if stats.gold_not_in_corpus:
+        hint = (f"the document map {docmap_file} names none of them either" if docmap_file else
+                "no document map was found: if the corpus was made by `fastdpr split`, pass --docmap "
+                f"{args.corpus}.docmap.tsv")
+        print(f"WARNING: {stats.gold_not_in_corpus} gold ids are not passages of {args.corpus} ({hint}); those "
+              "questions got BM25 positives instead of their gold passages", file=sys.stderr)
     return 0
+
+
+def _doc_map(args, records) -> tuple[dict | None, str | None]:
+    """The document map restricted to the documents the QA file names (a corpus-sized map is not loaded)."""
+    import os
+
+    from fastdpr.data.split import docmap_path, read_docmap
+    from fastdpr.errors import InputError
+    from fastdpr.sparse.mining import gold_ids
+
+    path = args.docmap or (str(docmap_path(args.corpus)) if os.path.exists(docmap_path(args.corpus)) else None)
+    if path is None:
+        return None, None
+    if not os.path.exists(path):
+        raise InputError("no such document map", path)
+    wanted = {g for rec in records() for g in gold_ids(rec)}
+    return (read_docmap(path, only=wanted) if wanted else {}), path

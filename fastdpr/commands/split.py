@@ -2,6 +2,9 @@
 
     fastdpr split wiki.jsonl -o passages.tsv
     fastdpr split docs/ -o passages.jsonl --words 100 --stride 50 --numeric-ids
+
+Beside the passages goes their document map, ``<output>.docmap.tsv`` (document id, then its passage ids), which
+``fastdpr mine`` uses to turn the gold document ids of QA files into passages.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from fastdpr.data._io import ReadStats
-    from fastdpr.data.split import split_files
+    from fastdpr.data.split import docmap_path, split_files
     from fastdpr.errors import InputError
 
     if args.words < 1:
@@ -37,5 +40,6 @@ def run(args: argparse.Namespace) -> int:
     n = split_files(args.inputs, args.output, words=args.words, stride=args.stride, numeric_ids=args.numeric_ids,
                     fmt=args.format, skip_bad=args.skip_bad, stats=stats)
     skipped = f", skipped {stats.bad} bad document(s)" if stats.bad else ""
-    print(f"wrote {n} passages from {stats.rows} documents to {args.output}{skipped}", file=sys.stderr)
+    print(f"wrote {n} passages from {stats.rows} documents to {args.output}{skipped}; document map: "
+          f"{docmap_path(args.output)}", file=sys.stderr)
     return 0

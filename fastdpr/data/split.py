@@ -5,6 +5,11 @@ whitespace-separated words (default 100; the last block may be shorter), the tit
 Passage ids are stable: ``<document id>#<block number>`` (0-based), or sequential integers from 1 (as in
 psgs_w100.tsv) with ``numeric_ids=True``.
 
+Question files name the *documents* their questions were written about, not the passages: :func:`split_files`
+therefore writes a document map beside the passages (``<passages>.docmap.tsv``: a header line, then one line per
+document, ``doc_id<TAB>passage_id<TAB>passage_id...``), and :func:`gold_passages` turns a question's gold
+document ids into that document's passages that contain an answer (DPR's rule for positives).
+
 Example::
 
     >>> docs = [{"id": "d1", "title": "Aaron", "text": " ".join(f"w{i}" for i in range(250))}]
@@ -13,12 +18,20 @@ Example::
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Collection, Iterable, Iterator, Mapping, MutableMapping, Sequence
 
-from fastdpr.data._io import BadRows, ReadStats, detect_by_extension, first_char, numbered_lines, open_binary
+from fastdpr.data._io import (
+    BadRows,
+    ReadStats,
+    detect_by_extension,
+    first_char,
+    numbered_lines,
+    open_binary,
+    open_output,
+)
+from fastdpr.data._jsonstream import parse_json_object
 from fastdpr.data.passages import write_passages
 from fastdpr.errors import InputError
 
@@ -54,9 +67,18 @@ def split_documents(
     stride: int | None = None,
     numeric_ids: bool = False,
     first_id: int = 1,
+    doc_map: MutableMapping[str, list[str]] | None = None,
 ) -> Iterator[dict]:
     """Passages ``{"id", "title", "text"}`` of each document ``{"id", "title", "text"}``, in order.
-    Two documents with the same id raise :class:`InputError` (their passage ids would collide)."""
+    Two documents with the same id raise :class:`InputError` (their passage ids would collide) unless passages
+    are numbered. ``doc_map``, when given, receives ``doc_map[doc id] = [passage ids]`` for each document once
+    its passages have been yielded (a repeated id, with numbered passages, gets the passages of all its copies).
+
+    >>> docs = [{"id": "d1", "title": "", "text": "a b c"}]
+    >>> doc_map = {}
+    >>> [p["id"] for p in split_documents(docs, words=2, doc_map=doc_map)], doc_map
+    (['d1#0', 'd1#1'], {'d1': ['d1#0', 'd1#1']})
+    """
     seen: set[str] = set()
     next_id = first_id
     for doc in documents:
@@ -67,13 +89,95 @@ def split_documents(
                                  "(use numeric ids to number passages instead)")
             seen.add(doc_id)
         title = " ".join((doc.get("title") or "").split())
+        pids = []
         for k, block in enumerate(split_text(doc["text"], words, stride)):
             if numeric_ids:
                 pid = str(next_id)
                 next_id += 1
             else:
                 pid = f"{doc_id}#{k}"
+            pids.append(pid)
             yield {"id": pid, "title": title, "text": block}
+        if doc_map is not None:
+            doc_map[doc_id] = (list(doc_map[doc_id]) if doc_id in doc_map else []) + pids
+
+
+DOCMAP_SUFFIX = ".docmap.tsv"
+_DOCMAP_HEADER = "doc_id\tpassage_ids"
+
+
+def docmap_path(passages_path: str | os.PathLike) -> Path:
+    """Where :func:`split_files` puts the document map of a passage file: ``<passages>.docmap.tsv``."""
+    return Path(str(passages_path) + DOCMAP_SUFFIX)
+
+
+class _DocMapWriter:
+    """``doc_map[doc_id] = pids`` written out as lines (the map of a large corpus is not held in memory). It
+    remembers nothing, so a repeated document gets a second line; :func:`read_docmap` joins them."""
+
+    def __init__(self, fh):
+        self._fh = fh
+        fh.write(_DOCMAP_HEADER + "\n")
+
+    def __contains__(self, doc_id: str) -> bool:
+        return False
+
+    def __setitem__(self, doc_id: str, pids: list[str]) -> None:
+        for x in (doc_id, *pids):
+            if "\t" in x or "\n" in x:
+                raise InputError(f"id {x!r} holds a tab or a line break: it cannot go into the document map")
+        self._fh.write("\t".join((doc_id, *pids)) + "\n")
+
+
+def read_docmap(path: str | os.PathLike, only: Collection[str] | None = None) -> dict[str, list[str]]:
+    """A document map written by :func:`split_files`: ``{doc id: [passage ids]}``; with ``only``, just those
+    documents (a corpus-sized map need not be held to look up a training set's gold documents)."""
+    path = str(path)
+    out: dict[str, list[str]] = {}
+    with open_binary(path) as fh:
+        for lineno, raw in enumerate(fh, 1):
+            line = raw.decode("utf-8", errors="strict").rstrip("\r\n")
+            if lineno == 1:
+                if line != _DOCMAP_HEADER:
+                    raise InputError(f"not a document map (expected the header {_DOCMAP_HEADER!r})", path, 1)
+                continue
+            if not line:
+                continue
+            doc_id, *pids = line.split("\t")
+            if not pids:
+                raise InputError(f"document {doc_id!r} has no passages", path, lineno)
+            if only is None or doc_id in only:
+                out.setdefault(doc_id, []).extend(pids)
+    return out
+
+
+def gold_passages(gold_ids: Iterable[str], answers: Sequence[str], doc_map: Mapping[str, Sequence[str]],
+                  passages, *, mode: str = "string") -> list[str]:
+    """A question's gold passage ids from its gold ids: a document id of ``doc_map`` becomes that document's
+    passages whose text contains an answer (DPR's ``has_answer``; every passage of the document when there are
+    no answers to check, none when no passage holds one, e.g. an answer cut by a block boundary); any other id
+    is kept as it is (it may already name a passage). ``passages``: a :class:`~fastdpr.data.Corpus` or a dict
+    ``{passage id: {"text", ...}}``. Order follows the gold ids, then the document; no id twice.
+
+    >>> docs = {"d1": ["d1#0", "d1#1"]}
+    >>> texts = {"d1#0": {"text": "Paris is big"}, "d1#1": {"text": "Lyon is old"}}
+    >>> gold_passages(["d1", "p7"], ["Lyon"], docs, texts)
+    ['d1#1', 'p7']
+    """
+    from fastdpr.eval.retrieval import ranking_hits
+
+    answers = [answers] if isinstance(answers, str) else list(answers)
+    out: list[str] = []
+    for gid in gold_ids:
+        gid = str(gid)
+        if gid not in doc_map:
+            out.append(gid)
+            continue
+        pids = [str(p) for p in doc_map[gid]]
+        if answers:
+            pids = [p for p, hit in zip(pids, ranking_hits([pids], [answers], passages, mode=mode)[0]) if hit]
+        out.extend(pids)
+    return list(dict.fromkeys(out))
 
 
 def _document_files(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -113,35 +217,25 @@ def iter_documents(
         bad = BadRows(path, skip_bad, stats)
         if _is_jsonl(path):
             with open_binary(path) as fh:
-                for lineno, line in numbered_lines(fh, bad):
-                    try:
-                        doc = _parse_document(line, lineno)
-                    except ValueError as exc:
-                        bad(str(exc), lineno)
-                        continue
-                    bad.stats.rows += 1
-                    yield doc
-        else:
-            try:
-                text = path.read_bytes().decode("utf-8-sig")
-            except UnicodeDecodeError as exc:
-                bad(f"not valid UTF-8 at byte {exc.start}", path.read_bytes()[: exc.start].count(b"\n") + 1)
-                continue
-            if not text.strip():
-                bad("empty document", 1)
-                continue
-            bad.stats.rows += 1
-            yield {"id": path.stem, "title": path.stem.replace("_", " "), "text": text}
+                # the line number stands in for a missing document id, so the parser sees it too
+                yield from bad.parsed(((n, (n, line)) for n, line in numbered_lines(fh, bad)),
+                                      lambda item: _parse_document(item[1], item[0]))
+            continue  # parsed() has called finish()
+        try:
+            text = path.read_bytes().decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            bad(f"not valid UTF-8 at byte {exc.start}", path.read_bytes()[: exc.start].count(b"\n") + 1)
+            continue
+        if not text.strip():
+            bad("empty document", 1)
+            continue
+        bad.stats.rows += 1
+        yield {"id": path.stem, "title": path.stem.replace("_", " "), "text": text}
         bad.finish()
 
 
 def _parse_document(line: str, lineno: int) -> dict:
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    obj = parse_json_object(line)
     text = obj.get("text", obj.get("contents"))
     if not isinstance(text, str):
         raise ValueError("missing field 'text'")
@@ -167,10 +261,13 @@ def split_files(
     skip_bad: bool = False,
     stats: ReadStats | None = None,
 ) -> int:
-    """Split document files into a passage file (DPR TSV with header, or JSONL), written atomically.
-    Returns the number of passages.
+    """Split document files into a passage file (DPR TSV with header, or JSONL) and its document map
+    (:func:`docmap_path`), each written atomically; the map is put in place after the passages. Returns the
+    number of passages.
 
     >>> split_files("wiki.jsonl", "passages.tsv")  # doctest: +SKIP
     """
     docs = iter_documents(inputs, skip_bad=skip_bad, stats=stats)
-    return write_passages(output, split_documents(docs, words, stride, numeric_ids), fmt=fmt)
+    with open_output(docmap_path(output)) as fh:
+        return write_passages(output, split_documents(docs, words, stride, numeric_ids,
+                                                      doc_map=_DocMapWriter(fh)), fmt=fmt)

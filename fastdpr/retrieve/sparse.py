@@ -30,7 +30,7 @@ class SparseRetriever(Retriever):
         k = check_k(k)
         if not questions:
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
-        return self.bm25.search_rows(questions, k, n_threads=self.n_threads, show_progress=self.show_progress)
+        return self.bm25.search_rows(questions, k, threads=self.n_threads, show_progress=self.show_progress)
 
     def _corpus_rows(self, bm25_rows: np.ndarray) -> np.ndarray:
         if not self._aligned:

@@ -1,7 +1,10 @@
 """Answer-aware BM25 hard-negative mining (DPR's training-data recipe).
 
 For every question: the positive is the gold passage when the input names one, otherwise the highest-ranked BM25
-passage whose text contains an answer; hard negatives are the top BM25 passages whose text contains no answer
+passage whose text contains an answer. A gold id may name a document rather than a passage (questions are written
+about documents; ``fastdpr split`` cuts them into passages): with the document map of the split
+(``doc_map``, see :func:`fastdpr.data.split.gold_passages`) it stands for that document's passages that contain an
+answer. Gold ids found nowhere are counted and warned about, and their questions fall back to BM25 positives; hard negatives are the top BM25 passages whose text contains no answer
 (the same ``has_answer`` rule evaluation uses); random negatives are optional. Questions with no positive within
 the searched depth are dropped and counted. Questions are processed in batches, so memory stays bounded by the
 batch, not the dataset.
@@ -18,11 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import warnings
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 from fastdpr.errors import InputError
+
+
+class GoldIdsNotFound(UserWarning):
+    """Gold ids of the training questions matched no passage (and no document of the document map)."""
 
 
 @dataclasses.dataclass
@@ -34,7 +42,9 @@ class MiningStats:
     dropped_no_positive: int = 0
     positives_gold: int = 0
     positives_bm25: int = 0
-    gold_not_in_corpus: int = 0
+    gold_not_in_corpus: int = 0  # gold ids that are neither passages of the corpus nor documents of the map
+    gold_documents: int = 0  # gold ids that were documents, mapped to their passages
+    gold_documents_without_answer: int = 0  # of those, documents none of whose passages holds an answer
     hard_negatives: int = 0
     random_negatives: int = 0
     short_of_hard_negatives: int = 0  # kept questions with fewer than n_hard hard negatives
@@ -49,7 +59,8 @@ class MiningStats:
             f"(no positive); positives: {self.positives_gold} gold, {self.positives_bm25} from BM25; "
             f"{self.hard_negatives} hard and {self.random_negatives} random negatives; "
             f"{self.short_of_hard_negatives} questions short of hard negatives; "
-            f"{self.gold_not_in_corpus} gold ids not in the corpus"
+            f"{self.gold_not_in_corpus} gold ids not in the corpus; {self.gold_documents} gold documents mapped "
+            f"to passages ({self.gold_documents_without_answer} with no passage holding an answer)"
         )
 
 
@@ -71,9 +82,17 @@ def _ctx(passage: dict, score: float | None = None) -> dict:
     return ctx
 
 
-def _gold_positives(record: dict, corpus, stats: MiningStats) -> list[dict]:
-    """Positive ctxs given by the input: ``positive_ctxs`` (DPR), or passage ids in ``gold_passage_id``,
-    ``gold_passage_ids`` or ``gold_ids`` (what ``fastdpr.data.sources`` loaders give) looked up in the corpus."""
+def gold_ids(record: dict) -> list[str]:
+    """The gold passage or document ids a QA record names: ``gold_passage_ids``, ``gold_ids`` or
+    ``gold_passage_id`` (what ``fastdpr.data.sources`` loaders and QA JSONL files give)."""
+    ids = (record.get("gold_passage_ids") or record.get("gold_ids")
+           or ([record["gold_passage_id"]] if record.get("gold_passage_id") else []))
+    return [str(i) for i in ([ids] if isinstance(ids, (str, int)) else ids)]
+
+
+def _gold_positives(record: dict, corpus, stats: MiningStats, doc_map, match: str) -> list[dict]:
+    """Positive ctxs given by the input: ``positive_ctxs`` (DPR), or the passages that :func:`gold_ids` name,
+    directly or through the document map, looked up in the corpus."""
     given = record.get("positive_ctxs") or []
     positives = []
     for ctx in given:
@@ -83,9 +102,21 @@ def _gold_positives(record: dict, corpus, stats: MiningStats) -> list[dict]:
             positives.append({"title": ctx.get("title", ""), "text": ctx.get("text", ""), "passage_id": None})
         else:
             positives.append({"title": ctx.get("title", ""), "text": ctx.get("text", ""), "passage_id": str(pid)})
-    gold_ids = (record.get("gold_passage_ids") or record.get("gold_ids")
-                or ([record["gold_passage_id"]] if record.get("gold_passage_id") else []))
-    for pid in gold_ids:
+    ids = gold_ids(record)
+    if doc_map and any(g in doc_map for g in ids):
+        from fastdpr.data.split import gold_passages
+
+        mapped: list[str] = []
+        for g in ids:
+            if g in doc_map:
+                found = gold_passages([g], record.get("answers") or [], doc_map, corpus, mode=match)
+                stats.gold_documents += 1
+                stats.gold_documents_without_answer += not found
+                mapped.extend(found)
+            else:
+                mapped.append(g)
+        ids = list(dict.fromkeys(mapped))
+    for pid in ids:
         try:
             passage = corpus.get(str(pid))
         except KeyError:
@@ -111,11 +142,13 @@ def mine_hard_negatives(
     seed: int = 0,
     show_progress: bool = True,
     total: int | None = None,
+    doc_map: dict | None = None,
 ) -> MinedRecords:
     """Mine positives and hard negatives for every question with BM25.
 
     ``qa_records``: dicts with ``question`` and ``answers`` (and optionally ``qid``, ``positive_ctxs``,
-    ``gold_passage_id`` / ``gold_ids``); ``bm25``: a :class:`fastdpr.sparse.BM25` over ``corpus`` (anything with
+    ``gold_passage_id`` / ``gold_ids``, passage ids or -- with ``doc_map`` ``{doc id: [passage ids]}``, e.g.
+    :func:`fastdpr.data.split.read_docmap` of the split -- document ids); ``bm25``: a :class:`fastdpr.sparse.BM25` over ``corpus`` (anything with
     ``get(passage_id) -> dict``; also ``len()`` and ``[row]`` when ``n_random > 0``). ``match``: ``"string"`` or
     ``"regex"`` (CuratedTREC answers). Returns an iterable of DPR biencoder records (each ctx
     ``{title, text, passage_id, score}``) whose ``stats`` attribute is filled as it is consumed.
@@ -129,12 +162,13 @@ def mine_hard_negatives(
     records = _mine(
         qa_records, bm25, corpus, stats, n_hard=n_hard, n_random=n_random, depth=depth, match=match,
         batch_size=batch_size, n_threads=n_threads, seed=seed, show_progress=show_progress, total=total,
+        doc_map=doc_map,
     )
     return MinedRecords(records, stats)
 
 
 def _mine(qa_records, bm25, corpus, stats: MiningStats, *, n_hard, n_random, depth, match, batch_size, n_threads,
-          seed, show_progress, total) -> Iterator[dict]:
+          seed, show_progress, total, doc_map) -> Iterator[dict]:
     from tqdm.auto import tqdm
 
     from fastdpr.text.answers import has_answer
@@ -154,10 +188,11 @@ def _mine(qa_records, bm25, corpus, stats: MiningStats, *, n_hard, n_random, dep
                 if not isinstance(rec, dict) or not isinstance(rec.get("question"), str):
                     raise InputError(f"QA record #{number + len(questions)} has no 'question' string: {rec!r:.80}")
                 questions.append(rec["question"])
-            scores, ids = bm25.search(questions, k=depth, n_threads=n_threads)
+            scores, ids = bm25.search(questions, k=depth, threads=n_threads)
             for rec, row_scores, row_ids in zip(batch, scores, ids):
                 out = _mine_one(rec, row_scores, row_ids, corpus, stats, has_answer, n_hard=n_hard,
-                                n_random=n_random, match=match, rng=np.random.default_rng([seed, number]))
+                                n_random=n_random, match=match, rng=np.random.default_rng([seed, number]),
+                                doc_map=doc_map)
                 number += 1
                 if out is not None:
                     yield out
@@ -165,14 +200,19 @@ def _mine(qa_records, bm25, corpus, stats: MiningStats, *, n_hard, n_random, dep
             bar.set_postfix(kept=stats.kept, dropped=stats.dropped_no_positive, refresh=False)
     finally:
         bar.close()
+    if stats.gold_not_in_corpus:
+        warnings.warn(f"{stats.gold_not_in_corpus} gold ids are neither passages of the corpus nor documents of "
+                      f"the document map{'' if doc_map else ' (none given)'}: their questions fell back to BM25 "
+                      "positives", GoldIdsNotFound, stacklevel=2)
 
 
-def _mine_one(rec, row_scores, row_ids, corpus, stats: MiningStats, has_answer, *, n_hard, n_random, match, rng):
+def _mine_one(rec, row_scores, row_ids, corpus, stats: MiningStats, has_answer, *, n_hard, n_random, match, rng,
+              doc_map):
     stats.questions += 1
     answers = rec.get("answers") or []
     if isinstance(answers, str):
         answers = [answers]
-    positives = _gold_positives(rec, corpus, stats)
+    positives = _gold_positives(rec, corpus, stats, doc_map, match)
     from_gold = bool(positives)
     used = {p["passage_id"] for p in positives if p["passage_id"] is not None}
     hard: list[dict] = []
@@ -227,4 +267,4 @@ def _random_negatives(corpus, answers, used: set, n_random: int, match: str, rng
     return chosen
 
 
-__all__ = ["mine_hard_negatives", "MiningStats", "MinedRecords"]
+__all__ = ["mine_hard_negatives", "MiningStats", "MinedRecords", "GoldIdsNotFound", "gold_ids"]
