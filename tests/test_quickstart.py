@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from fastdpr import quickstart as qs
+from fastdpr.quickstart import experiment as ex
+from fastdpr.quickstart.report import claims, plot
+from fastdpr.quickstart.runner import StageRunner, take
 from fastdpr.data import sources
 
 SAMPLES = Path(__file__).parent / "data" / "sources"
@@ -18,66 +21,87 @@ SAMPLES = Path(__file__).parent / "data" / "sources"
 
 @pytest.fixture
 def sample_cache(tmp_path):
-    """A cache whose extracted bigbench members are the committed samples (NYT doubles as SQuAD dev's duplicate
-    source so that deduplication has work to do)."""
+    """A cache whose extracted bigbench members are the committed samples: NQ, SQuAD dev, and the NYT sample,
+    which also stands in for the other SQuADShifts training sources."""
     cache = tmp_path / "cache"
-    for name, sample in [("nq", "nq_conflicts_sample.json"), ("squad_dev", "squad_dev_sample.json"),
-                         ("nyt", "squadshifts_nyt_sample.json")]:
+    members = [("nq", "nq_conflicts_sample.json"), ("squad_dev", "squad_dev_sample.json")]
+    members += [(name, "squadshifts_nyt_sample.json") for name in ("nyt", "new_wiki", "amazon_reviews", "reddit")]
+    for name, sample in members:
         path = sources.member_path(cache, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(SAMPLES / sample, path)
-    sources.prepare(cache)
+    sources.prepare(cache, [name for name, _ in members])
     return cache
 
 
-def _run(tmp_path, cache, **overrides):
-    config = qs.QuickstartConfig(out=str(tmp_path / "out"), cache=str(cache), show_progress=False, nq_train=None,
-                                 nq_dev=100, nq_test=100, squad_test=100, nyt_train=None, nyt_dev=100,
-                                 nyt_test=100, **overrides)
-    return qs._Run(config, log=lambda line: None)
+def _workspace(tmp_path, cache, **overrides):
+    settings = dict(out=str(tmp_path / "out"), cache=str(cache), show_progress=False, nq_test=None,
+                    squad_test=None, nyt_test=None, nq_dev=None, nyt_dev=None)
+    settings.update(overrides)
+    config = qs.QuickstartConfig(**settings)
+    return ex.Workspace(config, Path(config.out), Path(cache), log=lambda line: None)
 
 
-def test_corpus_stage_keeps_every_gold_passage(tmp_path, sample_cache):
-    run = _run(tmp_path, sample_cache)
-    summary = qs._stage_corpus(run)
-    passages = list(sources.read_jsonl(run.out / "corpus.jsonl"))
+def test_corpus_is_split_into_passages_and_gold_ids_follow(tmp_path, sample_cache):
+    ws = _workspace(tmp_path, sample_cache, passage_words=40)
+    summary = ex.stage_corpus(ws)
+    passages = list(sources.read_jsonl(ws.out / "corpus.jsonl"))
     ids = {p["id"] for p in passages}
     assert len(ids) == len(passages) == summary["passages"]
-    assert summary["by_source"] == {"nq": 5, "squaddev": 2, "nyt": 2}
-    total = 0
-    for name in summary["questions"]:
-        for q in sources.read_jsonl(run.out / "questions" / f"{name}.jsonl"):
-            assert set(q["gold_ids"]) <= ids
-            total += 1
-    assert total == 5 + 6 + 6
-    # capped pool: gold passages stay even when the cap is below their number
-    run = _run(tmp_path / "capped", sample_cache, max_passages=3)
-    capped = qs._stage_corpus(run)
-    assert capped["passages"] == summary["passages"]  # every passage here is somebody's gold
+    assert all(len(p["text"].split()) <= 40 for p in passages)
+    assert all("#" in p["id"] for p in passages)  # passages of split paragraphs
+    from fastdpr.text.answers import has_answer
+
+    text = {p["id"]: p["text"] for p in passages}
+    checked = 0
+    for name in ("nq_test", "squad_dev", "nyt_test", "nq_dev", "nyt_dev"):
+        for q in ws.questions(name):
+            assert q["gold_ids"] and set(q["gold_ids"]) <= ids
+            # every gold passage is a passage of the question's gold paragraph ...
+            assert all(pid.rsplit("#", 1)[0] in q["gold_paragraph_ids"] for pid in q["gold_ids"])
+            # ... and holds an answer, unless none of the paragraph's passages does (an answer cut by a boundary)
+            if summary["gold_fallback_to_paragraph"][name] == 0:
+                assert all(has_answer(text[pid], q["answers"]) for pid in q["gold_ids"])
+            checked += 1
+    assert checked > 0
+    # no paragraph of a held-out question is in the training pool
+    train_ids = {p["id"].rsplit("#", 1)[0] for p in sources.read_jsonl(ws.out / "train_corpus.jsonl")}
+    held = {g for name in ("nq_test", "squad_dev", "nyt_test", "nq_dev", "nyt_dev")
+            for q in ws.questions(name) for g in q["gold_paragraph_ids"]}
+    assert not train_ids & held
+    for name in ex.TRAIN_SOURCES:
+        for q in ws.questions(f"train_{name}"):
+            assert not set(q["gold_paragraph_ids"]) & held
 
 
-def test_corpus_stage_deduplicates_and_remaps_gold_ids(tmp_path, sample_cache):
-    # the same paragraph in two sources: SQuAD dev's copy is kept, NYT's questions point at it
-    nyt = sources.member_path(sample_cache, "nyt")
-    shutil.copy(SAMPLES / "squad_dev_sample.json", nyt)
-    shutil.rmtree(sample_cache / "prepared" / "nyt")
-    sources.prepare(sample_cache)
-    run = _run(tmp_path, sample_cache)
-    summary = qs._stage_corpus(run)
-    assert summary["by_source"] == {"nq": 5, "squaddev": 2}
-    ids = {p["id"] for p in sources.read_jsonl(run.out / "corpus.jsonl")}
-    nyt_questions = [q for name in ("nyt_train", "nyt_dev", "nyt_test")
-                     for q in sources.read_jsonl(run.out / "questions" / f"{name}.jsonl")]
-    assert nyt_questions and all(q["gold_ids"][0] in ids and q["gold_ids"][0].startswith("squaddev-")
-                                 for q in nyt_questions)
+def test_corpus_pool_cap_keeps_gold_paragraphs(tmp_path, sample_cache):
+    full = ex.stage_corpus(_workspace(tmp_path / "full", sample_cache, max_passages=0))
+    capped_ws = _workspace(tmp_path / "capped", sample_cache, max_passages=3)
+    capped = ex.stage_corpus(capped_ws)
+    ids = {p["id"] for p in sources.read_jsonl(capped_ws.out / "corpus.jsonl")}
+    gold = {pid for name in ("nq_test", "squad_dev", "nyt_test") for q in capped_ws.questions(name)
+            for pid in q["gold_ids"]}
+    assert gold <= ids and capped["passages"] <= full["passages"]
 
 
 def test_question_sampling_is_deterministic():
     records = [{"qid": f"q{i}"} for i in range(50)]
-    a = qs._take(records, 10, "salt")
-    assert a == qs._take(list(reversed(records)), 10, "salt")
-    assert a != qs._take(records, 10, "other")
-    assert len(qs._take(records, None, "salt")) == 50
+    a = take(records, 10, "salt")
+    assert a == take(list(reversed(records)), 10, "salt")
+    assert a != take(records, 10, "other")
+    assert len(take(records, None, "salt")) == 50
+
+
+def test_recipe_mixture_counts():
+    from fastdpr.train import recipe
+
+    assert recipe.mixture_counts({"a": 0.4, "b": 0.3, "c": 0.3}, 10) == {"a": 4, "b": 3, "c": 3}
+    counts = recipe.mixture_counts({"a": 1, "b": 1, "c": 1}, 100)
+    assert sum(counts.values()) == 100 and max(counts.values()) - min(counts.values()) <= 1
+    with pytest.raises(ValueError):
+        recipe.mixture_counts({"a": -1}, 10)
+    args = recipe.training_arguments("out", examples=1000, batch_size=128, chunk_size=32, eval_times=2, device="cpu")
+    assert args.max_steps == 7 and args.grad_cache and args.eval_steps == 3 and args.epochs == 1
 
 
 def _metrics(nq, squad, nyt):
@@ -93,12 +117,12 @@ def test_claims_are_computed_from_the_numbers():
     good = _metrics({"bm25": 0.7, "zero_shot": 0.75, "dense": 0.8, "hybrid": 0.85},
                     {"bm25": 0.8, "zero_shot": 0.7, "dense": 0.7, "hybrid": 0.82},
                     {"bm25": 0.8, "zero_shot": 0.6, "dense": 0.7, "hybrid": 0.85})
-    assert all(c["holds"] for c in qs._claims(good))
+    assert all(c["holds"] for c in claims(good))
     bad = _metrics({"bm25": 0.8, "zero_shot": 0.85, "dense": 0.75, "hybrid": 0.78},
                    {"bm25": 0.6, "zero_shot": 0.7, "dense": 0.7, "hybrid": 0.65},
                    {"bm25": 0.8, "zero_shot": 0.7, "dense": 0.7, "hybrid": 0.85})
-    held = {c["claim"]: c["holds"] for c in qs._claims(bad)}
-    assert list(held.values()) == [False, False, False, False, True, False]
+    held = {c["claim"]: c["holds"] for c in claims(bad)}
+    assert list(held.values()) == [False, False, False, True, False, False, False, True]
 
 
 def test_table_and_plot(tmp_path):
@@ -108,47 +132,51 @@ def test_table_and_plot(tmp_path):
     results = {"datasets": metrics, "qps": {"bm25": 500.0, "zero_shot": 40.0, "dense": 40.0, "hybrid": 30.0},
                "reader": {"em": 0.25, "f1": 0.3, "n": 10, "top_k": 5, "retriever": "hybrid"},
                "index": {"spec": "flat", "passages": 100, "dim": 384, "bytes": 153600},
-               "hybrid_alpha": 0.5, "claims": qs._claims(metrics)}
+               "hybrid_alpha": 0.5, "claims": claims(metrics)}
     table = qs.format_table(results)
     assert "nq_test (10 questions)" in table and "EM 0.250" in table and "500.0 q/s" in table
-    assert table.count("[holds]") == 6
-    qs._plot(results, tmp_path / "r.png")
+    assert table.count("[holds]") == len(claims(metrics)) == 8
+    plot(results, tmp_path / "r.png")
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _runner(config):
+    return StageRunner(config.out, config.settings(), log=lambda line: None, force=config.force)
 
 
 def test_stages_resume_and_redo(tmp_path):
     calls = []
     config = qs.QuickstartConfig(out=str(tmp_path), show_progress=False)
-    run = qs._Run(config, log=lambda line: None)
+    run = _runner(config)
     assert run.stage("a", lambda: calls.append("a") or {"x": 1}) == {"x": 1}
-    run2 = qs._Run(config, log=lambda line: None)
+    run2 = _runner(config)
     assert run2.stage("a", lambda: calls.append("a2") or {"x": 2}) == {"x": 1}  # skipped: done already
     # a stage whose dependency was redone in this run is redone too
     run2.stage("b", lambda: calls.append("b") or {})
-    run3 = qs._Run(qs.QuickstartConfig(out=str(tmp_path), show_progress=False, force=True), log=lambda line: None)
+    run3 = _runner(qs.QuickstartConfig(out=str(tmp_path), show_progress=False, force=True))
     run3.stage("a", lambda: calls.append("a3") or {"x": 3})
-    run4 = qs._Run(config, log=lambda line: None)
+    run4 = _runner(config)
     run4._redone.add("a")
     run4.stage("b", lambda: calls.append("b2") or {}, after=("a",))
     # other settings: everything is redone
-    run5 = qs._Run(qs.QuickstartConfig(out=str(tmp_path), show_progress=False, seed=7), log=lambda line: None)
+    run5 = _runner(qs.QuickstartConfig(out=str(tmp_path), show_progress=False, seed=7))
     run5.stage("a", lambda: calls.append("a5") or {"x": 5})
     # a stage redone after its dependant (e.g. by an interrupted run) makes the dependant stale
-    run6 = qs._Run(config, log=lambda line: None)
+    run6 = _runner(config)
     run6.stage("b", lambda: calls.append("b3") or {}, after=("a",))  # run5 rewrote "a" after "b": stale
-    run7 = qs._Run(config, log=lambda line: None)
+    run7 = _runner(config)
     run7.stage("b", lambda: calls.append("b4") or {}, after=("a",))  # done and fresh: skipped
     marker_a = tmp_path / "stages" / "a.json"
     marker_a.write_text(marker_a.read_text())  # "a" rewritten later than "b"
-    run8 = qs._Run(config, log=lambda line: None)
+    run8 = _runner(config)
     run8.stage("b", lambda: calls.append("b5") or {}, after=("a",))
     assert calls == ["a", "b", "a3", "b2", "a5", "b3", "b5"]
 
 
 def test_fast_preset_is_smaller_than_the_default():
     fast, full = qs.QuickstartConfig.preset(fast=True), qs.QuickstartConfig.preset()
-    assert fast.fast and fast.max_passages and fast.train_steps < full.train_steps
-    assert qs.QuickstartConfig.preset(fast=True, train_steps=3, max_passages=None).train_steps == 3
+    assert fast.fast and fast.max_passages and fast.train_examples < full.train_examples
+    assert qs.QuickstartConfig.preset(fast=True, train_examples=3, max_passages=None).train_examples == 3
 
 
 # ------------------------------------------------------------------------------------------- end to end (slow)
@@ -177,7 +205,7 @@ def test_quickstart_fast_end_to_end(tmp_path):
     for dataset in ("nq_test", "squad_dev", "nyt_test"):
         bm25 = results["datasets"][dataset]["retrieval"]["bm25"]
         assert bm25["gold_top20"] > 10 * 20 / pool and bm25["top20"] > 0.3, (dataset, bm25)
-    assert len(results["claims"]) == 6 and all(isinstance(c["holds"], bool) for c in results["claims"])
+    assert len(results["claims"]) == 8 and all(isinstance(c["holds"], bool) for c in results["claims"])
     assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
     assert "claims:" in (out / "results.txt").read_text()
     # a second run resumes: every stage is skipped and the numbers are the same

@@ -1,0 +1,78 @@
+"""Sizes and settings of a quickstart run."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass
+class QuickstartConfig:
+    """Sizes and settings of a quickstart run. ``None`` for a count means "all available"."""
+
+    out: str = "quickstart"
+    cache: str | None = None
+    fast: bool = False
+    force: bool = False
+    source_dir: str | None = None  # take the archives from a local directory instead of the package index
+    threads: int | None = None  # torch threads for encoding and training (None: all cores); speed is 1 thread
+    show_progress: bool = True
+    seed: int = 0
+    # held-out questions
+    nq_test: int = 1000
+    squad_test: int = 1000
+    nyt_test: int = 500
+    nq_dev: int = 200  # hybrid tuning (reported beside the untuned default)
+    nyt_dev: int = 100
+    # evaluation pool: gold paragraphs of the questions above plus distractors, cut into `passage_words`-word
+    # passages, up to `max_passages` (0 or None: every paragraph of every source)
+    max_passages: int | None = 5000
+    passage_words: int = 100
+    # dual encoder (GTR-style, as the packaged model was trained)
+    question_length: int = 32
+    passage_length: int = 192  # 100 words + title fit: the encoder reads what BM25 reads
+    temperature: float = 0.05
+    # the recipe (fastdpr.train.recipe); examples seen = train_examples, steps = train_examples // batch_size
+    train_mixture: dict = field(default_factory=lambda: {"nyt": 0.4, "nq": 0.3, "new_wiki": 0.3})
+    train_examples: int = 1024
+    dev_examples: int = 128
+    batch_size: int = 32
+    chunk_size: int = 32  # GradCache sub-batch: larger batches cost the memory of this many
+    lr: float = 5e-5
+    eval_times: int = 2  # validations during training (best checkpoint kept)
+    mine_hard: int = 1
+    mine_depth: int = 30
+    encode_batch_size: int = 64
+    index_spec: str = "flat"
+    k_union: int = 200  # hybrid: union of each side's top-K
+    # reader
+    reader_train_questions: int = 200
+    reader_steps: int = 40
+    reader_batch_size: int = 4
+    reader_passages: int = 2
+    reader_length: int = 192
+    reader_lr: float = 5e-5
+    reader_top_k: int = 5
+    reader_test_questions: int = 200
+    # speed
+    speed_questions: int = 100
+
+    @classmethod
+    def preset(cls, fast: bool = False, **overrides) -> "QuickstartConfig":
+        """The default run (≤ 10 min on 2 cores with the data cached), or ``fast`` (≤ 3 min: a smoke run on a
+        small subset — still the real packaged model and the real data)."""
+        if fast:
+            base = dict(
+                fast=True, nq_test=200, squad_test=100, nyt_test=100, nq_dev=60, nyt_dev=40, max_passages=1200,
+                train_examples=128, dev_examples=32, batch_size=32, eval_times=1,
+                reader_train_questions=48, reader_steps=10, reader_passages=2, reader_length=128, reader_top_k=3,
+                reader_test_questions=40, speed_questions=40, k_union=100,
+            )
+        else:
+            base = {}
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+    def settings(self) -> dict:
+        """What changes the results (not where they go or how they are shown)."""
+        skip = {"out", "cache", "force", "source_dir", "threads", "show_progress"}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
