@@ -19,6 +19,7 @@ import os
 
 import torch
 
+from fastdpr._renamed import renamed
 from fastdpr.errors import MissingDependency
 
 from .inbatch_nll_torch import accumulation_dtype, chunked_lse, inbatch_nll_reference, reduce_losses
@@ -189,17 +190,8 @@ def _check_inputs(q, p, targets, scale, column_ids, column_valid):
 # ---------------------------------------------------------------------------------------------------------------
 
 def _renamed_chunk_rows(chunk_rows: int | None, chunk_size: int | None) -> int | None:
-    """``chunk_rows``, or the value passed under its old name ``chunk_size`` (with a DeprecationWarning): "chunk
-    size" also names GradCache's sub-batch, which is another thing."""
-    if chunk_size is None:
-        return chunk_rows
-    import warnings
-
-    warnings.warn("inbatch_nll(chunk_size=...) is deprecated: the keyword is chunk_rows", DeprecationWarning,
-                  stacklevel=3)
-    if chunk_rows is not None and chunk_rows != chunk_size:
-        raise TypeError(f"pass chunk_rows or chunk_size, not both (got {chunk_rows} and {chunk_size})")
-    return chunk_size
+    # "chunk size" also names GradCache's sub-batch, which is another thing
+    return renamed("chunk_rows", chunk_rows, "chunk_size", chunk_size, "inbatch_nll")
 
 
 def _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, chunk_rows):

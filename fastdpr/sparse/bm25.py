@@ -26,6 +26,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from fastdpr._renamed import renamed
 from fastdpr.errors import InputError
 
 FORMAT_NAME = "fastdpr-bm25"
@@ -319,16 +320,7 @@ class BM25:
 
 
 def _renamed_threads(threads: int | None, n_threads: int | None) -> int | None:
-    """``threads``, or the value passed under its old name ``n_threads`` (with a DeprecationWarning)."""
-    if n_threads is None:
-        return threads
-    import warnings
-
-    warnings.warn("BM25.search(n_threads=...) is deprecated: the keyword is threads", DeprecationWarning,
-                  stacklevel=3)
-    if threads is not None and threads != n_threads:
-        raise TypeError(f"pass threads or n_threads, not both (got {threads} and {n_threads})")
-    return n_threads
+    return renamed("threads", threads, "n_threads", n_threads, "BM25.search")
 
 
 def _check_unique(ids: np.ndarray) -> None:
