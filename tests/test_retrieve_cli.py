@@ -79,3 +79,43 @@ def test_tune_hybrid_then_search_with_the_tuned_alpha(setup, capsys):
     assert cli.main(["search", str(tmp / "test.jsonl"), "--mode", "hybrid", "--bm25", str(tmp / "bm25"),
                      "--corpus", str(tmp / "passages.jsonl"), "-o", str(tmp / "x.json")]) == 2
     assert "--mode hybrid needs --model, --index" in capsys.readouterr().err
+
+
+def test_search_writes_every_run_format_and_evaluate_reads_them(setup, capsys):
+    tmp, *_ = setup
+    # a TSV question file has no ids: questions are numbered 0, 1, ... in file order, in every format
+    questions = [json.loads(line) for line in open(tmp / "test.jsonl", encoding="utf-8")]
+    from fastdpr.data import write_qa
+
+    write_qa(tmp / "test.tsv", [{"question": q["question"], "answers": q["answers"]} for q in questions])
+    metrics = {}
+    for fmt in ("dpr", "pyserini", "trec", "beir", "compact"):
+        out = tmp / f"run-{fmt}.out"
+        assert cli.main(["search", str(tmp / "test.tsv"), "--mode", "bm25", *_common(tmp), "-k", "5",
+                         "--format", fmt, "-o", str(out)]) == 0
+        results = read_run(out)
+        assert [r["qid"] for r in results] == [str(i) for i in range(len(questions))]
+        extra = [] if fmt in ("dpr", "pyserini", "compact") else ["--answers", str(tmp / "test.tsv"), "--corpus",
+                                                                  str(tmp / "passages.jsonl")]
+        capsys.readouterr()
+        assert cli.main(["evaluate", str(out), "--ks", "1,5", "--json", *extra]) == 0
+        metrics[fmt] = json.loads(capsys.readouterr().out)
+    assert all(m == metrics["dpr"] for m in metrics.values()), metrics
+
+
+def test_hybrid_warns_only_when_raw_scores_go_untuned(setup, capsys):
+    tmp, *_ = setup
+    base = ["search", str(tmp / "test.jsonl"), "--mode", "hybrid", *_common(tmp), "-k", "3", "--k-union", "20"]
+    assert cli.main(base + ["-o", str(tmp / "h1.trec")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert cli.main(base + ["--fusion", "linear-raw", "-o", str(tmp / "h2.trec")]) == 0
+    assert "untuned alpha" in capsys.readouterr().err
+    assert cli.main(base + ["--fusion", "linear-raw", "--alpha", "0.02", "-o", str(tmp / "h3.trec")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    # an alpha file from before fusions were named ("method": "linear") was tuned on raw scores
+    (tmp / "old-alpha.json").write_text(json.dumps({"alpha": 0.02, "method": "linear"}), encoding="utf-8")
+    assert cli.main(base + ["--alpha-file", str(tmp / "old-alpha.json"), "-o", str(tmp / "h4.trec")]) == 0
+    assert read_run(tmp / "h4.trec") == read_run(tmp / "h3.trec")
+    assert cli.main(base + ["--alpha-file", str(tmp / "old-alpha.json"), "--fusion", "linear",
+                            "-o", str(tmp / "h5.trec")]) == 2
+    assert "tuned for --fusion linear-raw" in capsys.readouterr().err
