@@ -58,7 +58,8 @@ def test_vectors_ids_and_manifest(model, corpus, reference, tmp_path):
     assert manifest["dim"] == 32 and manifest["dtype"] == "float16"
     assert manifest["pooling"] == "mean" and manifest["similarity"] == "cosine"
     assert manifest["empty_passages"] == sum(1 for p in corpus if not p["title"] and not p["text"].strip())
-    assert manifest["truncated"] == sum(1 for p in corpus if len(model.tokenize_passage_lists([p])[0][0]) >= 48)
+    # longer than the limit, not merely at it
+    assert manifest["truncated"] == sum(model.tokenize_passage_lists([p]).truncated for p in corpus) > 0
     half, ids16 = load_vectors(tmp_path)
     assert half.dtype == np.float16 and ids16 == ids
     np.testing.assert_allclose(half.astype(np.float32), vectors, atol=2e-3)
@@ -131,6 +132,25 @@ def test_a_directory_of_another_run_is_refused(model, corpus, tmp_path):
     with pytest.raises(InputError, match="corpus_rows"):
         encode_corpus(model, Corpus.from_passages(make_passages(30)), tmp_path, dtype="float32", shard_size=10,
                       show_progress=False)
+    with pytest.raises(InputError, match="precision: 'fp32' there vs 'bf16' now"):
+        encode_corpus(model, corpus, tmp_path, dtype="float32", shard_size=10, show_progress=False,
+                      precision="bfloat16")
+
+
+def test_default_shard_size_lets_a_5000_passage_run_resume():
+    import inspect
+
+    from fastdpr import cli
+
+    default = inspect.signature(encode_corpus).parameters["shard_size"].default
+    assert cli.build_parser().parse_args(["encode", "x"]).shard_size == default
+    assert len(enc.worker_shards(5000, default, 0, 1)) >= 2
+
+
+def test_encode_corpus_reports_progress_in_a_log(model, corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("FASTDPR_PROGRESS", raising=False)
+    encode_corpus(model, corpus, tmp_path, shard_size=20)
+    assert "encode passages: 57/57 (100%)" in capsys.readouterr().err
 
 
 def test_changed_corpus_with_same_size_redoes_mismatching_shards(model, tmp_path):
@@ -274,7 +294,8 @@ def test_cli_encode_and_merge(model, corpus, reference, tmp_path):
     out = tmp_path / "vectors"
     for i in range(2):
         code = cli.main(["encode", "--model", str(model_dir), str(jsonl), "-o", str(out), "--shard-size", "10",
-                         "--dtype", "float32", "--batch-size", "8", "--shard", f"{i}/2", "--no-progress"])
+                         "--dtype", "float32", "--batch-size", "8", "--shard", f"{i}/2", "--no-progress",
+                         "--precision", "fp32" if i == 0 else "float32"])
         assert code == 0
     assert cli.main(["encode", "--merge", str(out)]) == 0
     vectors, ids = load_vectors(out)

@@ -162,7 +162,11 @@ def test_bad_inputs_have_clear_errors(tmp_path):
     with pytest.raises(InputError, match="batch_size"):
         model.encode_questions(["a"], batch_size=0)
     with pytest.raises(InputError, match="unknown precision"):
-        model.encode_questions(["a"], precision="int8")
+        model.encode_questions(["a"], precision="int4")
+    with pytest.raises(InputError, match="questions must be a string or a list"):
+        model.encode_questions(42)
+    with pytest.raises(InputError, match="passages must be a string or a list"):
+        model.encode_passages(None)
     with pytest.raises(InputError, match="empty"):
         model.tokenize_questions([])
     # empty lists encode to empty arrays of the right width; empty strings are valid input

@@ -18,17 +18,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--out", type=Path, help="output directory for shards and manifest")
     p.add_argument("--batch-size", type=int, default=128, help="passages per forward pass (default 128)")
     p.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="stored vector type")
-    p.add_argument("--precision", choices=("auto", "float32", "float16", "bfloat16"), default="auto",
-                   help="compute precision (auto: float16 autocast on CUDA, float32 on the CPU; bfloat16 autocast "
-                        "is several times faster on CPUs with AMX, see benchmarks/encode_bench.py)")
-    p.add_argument("--shard-size", type=int, default=100_000, help="passages per shard file (the resume unit)")
+    p.add_argument("--precision", type=_precision, default="auto", metavar="{auto,fp32,bf16,fp16,int8}",
+                   help="compute precision, the names of `fastdpr train` (float32, bfloat16, float16 are accepted "
+                        "too). auto: fp16 on CUDA, fp32 on the CPU. bf16 is several times faster on CPUs with AMX; "
+                        "int8 (CPU only) quantizes the linear layers. Both change the vectors slightly: speed and "
+                        "retrieval accuracy in benchmarks/results/encode.md (default auto)")
+    p.add_argument("--shard-size", type=int, default=4096,
+                   help="passages per shard file, the resume unit: a killed run redoes at most one (default 4096)")
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="encode only part I of N (default: RANK/WORLD_SIZE under torchrun, else all)")
     p.add_argument("--max-length", type=int, default=None, help="passage token limit (default: the model's)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda:LOCAL_RANK when available)")
     p.add_argument("--merge", nargs="+", type=Path, metavar="DIR", default=None,
                    help="merge and check the worker parts in DIR... (into -o, default the first DIR)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress (default: a bar on a terminal, a line every 10 s when stderr is a file)")
+
+
+def _precision(value: str) -> str:
+    from fastdpr.models.inference import ALIASES, PRECISIONS
+
+    name = ALIASES.get(value, value)
+    if name not in PRECISIONS:
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(PRECISIONS)} (or "
+                                         f"{', '.join(ALIASES)})")
+    return name
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,6 +14,12 @@ import torch
 TokenSeq = tuple[list[int], "list[int] | None"]
 
 
+class TokenLists(list):
+    """A list of :data:`TokenSeq` that also records how many inputs were longer than the limit (``truncated``)."""
+
+    truncated: int = 0
+
+
 def pad_batch(seqs: Sequence[TokenSeq], pad_id: int) -> dict[str, torch.Tensor]:
     """Pad to the longest sequence of this batch; returns input_ids, attention_mask (and token_type_ids)."""
     if not seqs:

@@ -1,7 +1,6 @@
 """``BiEncoder``: a question tower and a passage tower (or one shared tower) over any Hugging Face encoder."""
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -14,8 +13,9 @@ import torch
 from torch import nn
 
 from fastdpr.errors import InputError
-from fastdpr.models.batching import TokenSeq, length_sorted_batches, pad_batch
+from fastdpr.models.batching import TokenLists, TokenSeq, length_sorted_batches, pad_batch
 from fastdpr.models.config import CONFIG_NAME, BiEncoderConfig
+from fastdpr.models.inference import build_tower, pack, pool_packed, resolve_precision, weights_state
 from fastdpr.models.loading import (
     directory_kind,
     hf_quiet,
@@ -28,13 +28,13 @@ from fastdpr.models.loading import (
     tokenizer_max_length,
 )
 from fastdpr.models.pooling import l2_normalize, pool
+from fastdpr.progress import progress
 
 log = logging.getLogger("fastdpr.models")
 
 QUESTION_DIR = "question_encoder"
 PASSAGE_DIR = "passage_encoder"
 PROJECTION_FILE = "projection.safetensors"
-PRECISIONS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def passage_fields(passage, index: int) -> tuple[str, str]:
@@ -58,6 +58,31 @@ def passage_fields(passage, index: int) -> tuple[str, str]:
     return title, text
 
 
+def _is_single_passage(passage) -> bool:
+    """One passage rather than a list of them: a string, a dict, or a (title, text) tuple of two strings (a list
+    of two strings stays two passages)."""
+    return (isinstance(passage, (str, dict))
+            or (isinstance(passage, tuple) and len(passage) == 2 and all(isinstance(x, str) for x in passage)))
+
+
+def _as_list(items, what: str) -> list:
+    if isinstance(items, (bytes, bytearray)) or not hasattr(items, "__len__") or not hasattr(items, "__iter__"):
+        raise InputError(f"{what} must be a string or a list of them, got {type(items).__name__}")
+    return list(items)
+
+
+def _training_output(path: Path) -> Path:
+    """``fastdpr train -o DIR`` writes the model into ``DIR/model`` (last step) and ``DIR/best`` (best on the dev
+    set): given DIR, load ``best`` when it exists, else ``model``."""
+    if not path.is_dir() or any((path / name).is_file() for name in (CONFIG_NAME, "modules.json", "config.json")):
+        return path
+    for name, what in (("best", "the best checkpoint on the dev set"), ("model", "the final model")):
+        if (path / name / CONFIG_NAME).is_file():
+            log.info("%s is a training output directory; loading %s/ (%s)", path, name, what)
+            return path / name
+    return path
+
+
 class BiEncoder(nn.Module):
     """Dual encoder for dense retrieval.
 
@@ -70,10 +95,15 @@ class BiEncoder(nn.Module):
         q = model.encode_questions(["who wrote hamlet?"])                        # (1, 384) float32
         p = model.encode_passages([{"title": "Hamlet", "text": "Hamlet is a tragedy by Shakespeare."}])
         scores = q @ p.T
+        v = model.encode_questions("who wrote hamlet?")                          # one string: (384,)
 
     Empty strings are valid input (an empty question is ``[CLS] [SEP]``; a passage with no title is encoded as
     ``[CLS] text [SEP]``, as the original DPR code does). Inputs longer than the tower's maximum length are
-    truncated; :attr:`last_truncated` counts them for the latest ``encode_*`` call.
+    truncated; :attr:`last_truncated` counts them (inputs longer than the limit, not those exactly at it) for the
+    latest ``encode_*`` call.
+
+    Inference (``encode_*``) runs on a separate copy of each tower laid out for speed (packed tokens, weights in the
+    chosen precision, see :mod:`fastdpr.models.inference`), built on first use and rebuilt when the weights change.
     """
 
     def __init__(self, question_encoder: nn.Module, passage_encoder: nn.Module | None, tokenizer,
@@ -111,6 +141,8 @@ class BiEncoder(nn.Module):
         self.question_projection = question_projection
         self.passage_projection = passage_projection
         self.last_truncated = 0
+        self._inference: dict = {}  # (tower, precision, device) -> (weights state, inference tower)
+        self._single_tokenizers: dict = {}  # max length -> truncating backend tokenizer for one text
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -154,9 +186,10 @@ class BiEncoder(nn.Module):
         Example::
 
             model = BiEncoder.from_pretrained("runs/dpr-nq")                     # saved by save_pretrained
+            model = BiEncoder.from_pretrained("model/")      # `fastdpr train -o model/`: model/best or model/model
             model = BiEncoder.from_pretrained("bert-dir", pooling="mean", shared=True)
         """
-        path = Path(path)
+        path = _training_output(Path(path))
         kind = directory_kind(path)
         if kind == "dpr":
             raise InputError("this is a Hugging Face DPR checkpoint; load question and context encoders together "
@@ -280,43 +313,77 @@ class BiEncoder(nn.Module):
     def _prepare(self, text: str) -> str:
         return text.lower() if self.config.lowercase else text
 
-    def tokenize_question_lists(self, questions: Sequence[str]) -> list[TokenSeq]:
-        """Token id lists (no padding) of questions, truncated to ``max_question_length``."""
+    def tokenize_question_lists(self, questions: Sequence[str]) -> TokenLists:
+        """Token id lists (no padding) of questions, truncated to ``max_question_length``; ``.truncated`` counts
+        the questions that were longer."""
         for i, q in enumerate(questions):
             if not isinstance(q, str):
                 raise InputError(f"question {i} must be a string, got {type(q).__name__}")
         return self._tokenize([self._prepare(q) for q in questions], None, self.config.max_question_length)
 
-    def tokenize_passage_lists(self, passages: Sequence) -> list[TokenSeq]:
+    def tokenize_passage_lists(self, passages: Sequence) -> TokenLists:
         """Token id lists of passages: ``[CLS] title [SEP] text [SEP]`` (``[CLS] text [SEP]`` when untitled)."""
         fields = [passage_fields(p, i) for i, p in enumerate(passages)]
         titled = [i for i, (title, _) in enumerate(fields) if title]
         untitled = [i for i, (title, _) in enumerate(fields) if not title]
-        out: list[TokenSeq | None] = [None] * len(fields)
+        out = TokenLists([None] * len(fields))
         limit = self.config.max_passage_length
-        if titled:
-            seqs = self._tokenize([self._prepare(fields[i][0]) for i in titled],
-                                  [self._prepare(fields[i][1]) for i in titled], limit)
-            for i, seq in zip(titled, seqs):
+        for rows, second in ((titled, True), (untitled, False)):
+            if not rows:
+                continue
+            first = [self._prepare(fields[i][0] if second else fields[i][1]) for i in rows]
+            seqs = self._tokenize(first, [self._prepare(fields[i][1]) for i in rows] if second else None, limit)
+            for i, seq in zip(rows, seqs):
                 out[i] = seq
-        if untitled:
-            seqs = self._tokenize([self._prepare(fields[i][1]) for i in untitled], None, limit)
-            for i, seq in zip(untitled, seqs):
-                out[i] = seq
-        return out  # type: ignore[return-value]
+            out.truncated += seqs.truncated
+        return out
 
-    def _tokenize(self, first: list[str], second: list[str] | None, max_length: int) -> list[TokenSeq]:
+    def _tokenize(self, first: list[str], second: list[str] | None, max_length: int) -> TokenLists:
+        out = TokenLists()
         if not first:
-            return []
+            return out
         want_types = "token_type_ids" in self.tokenizer.model_input_names
-        enc = self.tokenizer(first, second, add_special_tokens=True, truncation=True, max_length=max_length,
-                             padding=False, return_attention_mask=False, return_token_type_ids=want_types)
-        ids = enc["input_ids"]
-        types = enc["token_type_ids"] if want_types else [None] * len(ids)
+        backend = self._backend_tokenizer(max_length)
+        if backend is not None:
+            # the Rust tokenizer directly: the same encodings transformers' __call__ makes, plus whether each one
+            # overflowed (an input of exactly max_length tokens was not truncated)
+            encodings = backend.encode_batch(first if second is None else list(zip(first, second)))
+            ids = [e.ids for e in encodings]
+            types = [e.type_ids for e in encodings] if want_types else [None] * len(ids)
+            out.truncated = sum(1 for e in encodings if e.overflowing)
+        else:
+            enc = self.tokenizer(first, second, add_special_tokens=True, truncation=True, max_length=max_length,
+                                 padding=False, return_attention_mask=False, return_token_type_ids=want_types)
+            ids = enc["input_ids"]
+            types = enc["token_type_ids"] if want_types else [None] * len(ids)
+            at_limit = [i for i, seq in enumerate(ids) if len(seq) >= max_length]
+            if at_limit:  # only these can have been cut: tokenise them again without a limit to know
+                full = self.tokenizer([first[i] for i in at_limit],
+                                      [second[i] for i in at_limit] if second is not None else None,
+                                      add_special_tokens=True, truncation=False, padding=False)["input_ids"]
+                out.truncated = sum(1 for seq in full if len(seq) > max_length)
         if want_types and second is not None and not self.config.pair_token_types:
             # the original DPR feeds all-zero segment ids for [CLS] title [SEP] text [SEP]
             types = [[0] * len(seq) for seq in ids]
-        return list(zip(ids, types))
+        out.extend(zip(ids, types))
+        return out
+
+    def _backend_tokenizer(self, max_length: int):
+        """A private copy of the fast tokenizer's Rust backend, truncating at ``max_length`` (built once per limit,
+        so a single question pays no set-up); None for tokenizers without one."""
+        backend = self._single_tokenizers.get(max_length)
+        if backend is None:
+            source = getattr(self.tokenizer, "backend_tokenizer", None)
+            if source is None:
+                return None
+            from tokenizers import Tokenizer
+
+            backend = Tokenizer.from_str(source.to_str())
+            backend.no_padding()
+            backend.enable_truncation(max_length, strategy="longest_first",
+                                      direction=getattr(self.tokenizer, "truncation_side", "right"))
+            self._single_tokenizers[max_length] = backend
+        return backend
 
     def _padded(self, seqs: list[TokenSeq]) -> dict[str, torch.Tensor]:
         if not seqs:
@@ -364,68 +431,103 @@ class BiEncoder(nn.Module):
         p = self.encode_passage_tokens(**passages) if passages is not None else None
         return q, p
 
-    # ------------------------------------------------------------------ batched inference
-    def encode_questions(self, questions: Sequence[str], batch_size: int = 64, device=None,
-                         show_progress: bool = False, precision: str = "auto") -> np.ndarray:
-        """(n, d) float32 question vectors; length-sorted batches, input order kept.
+    # ------------------------------------------------------------------ inference
+    def encode_questions(self, questions: str | Sequence[str], batch_size: int = 64, device=None,
+                         show_progress: bool | None = None, precision: str = "auto") -> np.ndarray:
+        """(n, d) float32 question vectors, in input order; one string gives one vector of shape (d,), as
+        sentence-transformers' ``encode`` does.
 
-        ``precision``: ``auto`` (float16 autocast on CUDA, float32 on the CPU), ``float32``, ``float16`` or
-        ``bfloat16`` (autocast)."""
+        ``precision``: ``auto`` (fp16 on CUDA, fp32 elsewhere), ``fp32``, ``bf16``, ``fp16`` (weights in that type)
+        or ``int8`` (CPU: int8 linear layers); ``float32``/``bfloat16``/``float16`` are accepted too. A single
+        question takes a warm path: a pre-built tokenizer and no batching work. ``show_progress``: None shows
+        progress (bar on a terminal, a line every 10 s in a log) when there is more than one batch."""
+        if isinstance(questions, str):
+            return self._encode_one(self.tokenize_question_lists([questions]), "question", device, precision)[0]
+        questions = _as_list(questions, "questions")
         seqs = self.tokenize_question_lists(questions)
         return self.encode_token_lists(seqs, "question", batch_size, device, show_progress, precision)
 
-    def encode_passages(self, passages: Sequence, batch_size: int = 64, device=None, show_progress: bool = False,
+    def encode_passages(self, passages, batch_size: int = 64, device=None, show_progress: bool | None = None,
                         precision: str = "auto") -> np.ndarray:
-        """(n, d) float32 passage vectors of dicts / (title, text) pairs / strings, in input order."""
+        """(n, d) float32 passage vectors of dicts / (title, text) pairs / strings, in input order. One passage (a
+        string, a dict or a ``(title, text)`` tuple) gives one vector of shape (d,)."""
+        if _is_single_passage(passages):
+            return self._encode_one(self.tokenize_passage_lists([passages]), "passage", device, precision)[0]
+        passages = _as_list(passages, "passages")
         seqs = self.tokenize_passage_lists(passages)
         return self.encode_token_lists(seqs, "passage", batch_size, device, show_progress, precision)
 
     def encode_token_lists(self, seqs: Sequence[TokenSeq], tower: str, batch_size: int = 64, device=None,
-                           show_progress: bool = False, precision: str = "auto") -> np.ndarray:
-        """Encode pre-tokenised sequences (from ``tokenize_*_lists``) with the ``question`` or ``passage`` tower."""
+                           show_progress: bool | None = None, precision: str = "auto") -> np.ndarray:
+        """Encode pre-tokenised sequences (from ``tokenize_*_lists``) with the ``question`` or ``passage`` tower.
+
+        Length-sorted batches, packed without padding (see :mod:`fastdpr.models.inference`), input order kept."""
         if tower not in ("question", "passage"):
             raise ValueError(f"tower must be 'question' or 'passage', got {tower!r}")
         if not (isinstance(batch_size, int) and batch_size >= 1):
             raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
-        limit = self.config.max_question_length if tower == "question" else self.config.max_passage_length
-        self.last_truncated = sum(1 for ids, _ in seqs if len(ids) >= limit)
-        if self.last_truncated:
-            log.debug("%d of %d %ss reached the %d-token limit and were truncated", self.last_truncated, len(seqs),
-                     tower, limit)
+        if len(seqs) == 1:
+            return self._encode_one(seqs, tower, device, precision)
+        self._note_truncated(seqs, tower)
         out = np.empty((len(seqs), self.dim), dtype=np.float32)
         if not seqs:
             return out
-        if device is not None:
-            self.to(device)
-        device = self.device
-        encode = self.encode_question_tokens if tower == "question" else self.encode_passage_tokens
+        device = self._move_to(device)
+        engine, projection = self._inference_tower(tower, precision, device)
         batches = length_sorted_batches([len(ids) for ids, _ in seqs], batch_size)
-        progress = _progress(len(seqs), show_progress, f"encoding {tower}s")
-        was_training = self.training
-        self.eval()
-        try:
-            with torch.inference_mode(), self.autocast(device, precision):
-                for index in batches:
-                    batch = pad_batch([seqs[i] for i in index], self._pad_id())
-                    batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                    out[index] = encode(**batch).float().cpu().numpy()
-                    progress.update(len(index))
-        finally:
-            progress.close()
-            self.train(was_training)
+        if show_progress is None:
+            show_progress = None if len(batches) > 1 else False
+        with progress(total=len(seqs), desc=f"encode {tower}s", unit=tower, enabled=show_progress) as bar, \
+                torch.inference_mode():
+            for index in batches:
+                out[index] = self._forward_packed(engine, projection, [seqs[i] for i in index], device)
+                bar.update(len(index))
         return out
 
-    @staticmethod
-    def autocast(device, precision: str = "auto"):
-        """The autocast context for inference: float16 on CUDA by default, none (float32) on the CPU."""
-        device = torch.device(device)
-        if precision == "auto":
-            precision = "float16" if device.type == "cuda" else "float32"
-        if precision not in PRECISIONS:
-            raise InputError(f"unknown precision {precision!r}; expected auto, {', '.join(PRECISIONS)}")
-        if precision == "float32":
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=PRECISIONS[precision])
+    def _encode_one(self, seqs: TokenLists, tower: str, device, precision: str) -> np.ndarray:
+        """(1, d): no batching, sorting or progress; the tower and tokenizer are already built after the first
+        call."""
+        self._note_truncated(seqs, tower)
+        device = self._move_to(device)
+        engine, projection = self._inference_tower(tower, precision, device)
+        with torch.inference_mode():
+            return self._forward_packed(engine, projection, seqs, device)
+
+    def _forward_packed(self, engine, projection, seqs: Sequence[TokenSeq], device) -> np.ndarray:
+        batch = pack(seqs, device)
+        vec = pool_packed(engine(batch), batch.groups, self.config.pooling)
+        if projection is not None:
+            vec = projection(vec.to(projection.weight.dtype))
+        if self.config.normalize:
+            vec = l2_normalize(vec.float())
+        return vec.float().cpu().numpy()
+
+    def _note_truncated(self, seqs, tower: str) -> None:
+        # token lists built elsewhere (not by tokenize_*_lists) carry no record of what was cut
+        self.last_truncated = int(getattr(seqs, "truncated", 0))
+        if self.last_truncated:
+            limit = self.config.max_question_length if tower == "question" else self.config.max_passage_length
+            log.debug("%d of %d %ss were longer than %d tokens and were truncated", self.last_truncated, len(seqs),
+                      tower, limit)
+
+    def _move_to(self, device) -> torch.device:
+        if device is not None and torch.device(device) != self.device:
+            self.to(device)
+        return self.device
+
+    def _inference_tower(self, tower: str, precision: str, device: torch.device):
+        """The inference copy of a tower for (precision, device), rebuilt when the weights have changed since."""
+        precision = resolve_precision(precision, device)
+        encoder = self.question_encoder if tower == "question" else self.passage_encoder
+        projection = self.question_projection if tower == "question" else self.passage_projection
+        if self.config.shared:
+            tower = "question"  # one tower, one copy
+        key = (tower, precision, str(device))
+        state = weights_state(encoder)
+        cached = self._inference.get(key)
+        if cached is None or cached[0] != state:
+            self._inference[key] = (state, build_tower(encoder, precision, device, self._pad_id()))
+        return self._inference[key][1], projection
 
 
 def _new_projection(hidden: int, dim: int, generator: torch.Generator | None = None) -> nn.Linear:
@@ -436,24 +538,6 @@ def _new_projection(hidden: int, dim: int, generator: torch.Generator | None = N
             layer.weight.uniform_(-bound, bound, generator=generator)
             layer.bias.uniform_(-bound, bound, generator=generator)
     return layer
-
-
-class _NoProgress:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, show: bool, desc: str):
-    if not show:
-        return _NoProgress()
-    import sys
-
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="text", disable=not sys.stderr.isatty(), smoothing=0.1)
 
 
 __all__ = ["BiEncoder", "passage_fields", "CONFIG_NAME"]

