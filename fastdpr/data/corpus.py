@@ -101,6 +101,11 @@ class Corpus:
         """Open a passage file (DPR TSV, JSONL, BEIR ``corpus.jsonl`` or a BEIR directory) for random access,
         building or refreshing its sidecar offset index first when needed.
 
+        The sidecar (row offsets and an id hash table, about 40 bytes a passage) is written once, atomically, as
+        ``<file>.fdpridx`` beside the file, or under ``$XDG_CACHE_HOME/fastdpr/corpus-index/`` (default
+        ``~/.cache``) when that folder is read-only; ``index_path`` puts it elsewhere. It is rebuilt when the file's
+        size or modification time changes.
+
         Bad rows raise :class:`InputError` naming ``file:line`` (duplicate ids included); with ``skip_bad=True``
         they are left out of the rows, with a warning, and counted in ``corpus.bad_rows``.
         """
