@@ -26,6 +26,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _HelpWithDefaults(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default (unless the help already states it, or there is none), so that
+    ``--help`` shows what a command does when a flag is left out."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.default is None or action.default is False or action.default == argparse.SUPPRESS
+                or "default" in text or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
 def _available() -> dict[str, tuple[str, str]]:
     found = {}
     for name, (module, help_) in COMMANDS.items():
@@ -41,11 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fastdpr {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in _available().items():
-        p = sub.add_parser(name, help=help_, description=help_)
         mod = importlib.import_module(module)
+        # the module docstring (its usage examples) closes the command's --help
+        p = sub.add_parser(name, help=help_, description=help_, epilog=_examples(mod),
+                           formatter_class=_HelpWithDefaults)
         mod.add_arguments(p)
+        for action in p._actions:  # argparse prints no help line (so no default) for options without help
+            if action.help is None and action.option_strings and action.default not in (None, False):
+                action.help = "default: %(default)s"
         p.set_defaults(_module=mod)
     return parser
+
+
+def _examples(module) -> str | None:
+    doc = (module.__doc__ or "").strip()
+    return doc.split("\n", 1)[1].strip() if "\n" in doc else None
 
 
 def main(argv: list[str] | None = None) -> int:

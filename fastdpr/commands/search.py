@@ -22,7 +22,7 @@ DEFAULT_ALPHA = 1.0  # fastdpr.retrieve.hybrid.DEFAULT_ALPHA, kept here so that 
 def add_retriever_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments shared with ``fastdpr tune-hybrid``."""
     parser.add_argument("--model", help="bi-encoder directory (fastdpr, Hugging Face or sentence-transformers)")
-    parser.add_argument("--index", help="dense index directory from `fastdpr index`")
+    parser.add_argument("--index", help="dense index file (.fdpr) from `fastdpr index`")
     parser.add_argument("--bm25", metavar="DIR", help="BM25 index from `fastdpr bm25 build`")
     parser.add_argument("--corpus", required=True, help="passage file the indexes were built from")
     parser.add_argument("--k-union", type=int, default=1000,
@@ -59,19 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _search_params(items: list[str]) -> dict:
     from fastdpr.errors import InputError
+    from fastdpr.index.base import parse_value
 
     params = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise InputError(f"--search-param wants KEY=VALUE, got {item!r}")
-        try:
-            params[key] = int(value)
-        except ValueError:
-            try:
-                params[key] = float(value)
-            except ValueError:
-                params[key] = value
+        params[key] = parse_value(value)
     return params
 
 
