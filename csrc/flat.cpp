@@ -6,11 +6,9 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "bounds.h"
+#include "parallel.h"
 #include "topk.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace fastdpr {
 
@@ -37,19 +35,26 @@ void VectorStore::unmap() {
 }
 
 void VectorStore::reserve(size_t n) {
+    const size_t count = checked_mul(n, dim_, "vector store");
     unmap();
-    if (storage_ == Storage::F16) f16_.reserve(n * dim_);
-    else f32_.reserve(n * dim_);
+    if (storage_ == Storage::F16) f16_.reserve(count);
+    else f32_.reserve(count);
 }
 
 void VectorStore::append(const float* x, size_t n) {
+    if (n == 0) return;
+    if (n > static_cast<size_t>(kMaxRows) - n_)
+        throw std::invalid_argument("an index holds at most 2^40 vectors; " + std::to_string(n_) + " + " +
+                                    std::to_string(n) + " is more");
+    const size_t count = checked_mul(n, dim_, "vectors");
+    checked_mul(n_ + n, bytes_per_vector(), "vector store");
     unmap();
     if (storage_ == Storage::F16) {
         const size_t old = f16_.size();
-        f16_.resize(old + n * dim_);
-        simd::to_half(x, f16_.data() + old, n * dim_);
+        f16_.resize(old + count);
+        simd::to_half(x, f16_.data() + old, count);
     } else {
-        f32_.insert(f32_.end(), x, x + n * dim_);
+        f32_.insert(f32_.end(), x, x + count);
     }
     n_ += n;
 }
@@ -160,12 +165,8 @@ void search_block(const VectorStore& store, const simd::Kernels& K, const float*
 void exact_search(const VectorStore& store, const float* queries, size_t nq, size_t k, float* scores, int64_t* ids,
                   int n_threads) {
     const size_t n = store.size();
+    const int threads = resolve_threads(n_threads);
     if (nq == 0 || k == 0) return;
-#ifdef _OPENMP
-    const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-#else
-    const int threads = 1;
-#endif
     const simd::Kernels& K = simd::kernels();
     const size_t n_qblocks = (nq + kQueryBlock - 1) / kQueryBlock;
     const size_t n_vblocks = std::max<size_t>(1, (n + kVectorBlock - 1) / kVectorBlock);
@@ -175,21 +176,24 @@ void exact_search(const VectorStore& store, const float* queries, size_t nq, siz
         n_splits = std::min(n_vblocks, (static_cast<size_t>(threads) + n_qblocks - 1) / n_qblocks);
     const size_t blocks_per_split = (n_vblocks + n_splits - 1) / n_splits;
     // k beyond n only pads the output rows: the heaps never hold more than n
-    std::vector<TopK> heaps(nq * n_splits, TopK(std::min(k, n)));
+    std::vector<TopK> heaps(checked_mul(nq, n_splits, "queries"), TopK(std::min(k, n)));
     const long long n_tasks = static_cast<long long>(n_qblocks * n_splits);
+    std::vector<Scratch> scratch(static_cast<size_t>(threads));  // one per thread, grown inside
+    ParallelErrors errors;
 
-#pragma omp parallel num_threads(threads) if (threads > 1 && n_tasks > 1)
-    {
-        Scratch scratch;
-#pragma omp for schedule(dynamic, 1)
-        for (long long t = 0; t < n_tasks; ++t) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && n_tasks > 1)
+    for (long long t = 0; t < n_tasks; ++t) {
+        errors.run([&] {
             const size_t qb = static_cast<size_t>(t) / n_splits, sp = static_cast<size_t>(t) % n_splits;
             const size_t q0 = qb * kQueryBlock, q1 = std::min(nq, q0 + kQueryBlock);
             const size_t v0 = std::min(n, sp * blocks_per_split * kVectorBlock);
             const size_t v1 = std::min(n, v0 + blocks_per_split * kVectorBlock);
-            if (v0 < v1) search_block(store, K, queries, q0, q1, v0, v1, &heaps[q0 * n_splits + sp], n_splits, scratch);
-        }
+            if (v0 < v1)
+                search_block(store, K, queries, q0, q1, v0, v1, &heaps[q0 * n_splits + sp], n_splits,
+                             scratch[static_cast<size_t>(thread_index())]);
+        });
     }
+    errors.rethrow();
     for (size_t q = 0; q < nq; ++q) {
         TopK& out = heaps[q * n_splits];
         for (size_t sp = 1; sp < n_splits; ++sp) out.merge(heaps[q * n_splits + sp]);
@@ -207,6 +211,11 @@ void score_rows(const VectorStore& store, const float* query, const int64_t* ids
 
 // ---------------------------------------------------------------------------------------------------------------
 // FlatIndex
+
+FlatIndex::FlatIndex(size_t dim, Storage storage) : store_(dim, storage) {
+    if (dim < 1 || dim > static_cast<size_t>(kMaxDim))
+        throw std::invalid_argument("dimension must be in [1, 2^20], got " + std::to_string(dim));
+}
 
 size_t FlatIndex::size() const {
     std::shared_lock<std::shared_mutex> lock(mutex_);
@@ -232,8 +241,8 @@ void FlatIndex::save(io::Writer& w) const {
 }
 
 std::unique_ptr<FlatIndex> FlatIndex::load(const io::Reader& r, bool mmap) {
-    const size_t dim = static_cast<size_t>(r.meta_int("dim", 1, 1 << 20));
-    const size_t count = static_cast<size_t>(r.meta_int("count", 0, std::numeric_limits<int64_t>::max() / 8));
+    const size_t dim = static_cast<size_t>(r.meta_int("dim", 1, kMaxDim));
+    const size_t count = static_cast<size_t>(r.meta_int("count", 0, kMaxRows));
     Storage storage;
     try {
         storage = parse_storage(r.meta("storage"));

@@ -64,7 +64,8 @@ private:
 };
 
 // Exact top-k of `nq` queries against rows [0, n) of `store`: scores/ids are nq x k, best first, padded with
-// (-inf, -1) when n < k. `n_threads` <= 0 means OpenMP's default. The result does not depend on `n_threads`.
+// (-inf, -1) when n < k (the work and the heaps are sized by min(k, n)). `n_threads` 0 means OpenMP's default; a
+// negative or absurd count is std::invalid_argument (parallel.h). The result does not depend on `n_threads`.
 void exact_search(const VectorStore& store, const float* queries, size_t nq, size_t k, float* scores, int64_t* ids,
                   int n_threads = 0);
 
@@ -73,7 +74,7 @@ void score_rows(const VectorStore& store, const float* query, const int64_t* ids
 
 class FlatIndex {
 public:
-    FlatIndex(size_t dim, Storage storage) : store_(dim, storage) {}
+    FlatIndex(size_t dim, Storage storage);  // dim in [1, kMaxDim]
 
     size_t dim() const { return store_.dim(); }
     size_t size() const;

@@ -7,11 +7,9 @@
 #include <queue>
 #include <stdexcept>
 
+#include "bounds.h"
+#include "parallel.h"
 #include "topk.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace fastdpr {
 
@@ -126,8 +124,16 @@ std::vector<Cand> beam_search(const std::vector<Cand>& seeds, size_t ef, size_t 
 
 HNSWIndex::HNSWIndex(size_t dim, const HNSWParams& params)
     : params_(params), store_(dim, params.storage), rng_state_(params.seed) {
+    // the same ranges the loader accepts, so that every index that can be built can be saved and loaded again
+    if (dim < 1 || dim > static_cast<size_t>(kMaxDim))
+        throw std::invalid_argument("dimension must be in [1, 2^20], got " + std::to_string(dim));
     if (params_.M < 2 || params_.M > 4096) throw std::invalid_argument("HNSW M must be in [2, 4096]");
-    if (params_.ef_construction < 1) throw std::invalid_argument("HNSW ef_construction must be >= 1");
+    if (params_.ef_construction < 1 || params_.ef_construction > static_cast<size_t>(kMaxBeam))
+        throw std::invalid_argument("HNSW ef_construction must be in [1, 2^30]");
+    if (params_.ef_search < 1 || params_.ef_search > static_cast<size_t>(kMaxBeam))
+        throw std::invalid_argument("HNSW ef_search must be in [1, 2^30]");
+    if (params_.entry_points < 1 || params_.entry_points > static_cast<size_t>(kMaxEntryPoints))
+        throw std::invalid_argument("HNSW entry_points must be in [1, 2^20]");
     M0_ = 2 * params_.M;
     level_mult_ = 1.0 / std::log(static_cast<double>(params_.M));
     phi_ = params_.phi;
@@ -291,6 +297,7 @@ void HNSWIndex::insert(uint32_t node) {
 }
 
 void HNSWIndex::add(const float* x, size_t n, int n_threads) {
+    const int threads = resolve_threads(n_threads);
     std::unique_lock<std::shared_mutex> lock(mutex_);
     if (n == 0) return;
     const size_t d = store_.dim();
@@ -327,14 +334,14 @@ void HNSWIndex::add(const float* x, size_t n, int n_threads) {
     }
     size_t start = n0;
     if (entry_ < 0) insert(static_cast<uint32_t>(start++));
-#ifdef _OPENMP
-    const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-#else
-    const int threads = 1;
-#endif
     const long long end = static_cast<long long>(n0 + n);
+    ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 64) num_threads(threads) if (threads > 1)
-    for (long long i = static_cast<long long>(start); i < end; ++i) insert(static_cast<uint32_t>(i));
+    for (long long i = static_cast<long long>(start); i < end; ++i)
+        errors.run([&] { insert(static_cast<uint32_t>(i)); });
+    // A failed insert (out of memory) leaves nodes without links: they stay stored but unreachable, and the graph
+    // that was there before is intact. Report it.
+    errors.rethrow();
 }
 
 void HNSWIndex::search_one(const float* q, size_t k, size_t ef, size_t entry_points, float* scores,
@@ -385,6 +392,9 @@ void HNSWIndex::search_one(const float* q, size_t k, size_t ef, size_t entry_poi
 
 void HNSWIndex::search(const float* q, size_t nq, size_t k, size_t ef, float* scores, int64_t* ids, int n_threads,
                        size_t entry_points) const {
+    const int threads = resolve_threads(n_threads);
+    if (ef > static_cast<size_t>(kMaxBeam) || entry_points > static_cast<size_t>(kMaxEntryPoints))
+        throw std::invalid_argument("HNSW search: ef must be <= 2^30 and entry_points <= 2^20");
     std::shared_lock<std::shared_mutex> lock(mutex_);
     if (k == 0 || nq == 0) return;
     const size_t d = store_.dim();
@@ -392,18 +402,19 @@ void HNSWIndex::search(const float* q, size_t nq, size_t k, size_t ef, float* sc
         for (size_t i = 0; i < nq * k; ++i) scores[i] = -std::numeric_limits<float>::infinity(), ids[i] = -1;
         return;
     }
-    ef = std::max(ef ? ef : params_.ef_search, k);
-    entry_points = entry_points ? entry_points : params_.entry_points;
-#ifdef _OPENMP
-    const int threads = n_threads > 0 ? n_threads : omp_get_max_threads();
-#else
-    const int threads = 1;
-#endif
+    // a beam wider than the graph finds nothing more: k beyond the size only pads the output
+    const size_t n = store_.size();
+    ef = std::min(std::max(ef ? ef : params_.ef_search, std::min(k, n)), n);
+    entry_points = std::min(entry_points ? entry_points : params_.entry_points, n);
     const long long total = static_cast<long long>(nq);
+    ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 4) num_threads(threads) if (threads > 1 && nq > 1)
     for (long long i = 0; i < total; ++i)
-        search_one(q + static_cast<size_t>(i) * d, k, ef, entry_points, scores + static_cast<size_t>(i) * k,
-                   ids + static_cast<size_t>(i) * k);
+        errors.run([&] {
+            search_one(q + static_cast<size_t>(i) * d, k, ef, entry_points, scores + static_cast<size_t>(i) * k,
+                       ids + static_cast<size_t>(i) * k);
+        });
+    errors.rethrow();
 }
 
 double HNSWIndex::mean_degree() const {
@@ -461,12 +472,12 @@ void HNSWIndex::save(io::Writer& w) const {
 
 std::unique_ptr<HNSWIndex> HNSWIndex::load(const io::Reader& r, bool mmap) {
     HNSWParams p;
-    const size_t dim = static_cast<size_t>(r.meta_int("dim", 1, 1 << 20));
+    const size_t dim = static_cast<size_t>(r.meta_int("dim", 1, kMaxDim));
     const size_t n = static_cast<size_t>(r.meta_int("count", 0, std::numeric_limits<uint32_t>::max() - 1));
     p.M = static_cast<size_t>(r.meta_int("M", 2, 4096));
-    p.ef_construction = static_cast<size_t>(r.meta_int("ef_construction", 1, 1 << 30));
-    p.ef_search = static_cast<size_t>(r.meta_int("ef_search", 1, 1 << 30));
-    p.entry_points = static_cast<size_t>(r.meta_int("entry_points", 1, 1 << 20));
+    p.ef_construction = static_cast<size_t>(r.meta_int("ef_construction", 1, kMaxBeam));
+    p.ef_search = static_cast<size_t>(r.meta_int("ef_search", 1, kMaxBeam));
+    p.entry_points = static_cast<size_t>(r.meta_int("entry_points", 1, kMaxEntryPoints));
     p.seed = static_cast<uint64_t>(r.meta_int("seed"));
     try {
         p.storage = parse_storage(r.meta("storage"));

@@ -10,12 +10,10 @@
 #include <string>
 
 #include "kmeans.h"
+#include "bounds.h"
+#include "parallel.h"
 #include "simd.h"
 #include "topk.h"
-
-#ifdef FASTDPR_OPENMP
-#include <omp.h>
-#endif
 
 namespace fastdpr {
 namespace {
@@ -54,8 +52,10 @@ void adc_scan(const uint8_t* codes, int64_t n, int64_t m, const float* lut, floa
 
 IVFPQ::IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage storage, bool assign_by_ip)
     : d_(dim), nlist_(nlist), m_(m), dsub_(0), storage_(storage), assign_by_ip_(assign_by_ip) {
-    if (dim <= 0) throw std::invalid_argument("ivfpq: dim must be positive, got " + str(dim));
-    if (nlist <= 0) throw std::invalid_argument("ivfpq: nlist must be positive, got " + str(nlist));
+    // checked before anything is allocated, with the ranges the loader accepts
+    if (dim <= 0 || dim > kMaxDim) throw std::invalid_argument("ivfpq: dim must be in [1, 2^20], got " + str(dim));
+    if (nlist <= 0 || nlist > kMaxNlist)
+        throw std::invalid_argument("ivfpq: nlist must be in [1, 2^28], got " + str(nlist));
     if (m <= 0 || dim % m != 0)
         throw std::invalid_argument("ivfpq: m=" + str(m) + " must divide the dimension " + str(dim));
     if (nbits != kNbits)
@@ -93,6 +93,10 @@ void IVFPQ::prepare_tables() {
 }
 
 void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
+    if (p.niter < 1 || p.pq_niter < 1)
+        throw std::invalid_argument("ivfpq: niter and pq_niter must be >= 1");
+    check_range(p.max_points_per_centroid, 1, int64_t{1} << 30, "ivfpq: max_points_per_centroid");
+    check_range(p.pq_max_points_per_centroid, 1, int64_t{1} << 30, "ivfpq: pq_max_points_per_centroid");
     std::unique_lock<std::shared_mutex> lock(mu_);
     if (size() > 0) throw std::runtime_error("ivfpq: cannot retrain an index that already holds vectors");
     if (n < nlist_)
@@ -190,6 +194,9 @@ void IVFPQ::add(const float* x, int64_t n) {
     std::unique_lock<std::shared_mutex> lock(mu_);
     check_trained("add()");
     if (n <= 0) return;
+    if (n > kMaxRows - ntotal_)
+        throw std::invalid_argument("ivfpq: an index holds at most 2^40 vectors; " + str(ntotal_) + " + " + str(n) +
+                                    " is more");
     own_vectors();
     constexpr int64_t kChunk = 1 << 15;  // bounds the residual buffers on large adds
     std::vector<int64_t> lists;
@@ -230,28 +237,39 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
     if (rerank < 0) throw std::invalid_argument("ivfpq: rerank must be >= 0, got " + str(rerank));
     if (rerank > 0 && storage_ == VectorStorage::None)
         throw std::invalid_argument("ivfpq: rerank needs the full vectors; build the index with store=fp16 or fp32");
+    const int nthreads = resolve_threads(threads);
     std::shared_lock<std::shared_mutex> lock(mu_);
     check_trained("search()");
     nprobe = std::min(nprobe, nlist_);
-    const int64_t kc = rerank > 0 ? std::max(k, rerank) : k;
+    // Candidates beyond the index size cannot exist: k and rerank beyond it only pad the output (the heaps are
+    // sized by what can be found, never by what was asked).
+    const int64_t kf = std::min(k, ntotal_);
+    const int64_t kc = rerank > 0 ? std::min(std::max(k, rerank), ntotal_) : kf;
     const simd::Kernels& K = simd::kernels();
     constexpr int64_t G = 8;  // queries per coarse-product call: each centroid tile load feeds 8 queries
     const int64_t ngroups = (nq + G - 1) / G;
     const float ninf = -std::numeric_limits<float>::infinity();
 
-#ifdef FASTDPR_OPENMP
-    const int nthreads = threads > 0 ? threads : omp_get_max_threads();
-#else
-    const int nthreads = 1;
-#endif
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && ngroups > 1)
-    {
-        std::vector<float> qc(static_cast<size_t>(G) * nlist_);
-        std::vector<float> lut(static_cast<size_t>(m_) * kKsub);
-        std::vector<float> buf;
-        TopK probe(nprobe), heap(kc), best(k);
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t g = 0; g < ngroups; ++g) {
+    struct Scratch {
+        std::vector<float> qc, lut, buf;
+        TopK probe, heap, best;
+    };
+    std::vector<Scratch> scratch(static_cast<size_t>(nthreads));  // one per thread, filled inside
+    ParallelErrors errors;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1 && ngroups > 1)
+    for (int64_t g = 0; g < ngroups; ++g) {
+        errors.run([&] {
+            Scratch& sc = scratch[static_cast<size_t>(thread_index())];
+            if (sc.qc.empty()) {
+                sc.qc.resize(static_cast<size_t>(G) * nlist_);
+                sc.lut.resize(static_cast<size_t>(m_) * kKsub);
+            }
+            std::vector<float>& qc = sc.qc;
+            std::vector<float>& lut = sc.lut;
+            std::vector<float>& buf = sc.buf;
+            TopK& probe = sc.probe;
+            TopK& heap = sc.heap;
+            TopK& best = sc.best;
             const int64_t q0 = g * G, gn = std::min(G, nq - q0);
             inner_products_T(q + q0 * d_, gn, centroids_T_.data(), nlist_, d_, qc.data());
             for (int64_t r = 0; r < gn; ++r) {
@@ -281,7 +299,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 }
                 std::vector<Scored> found = heap.take_sorted();
                 if (rerank > 0) {
-                    best.reset(k);
+                    best.reset(static_cast<size_t>(kf));
                     const size_t vb = vector_bytes();
                     for (size_t c = 0; c < found.size(); ++c) {
                         // the candidates are scattered rows: fetch a few ahead while this one is scored
@@ -304,8 +322,9 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 }
                 for (; i < k; ++i) so[i] = ninf, io[i] = -1;
             }
-        }
+        });
     }
+    errors.rethrow();
 }
 
 void IVFPQ::save(io::Writer& w) const {
@@ -340,23 +359,21 @@ void IVFPQ::save(io::Writer& w) const {
 
 std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
     if (rd.type() != "ivfpq") rd.fail("it holds a '" + rd.type() + "' index, not an ivfpq one");
-    const int64_t d = rd.meta_int("dim", 1, int64_t{1} << 20);
-    const int64_t nlist = rd.meta_int("nlist", 1, int64_t{1} << 28);
+    const int64_t d = rd.meta_int("dim", 1, kMaxDim);
+    const int64_t nlist = rd.meta_int("nlist", 1, kMaxNlist);
     const int64_t m = rd.meta_int("m", 1, d);
     if (d % m != 0) rd.fail("m does not divide dim");
     rd.meta_int("nbits", kNbits, kNbits);
     const auto storage = static_cast<VectorStorage>(rd.meta_int("storage", 0, 2));
     const bool by_ip = rd.meta_int("assign_by_ip", 0, 1) == 1;
     const bool trained = rd.meta_int("trained", 0, 1) == 1;
-    const int64_t n = rd.meta_int("ntotal", 0, int64_t{1} << 40);
+    const int64_t n = rd.meta_int("ntotal", 0, kMaxRows);
     if (!trained && n > 0) rd.fail("untrained index with vectors");
 
-    auto idx = std::make_unique<IVFPQ>(d, nlist, m, kNbits, storage, by_ip);
-    if (trained) {
-        const float* c = rd.array<float>("centroids", static_cast<size_t>(nlist * d));
-        const float* cb = rd.array<float>("codebooks", static_cast<size_t>(m * kKsub * idx->dsub_));
-        idx->set_trained(c, cb);
-    }
+    // Every section's size is checked against the metadata before anything is allocated: the metadata alone (a
+    // huge nlist, say) must not make the loader allocate what the file does not hold.
+    const float* c = trained ? rd.array<float>("centroids", static_cast<size_t>(nlist * d)) : nullptr;
+    const float* cb = trained ? rd.array<float>("codebooks", static_cast<size_t>(m * kKsub * (d / m))) : nullptr;
     const int64_t* off = rd.array<int64_t>("list_offsets", static_cast<size_t>(nlist + 1));
     if (off[0] != 0 || off[nlist] != n) rd.fail("list offsets do not cover the vectors");
     for (int64_t l = 0; l < nlist; ++l)
@@ -365,19 +382,23 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
     const int64_t* pos = rd.array<int64_t>("list_pos", static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i)
         if (pos[i] < 0 || pos[i] >= n) rd.fail("list position out of range");
+    const size_t vbytes = static_cast<size_t>(n) * static_cast<size_t>(d) *
+                          (storage == VectorStorage::F32 ? 4 : storage == VectorStorage::F16 ? 2 : 0);
+    const uint8_t* v = storage != VectorStorage::None ? rd.array<uint8_t>("vectors", vbytes) : nullptr;
+
+    auto idx = std::make_unique<IVFPQ>(d, nlist, m, kNbits, storage, by_ip);
+    if (trained) idx->set_trained(c, cb);
     for (int64_t l = 0; l < nlist; ++l) {
         idx->list_codes_[l].assign(codes + off[l] * m, codes + off[l + 1] * m);
         idx->list_pos_[l].assign(pos + off[l], pos + off[l + 1]);
     }
     idx->ntotal_ = n;
     if (storage != VectorStorage::None) {
-        const size_t bytes = static_cast<size_t>(n) * idx->vector_bytes();
-        const uint8_t* v = rd.array<uint8_t>("vectors", bytes);
-        if (mmap_vectors && bytes > 0) {
+        if (mmap_vectors && vbytes > 0) {
             idx->vec_map_ = rd.mapping();
             idx->vec_ptr_ = v;
         } else {
-            idx->vec_owned_.assign(v, v + bytes);
+            idx->vec_owned_.assign(v, v + vbytes);
             idx->vec_ptr_ = idx->vec_owned_.data();
         }
     }

@@ -1,5 +1,7 @@
 #include "kmeans.h"
 
+#include "bounds.h"
+#include "parallel.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -10,10 +12,6 @@
 #include <random>
 #include <stdexcept>
 #include <string>
-
-#ifdef FASTDPR_OPENMP
-#include <omp.h>
-#endif
 
 namespace fastdpr {
 namespace {
@@ -191,11 +189,15 @@ void inner_products(const float* x, int64_t nx, const float* y, int64_t ny, int6
     constexpr int64_t kRows = 32;
     const int64_t nblocks = (nx + kRows - 1) / kRows;
     const IpTFn ip_T_impl = ip_T_kernel();
+    ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1) if (worth_threads(nx * ny * d))
     for (int64_t b = 0; b < nblocks; ++b) {
-        const int64_t i0 = b * kRows, rows = std::min(kRows, nx - i0);
-        ip_T_impl(x + i0 * d, rows, yT.data(), ny, d, out + i0 * ny);
+        errors.run([&] {
+            const int64_t i0 = b * kRows, rows = std::min(kRows, nx - i0);
+            ip_T_impl(x + i0 * d, rows, yT.data(), ny, d, out + i0 * ny);
+        });
     }
+    errors.rethrow();
 }
 
 void assign_nearest(const float* x, int64_t n, const float* centroids, int64_t k, int64_t d, bool max_inner_product,
@@ -209,20 +211,25 @@ void assign_nearest(const float* x, int64_t n, const float* centroids, int64_t k
     constexpr int64_t kRows = 32;
     const int64_t nblocks = (n + kRows - 1) / kRows;
     const NearestFn nearest_impl = nearest_kernel();
-#pragma omp parallel if (nblocks > 1 && worth_threads(n * k * d))
-    {
-        std::vector<float> scratch(static_cast<size_t>(kRows) * k);
-        float best[kRows];
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t b = 0; b < nblocks; ++b) {
+    const bool par = nblocks > 1 && worth_threads(n * k * d);
+    // per-thread scratch, allocated here on the calling thread (an allocation failure is an ordinary exception)
+    const size_t n_scratch = par ? static_cast<size_t>(std::max(1, resolve_threads(0))) : 1;
+    std::vector<std::vector<float>> scratch(n_scratch, std::vector<float>(static_cast<size_t>(kRows) * k));
+    ParallelErrors errors;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(static_cast<int>(n_scratch)) if (par)
+    for (int64_t b = 0; b < nblocks; ++b) {
+        errors.run([&] {
+            float best[kRows];
             const int64_t i0 = b * kRows, rows = std::min(kRows, n - i0);
-            nearest_impl(x + i0 * d, rows, cT.data(), bias.data(), k, d, scratch.data(), labels + i0, best);
+            nearest_impl(x + i0 * d, rows, cT.data(), bias.data(), k, d,
+                         scratch[static_cast<size_t>(thread_index())].data(), labels + i0, best);
             if (dist)
                 for (int64_t r = 0; r < rows; ++r)
                     dist[i0 + r] = max_inner_product ? best[r]
                                                      : std::max(0.f, sqnorm(x + (i0 + r) * d, d) - 2.f * best[r]);
-        }
+        });
     }
+    errors.rethrow();
 }
 
 KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams& p) {
@@ -234,14 +241,16 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
     if (n < k)
         throw std::invalid_argument("k-means: need at least k=" + std::to_string(k) + " training points, got " +
                                     std::to_string(n));
+    checked_mul(static_cast<size_t>(n), static_cast<size_t>(d), "k-means: training points x dimension");
     std::mt19937_64 rng(p.seed);
     KMeansResult res;
 
-    // Seeded subsample (partial Fisher-Yates), kept in the original order for locality.
+    // Seeded subsample (partial Fisher-Yates), kept in the original order for locality. (k <= n, so the cap
+    // below is computed without overflow.)
     std::vector<float> sub;
     const float* x = x_in;
     int64_t nt = n;
-    if (n > k * p.max_points_per_centroid) {
+    if (p.max_points_per_centroid <= (n - 1) / k) {  // n > k * max_points_per_centroid
         nt = k * p.max_points_per_centroid;
         std::vector<int64_t> perm(n);
         std::iota(perm.begin(), perm.end(), int64_t{0});
@@ -275,8 +284,10 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
         const int64_t chosen = pick[first(rng)];
         std::memcpy(&c[0], x + chosen * d, sizeof(float) * d);
         const bool par = S * d >= (int64_t{1} << 18);  // small seeding steps are not worth waking threads for
+        ParallelErrors errors;
 #pragma omp parallel for schedule(static) if (par)
-        for (int64_t i = 0; i < S; ++i) d2[i] = sqdist(x + pick[i] * d, &c[0], d);
+        for (int64_t i = 0; i < S; ++i) errors.run([&] { d2[i] = sqdist(x + pick[i] * d, &c[0], d); });
+        errors.rethrow();
         for (int64_t j = 1; j < k; ++j) {
             double total = 0;
             for (int64_t i = 0; i < S; ++i) total += d2[i];
@@ -304,9 +315,12 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
                 double pot = 0;
 #pragma omp parallel for schedule(static) reduction(+ : pot) if (par)
                 for (int64_t i = 0; i < S; ++i) {
-                    cand_d2[i] = std::min(d2[i], sqdist(x + pick[i] * d, cand, d));
-                    pot += cand_d2[i];
+                    errors.run([&] {
+                        cand_d2[i] = std::min(d2[i], sqdist(x + pick[i] * d, cand, d));
+                        pot += cand_d2[i];
+                    });
                 }
+                errors.rethrow();
                 if (pot < best_pot) {
                     best_pot = pot;
                     best_at = at;
@@ -349,8 +363,9 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
         std::fill(counts.begin(), counts.end(), 0);
         // Each thread owns a range of centroids and scans all labels: the sums are the same whatever the thread
         // count, so training is reproducible from the seed alone.
+        ParallelErrors errors;
 #pragma omp parallel if (worth_threads(nt * d * 4))
-        {
+        errors.run([&] {
             int nth = 1, th = 0;
 #ifdef FASTDPR_OPENMP
             nth = omp_get_num_threads();
@@ -365,7 +380,8 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
                 for (int64_t t = 0; t < d; ++t) s[t] += xi[t];
                 ++counts[l];
             }
-        }
+        });
+        errors.rethrow();
         for (int64_t j = 0; j < k; ++j) {
             if (counts[j] == 0) continue;
             const double inv = 1.0 / static_cast<double>(counts[j]);

@@ -24,12 +24,12 @@ inline bool better(const Scored& a, const Scored& b) {
 
 class TopK {
 public:
-    explicit TopK(size_t k = 0) : k_(k) { heap_.reserve(k); }
+    explicit TopK(size_t k = 0) : k_(k) { heap_.reserve(std::min(k, kReserveMax)); }
 
     void reset(size_t k) {
         k_ = k;
         heap_.clear();
-        heap_.reserve(k);
+        heap_.reserve(std::min(k, kReserveMax));
     }
 
     size_t k() const { return k_; }
@@ -94,6 +94,9 @@ public:
     const std::vector<Scored>& items() const { return heap_; }
 
 private:
+    // a heap reserves room for at most this many up front and grows with what it is actually given, so a large k
+    // costs memory only for results that exist
+    static constexpr size_t kReserveMax = 4096;
     size_t k_;
     std::vector<Scored> heap_;
 };

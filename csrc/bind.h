@@ -1,0 +1,58 @@
+// What the binding units share (one pybind11 module, `fastdpr._C`, made of one unit per index type beside its
+// code: bindings.cpp defines the module and calls the bind_* functions below).
+//
+// Every integer argument crosses the boundary as a Python object and is converted by arg_int(): Python ints and
+// numpy integer scalars are accepted; bools, floats, negatives where a count is expected and values that do not
+// fit are a clear ValueError/TypeError naming the argument, never a silent wrap-around or pybind11's generic
+// "incompatible function arguments".
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <utility>
+
+namespace fastdpr::bind {
+
+namespace py = pybind11;
+
+using FloatArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+using U16Array = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>;
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+// The one checked integer conversion: `value` must be an integer (int or numpy integer, not bool) in [lo, hi].
+int64_t arg_int(py::handle value, const char* name, int64_t lo = 0, int64_t hi = kInt64Max);
+// A thread count: 0 (all cores) up to max_threads() (parallel.h).
+int arg_threads(py::handle value);
+
+// (n, d) float32 rows with the expected d; 1-D arrays are one row.
+std::pair<size_t, const float*> rows_of(const FloatArray& a, size_t dim, const char* what);
+
+// k beyond the index size only pads the result (the searches size their work by what exists); a padded result
+// above this many bytes is refused instead of allocated (fastdpr/index/base.py has the same rule).
+constexpr int64_t kMaxPaddedResultBytes = int64_t{1} << 30;
+
+// The (nq, k) result of a search over `size` vectors: nq x k must fit, and k > size must not pad beyond
+// kMaxPaddedResultBytes. ValueError otherwise.
+void check_result_size(int64_t nq, int64_t k, int64_t size);
+
+// Checks k and the queries, allocates the (nq, k) score and id arrays (after check_result_size), releases the GIL
+// and lets `run` fill them.
+py::tuple search_into(size_t dim, int64_t size, const FloatArray& q, py::handle k,
+                      const std::function<void(const float*, size_t, int64_t, float*, int64_t*)>& run);
+
+void bind_simd(py::module_& m);
+void bind_io(py::module_& m);
+void bind_flat(py::module_& m);
+void bind_hnsw(py::module_& m);
+void bind_ivfpq(py::module_& m);
+void bind_kmeans(py::module_& m);
+
+}  // namespace fastdpr::bind
