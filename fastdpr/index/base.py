@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fastdpr.errors import InputError
+from fastdpr.index._native import MAX_THREADS
 
 # chunk of rows validated/converted at once on add, so a 21M x 768 fp16 array never needs a full fp32 copy
 ADD_CHUNK = 65536
@@ -75,13 +76,15 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
             key, value = (s.strip() for s in p.split("=", 1))
             if not key or not value:
                 raise InputError(f"bad field {p!r} in index spec {spec!r}")
-            params[key] = _parse_value(value)
+            params[key] = parse_value(value)
         else:
             params[p] = True
     return kind, params
 
 
-def _parse_value(value: str) -> Any:
+def parse_value(value: str) -> Any:
+    """A parameter value written as text (spec strings, ``--search-param KEY=VALUE``): int, else float, else the
+    string itself."""
     for cast in (int, float):
         try:
             return cast(value)
@@ -120,8 +123,8 @@ def take_params(params: dict[str, Any], allowed: dict[str, Any], where: str) -> 
 
 
 def check_shape(x: Any, dim: int | None, what: str) -> np.ndarray:
-    """``x`` as a 2-D float array (a 1-D vector becomes one row), without copying. Wrong dimension or dtype is an
-    ``InputError`` naming ``what``."""
+    """``x`` as a 2-D array of real numbers -- floating point or integer, converted to float32 later -- without
+    copying (a 1-D vector becomes one row). Wrong dimension or dtype is an ``InputError`` naming ``what``."""
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)
@@ -132,7 +135,7 @@ def check_shape(x: Any, dim: int | None, what: str) -> np.ndarray:
     if x.ndim != 2:
         raise InputError(f"{what} must be a 2-D array (n, dim), got shape {x.shape}")
     if x.dtype.kind not in "fiu" or x.dtype == np.bool_:
-        raise InputError(f"{what} must hold floating-point numbers, got dtype {x.dtype}")
+        raise InputError(f"{what} must hold real numbers (floating point or integer), got dtype {x.dtype}")
     if dim is not None and x.shape[1] != dim:
         raise InputError(f"{what} have dimension {x.shape[1]} but the index has dimension {dim}")
     if x.shape[1] == 0:
@@ -179,6 +182,33 @@ def check_k(k: Any) -> int:
     return int(k)
 
 
+def check_threads(threads: Any) -> int:
+    """A ``threads=`` value: 0 (all cores) up to ``MAX_THREADS`` (64 per core, at most 4096)."""
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)):
+        raise InputError(f"threads must be an integer, got {threads!r}")
+    if threads < 0:
+        raise InputError(f"threads must be >= 0 (0: all cores), got {threads}")
+    if threads > MAX_THREADS:
+        raise InputError(f"threads={threads} is more than this machine can use (at most {MAX_THREADS}: 64 per core)")
+    return int(threads)
+
+
+# k beyond the index size only pads the result with (-inf, -1); a padded result larger than this is refused rather
+# than allocated (csrc/bind.h has the same rule for direct calls to the compiled core)
+MAX_PADDED_RESULT_BYTES = 1 << 30
+
+
+def pad_results(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(nq, k') results widened to k columns with -inf scores and -1 ids."""
+    nq, have = rows.shape
+    if have >= k:
+        return scores, rows
+    out_s = np.full((nq, k), -np.inf, dtype=np.float32)
+    out_i = np.full((nq, k), -1, dtype=np.int64)
+    out_s[:, :have] = scores
+    out_i[:, :have] = rows
+    return out_s, out_i
+
 def check_ids(ids: Any, n: int) -> np.ndarray:
     ids = np.asarray(ids)
     if ids.ndim != 1 or ids.shape[0] != n:
@@ -219,15 +249,22 @@ class Index:
     def _ntotal(self) -> int:
         raise NotImplementedError
 
+    @property
+    def stores_fp16(self) -> bool:
+        """True when the rows are stored as fp16 (they must then fit its range)."""
+        return False
+
     def _check_rows(self, x: np.ndarray) -> None:
-        """Type-specific checks of rows about to be added (raise InputError); run before anything is added."""
+        """Checks of rows about to be added (raise InputError); run before anything is added."""
+        if self.stores_fp16:
+            check_fp16_range(x)
 
     def _add(self, x: np.ndarray) -> None:
         """Append float32 C-contiguous rows (already checked); row numbers continue from ``_ntotal()``."""
         raise NotImplementedError
 
     def _search(self, q: np.ndarray, k: int, **params: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k by inner product of float32 rows; returns row numbers (-1 padded)."""
+        """Top-k by inner product of float32 rows, k <= the number of rows; returns row numbers (-1 padded)."""
         raise NotImplementedError
 
     def _write(self, writer: Any) -> None:
@@ -294,10 +331,17 @@ class Index:
         pad rows when the index holds fewer than ``k`` vectors. ``params`` are the type's search parameters."""
         k = check_k(k)
         q = check_matrix(queries, self._dim, "queries")
-        if self._ntotal() == 0:
+        n = self._ntotal()
+        if n == 0:
             raise InputError(f"cannot search an empty {type(self).__name__}: add vectors first")
         params = take_params(params, self.search_params, f"{type(self).__name__}.search")
-        scores, rows = self._search(q, k, **params)
+        if "threads" in params:
+            params["threads"] = check_threads(params["threads"])
+        # k beyond the index size: search for what exists, pad the rest (cheap, and no type sizes work by k)
+        if k > n and q.shape[0] * k * 12 > MAX_PADDED_RESULT_BYTES:
+            raise InputError(f"k={k} is larger than the index ({n} vectors), and padding {q.shape[0]} result rows "
+                             f"to that width takes {q.shape[0] * k * 12 >> 20} MiB; ask for k <= {n}")
+        scores, rows = pad_results(*self._search(q, min(k, n), **params), k)
         labels = self._labels  # read after the search: every row returned has its id published
         if labels is not None:
             ids = np.where(rows >= 0, labels[np.maximum(rows, 0)], -1)

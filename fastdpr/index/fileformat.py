@@ -1,7 +1,7 @@
 """The index file format (see ``csrc/io.h`` for the layout): a pure-Python twin of the C++ reader and writer.
 
-``open_writer``/``open_reader`` return the compiled implementation when the extension is present and this one
-otherwise; both expose the same small API, so index types write sections the same way either way::
+``open_writer``/``open_reader`` return the compiled implementation when the extension is present (and not disabled by
+``FASTDPR_NO_NATIVE``/``force_fallback``, see ``_native``) and this one otherwise; both expose the same small API, so index types write sections the same way either way::
 
     w = open_writer("x.fdpr", "flat")
     w.meta("dim", 768)
@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from fastdpr.atomic import atomic_open
+from fastdpr.atomic import atomic_open, remove_stale_temp_files
 from fastdpr.errors import InputError
+from fastdpr.index._native import native
 
 MAGIC = b"FDPRIDX\0"
 VERSION = 1
@@ -31,29 +32,26 @@ ALIGN = 64
 NAME_MAX = 15
 
 
-def _compiled():
-    try:
-        from fastdpr import _C
-    except ImportError:
-        return None
-    return _C if hasattr(_C, "FileWriter") else None
-
-
 def open_writer(path: str | os.PathLike, kind: str, compiled: bool | None = None):
-    """A writer for ``path`` tagged ``kind``. ``compiled=None``: the C++ writer when available."""
-    C = _compiled()
+    """A writer for ``path`` tagged ``kind``. ``compiled=None``: the C++ writer when the compiled core is in use;
+    ``compiled=True`` (an index that runs on the compiled core writes through it): the C++ writer even when the
+    fallbacks are forced for new objects."""
+    C = native(ignore_forced=bool(compiled))
     if compiled is None:
         compiled = C is not None
+    if compiled and C is None:
+        raise RuntimeError("the compiled extension fastdpr._C is not available")
+    # temporary files of writers that were killed before they committed (both writers' naming schemes)
+    remove_stale_temp_files(path)
     if compiled:
-        if C is None:
-            raise RuntimeError("the compiled extension fastdpr._C is not available")
         return CompiledWriter(C.FileWriter(str(path), kind))
     return PyWriter(path, kind)
 
 
 def open_reader(path: str | os.PathLike, verify: bool = True):
-    """Open and validate an index file (the C++ reader when available). Bad files raise ``InputError``."""
-    C = _compiled()
+    """Open and validate an index file (the C++ reader when the compiled core is in use). Bad files raise
+    ``InputError``."""
+    C = native()
     if C is not None:
         try:
             return CompiledReader(C.FileReader(str(path), verify))

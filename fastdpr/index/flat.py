@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from fastdpr.index._native import native
-from fastdpr.index.base import Index, check_fp16_range, take_params
+from fastdpr.index.base import Index, take_params
+from fastdpr.index.rows import RowStore
 
 NUMPY_BLOCK = 16384  # vectors scored per matrix product in the fallback
 
@@ -70,8 +71,7 @@ class FlatIndex(Index):
         self.fp16 = bool(fp16)
         C = native()
         self._impl = C.FlatIndex(self._dim, "fp16" if self.fp16 else "fp32") if C is not None else None
-        self._rows: list[np.ndarray] = []  # fallback storage, joined lazily
-        self._n = 0
+        self._store = RowStore(self._dim, self.fp16)  # the fallback's rows
 
     @classmethod
     def from_spec(cls, dim: int, params: dict[str, Any]) -> "FlatIndex":
@@ -82,59 +82,49 @@ class FlatIndex(Index):
     def native(self) -> bool:
         return self._impl is not None
 
-    def _check_rows(self, x: np.ndarray) -> None:
-        if self.fp16:
-            check_fp16_range(x)
+    @property
+    def stores_fp16(self) -> bool:
+        return self.fp16
 
     def _ntotal(self) -> int:
-        return len(self._impl) if self._impl is not None else self._n
+        return len(self._impl) if self._impl is not None else len(self._store)
 
     def _add(self, x: np.ndarray) -> None:
         if self._impl is not None:
             self._impl.add(x)
         else:
-            self._rows.append(x.astype(np.float16) if self.fp16 else x.copy())
-            self._n += x.shape[0]
+            self._store.append(x)
 
     def vectors(self) -> np.ndarray:
         """The stored rows (fp16 or fp32) as one array (fallback storage only)."""
-        if len(self._rows) > 1:
-            self._rows = [np.concatenate(self._rows)]
-        if not self._rows:
-            return np.empty((0, self._dim), dtype=np.float16 if self.fp16 else np.float32)
-        return self._rows[0]
+        return self._store.array()
 
     def _search(self, q: np.ndarray, k: int, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
         if self._impl is not None:
             return self._impl.search(q, k, threads)
-        return numpy_exact_search(self.vectors(), q, k)
+        return numpy_exact_search(self._store.array(), q, k)
 
     def _write(self, writer: Any) -> None:
         if self._impl is not None:
             self._impl.save(writer.raw)
-            return
-        writer.meta("dim", self._dim)
-        writer.meta("count", self._n)
-        writer.meta("storage", "fp16" if self.fp16 else "fp32")
-        writer.add("vectors", self.vectors())
+        else:
+            self._store.write(writer)
 
     def _uses_compiled_writer(self) -> bool:
         return self._impl is not None
 
     @classmethod
     def _read(cls, reader: Any, mmap: bool = False) -> "FlatIndex":
-        dim = reader.meta_int("dim", 1, 1 << 20)
-        storage = reader.meta("storage")
-        if storage not in ("fp16", "fp32"):
-            reader.fail(f"unknown storage {storage!r}")
-        index = cls(dim, fp16=storage == "fp16")
         C = native()
         if C is not None and hasattr(reader, "raw"):
-            index._impl = C.FlatIndex.load(reader.raw, mmap)
+            impl = C.FlatIndex.load(reader.raw, mmap)
+            index = cls.__new__(cls)
+            Index.__init__(index, impl.dim)
+            index.fp16, index._impl = impl.storage == "fp16", impl
+            index._store = RowStore(impl.dim, index.fp16)
             return index
-        index._impl = None
-        count = reader.meta_int("count", 0)
-        rows = reader.array("vectors", np.float16 if index.fp16 else np.float32, count * dim).reshape(count, dim)
-        index._rows = [rows if mmap else np.array(rows)]
-        index._n = count
+        store = RowStore.read(reader, mmap)
+        index = cls.__new__(cls)
+        Index.__init__(index, store.dim)
+        index.fp16, index._impl, index._store = store.fp16, None, store
         return index

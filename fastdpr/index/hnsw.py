@@ -17,7 +17,9 @@ Spec: ``"hnsw,M=32,efc=200,ef=128,fp16,graph=ip|cos|l2,mips=l2,phi=...,entry=1"`
   ``select_neighbors`` in ``csrc/hnsw.cpp``), which keeps local structure reachable around the hubs. Measured
   with ``benchmarks/index_core_bench.py hnsw`` (50k x 384, M=16, efc=200, k=100, ef=128, 1 thread): recall@100
   0.995 here against 0.79 (hnswlib) and 0.74 (faiss HNSW-IP).
-- Without the compiled core the index stores the vectors and searches them exactly: the same results or better.
+- Without the compiled core (or with ``FASTDPR_NO_NATIVE=1``) the index stores the vectors and searches them
+  exactly: the same results or better. It saves them with its parameters and no graph, and loading that file with
+  the compiled core builds the graph then.
 
 >>> import numpy as np
 >>> from fastdpr.index import build_index
@@ -35,8 +37,9 @@ import numpy as np
 
 from fastdpr.errors import InputError
 from fastdpr.index._native import native
-from fastdpr.index.base import Index, check_fp16_range, take_params
+from fastdpr.index.base import Index, take_params
 from fastdpr.index.flat import numpy_exact_search
+from fastdpr.index.rows import RowStore
 
 DEFAULTS = {"M": 32, "efc": 200, "ef": 128, "fp16": False, "fp32": False, "graph": "ip", "mips": "ip", "phi": 0.0,
             "entry": 1, "seed": 12345}
@@ -53,11 +56,13 @@ class HNSWIndex(Index):
         super().__init__(dim)
         if graph not in ("ip", "cos", "l2"):
             raise InputError(f"hnsw: graph must be ip, cos or l2, got {graph!r}")
-        for name, value, lo in (("M", M, 2), ("efc", efc, 1), ("ef", ef, 1), ("entry", entry, 1)):
-            if value < lo:
-                raise InputError(f"hnsw: {name} must be >= {lo}, got {value}")
-        if M > 4096:
-            raise InputError(f"hnsw: M must be <= 4096, got {M}")
+        # the ranges the compiled graph and its file loader accept (csrc/hnsw.cpp)
+        for name, value, lo, hi in (("M", M, 2, 4096), ("efc", efc, 1, 1 << 30), ("ef", ef, 1, 1 << 30),
+                                    ("entry", entry, 1, 1 << 20), ("seed", seed, 0, None)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InputError(f"hnsw: {name} must be an integer, got {value!r}")
+            if value < lo or (hi is not None and value > hi):
+                raise InputError(f"hnsw: {name} must be in [{lo}, {hi if hi is not None else 'inf'}], got {value}")
         if not np.isfinite(phi) or phi < 0:
             raise InputError(f"hnsw: phi must be a finite number >= 0, got {phi}")
         self.M, self.efc, self.ef, self.fp16, self.graph, self.entry, self.seed = M, efc, ef, fp16, graph, entry, seed
@@ -68,8 +73,7 @@ class HNSWIndex(Index):
             self._impl = C.HNSWIndex(self._dim, M=M, ef_construction=efc, ef_search=ef, graph=graph,
                                      storage="fp16" if fp16 else "fp32", phi=float(phi), entry_points=entry,
                                      seed=int(seed) & 0x7FFFFFFFFFFFFFFF)
-        self._rows: list[np.ndarray] = []  # fallback storage
-        self._n = 0
+        self._store = RowStore(self._dim, fp16)  # the fallback's rows
 
     @classmethod
     def from_spec(cls, dim: int, params: dict[str, Any]) -> "HNSWIndex":
@@ -92,12 +96,12 @@ class HNSWIndex(Index):
     def phi(self) -> float:
         return self._impl.phi if self._impl is not None else self._phi
 
-    def _check_rows(self, x: np.ndarray) -> None:
-        if self.fp16:
-            check_fp16_range(x)
+    @property
+    def stores_fp16(self) -> bool:
+        return self.fp16
 
     def _ntotal(self) -> int:
-        return len(self._impl) if self._impl is not None else self._n
+        return len(self._impl) if self._impl is not None else len(self._store)
 
     def _add(self, x: np.ndarray, threads: int = 0) -> None:
         if self._impl is not None:
@@ -108,25 +112,19 @@ class HNSWIndex(Index):
             return
         if self.graph == "l2":  # same rule as the compiled graph, so the fallback accepts exactly the same adds
             sq = np.einsum("ij,ij->i", x, x, dtype=np.float64)
-            if self._n == 0 and self._phi <= 0 and sq.size:
+            if len(self._store) == 0 and self._phi <= 0 and sq.size:
                 self._phi = float(sq.max())
             if sq.size and sq.max() > self._phi * (1 + 1e-6):
                 raise InputError(f"mips=l2: vector {int(sq.argmax())} of this add has squared norm {sq.max():.6g} "
                                  f"above phi = {self._phi:.6g}, fixed by the first add")
-        self._rows.append(x.astype(np.float16) if self.fp16 else x.copy())
-        self._n += x.shape[0]
-
-    def _vectors(self) -> np.ndarray:
-        if len(self._rows) > 1:
-            self._rows = [np.concatenate(self._rows)]
-        return self._rows[0] if self._rows else np.empty((0, self._dim), np.float16 if self.fp16 else np.float32)
+        self._store.append(x)
 
     def _search(self, q: np.ndarray, k: int, ef: int = 0, threads: int = 0, entry: int = 0):
         if ef < 0 or entry < 0:
             raise InputError("hnsw search: ef and entry must be >= 0")
         if self._impl is not None:
             return self._impl.search(q, k, ef, threads, entry)
-        return numpy_exact_search(self._vectors(), q, k)
+        return numpy_exact_search(self._store.array(), q, k)
 
     # -- statistics ---------------------------------------------------------------------------------------------
     def mean_degree(self) -> float:
@@ -134,7 +132,7 @@ class HNSWIndex(Index):
 
     def reachable(self) -> int:
         """Nodes reachable from the entry point on level 0 (a connectivity check)."""
-        return self._impl.reachable() if self._impl is not None else self._n
+        return self._impl.reachable() if self._impl is not None else len(self._store)
 
     # -- files --------------------------------------------------------------------------------------------------
     def _uses_compiled_writer(self) -> bool:
@@ -144,30 +142,47 @@ class HNSWIndex(Index):
         if self._impl is not None:
             self._impl.save(writer.raw)
             return
-        # the fallback holds no graph; it saves its vectors under its own tag so no graph is ever faked
-        raise InputError("this HNSW index runs on the exact numpy fallback and has no graph to save; "
-                         "save it as a flat index (spec 'flat') or install the compiled extension")
+        # The fallback holds no graph and fakes none: it writes its vectors and the graph's parameters without any
+        # link section, and a compiled loader builds the graph from them (`_read`).
+        self._store.write(writer)
+        for key, value in (("M", self.M), ("ef_construction", self.efc), ("ef_search", self.ef),
+                           ("entry_points", self.entry), ("graph", self.graph), ("phi", float(self.phi)),
+                           ("seed", int(self.seed) & 0x7FFFFFFFFFFFFFFF)):
+            writer.meta(key, value)
 
     @classmethod
     def _read(cls, reader: Any, mmap: bool = False) -> "HNSWIndex":
         C = native()
-        dim = reader.meta_int("dim", 1, 1 << 20)
-        if C is None or not hasattr(reader, "raw"):
-            # no compiled core: keep the stored vectors and search them exactly
-            count = reader.meta_int("count", 0)
-            fp16 = reader.meta("storage") == "fp16"
-            index = cls(dim, fp16=fp16)
-            rows = reader.array("vectors", np.float16 if fp16 else np.float32, count * dim).reshape(count, dim)
-            index._rows = [rows if mmap else np.array(rows)]
-            index._n = count
+        if C is not None and hasattr(reader, "raw") and reader.has("links0"):
+            impl = C.HNSWIndex.load(reader.raw, mmap)
+            index = cls.__new__(cls)
+            Index.__init__(index, impl.dim)
+            index.M, index.efc, index.ef = impl.M, impl.ef_construction, impl.ef_search
+            index.fp16, index.graph, index.entry = impl.storage == "fp16", impl.graph, impl.entry_points
+            index.seed = int(reader.meta("seed"))
+            index._phi = impl.phi
+            index._impl = impl
+            index._store = RowStore(impl.dim, index.fp16)
             return index
-        impl = C.HNSWIndex.load(reader.raw, mmap)
-        index = cls.__new__(cls)
-        Index.__init__(index, dim)
-        index.M, index.efc, index.ef = impl.M, impl.ef_construction, impl.ef_search
-        index.fp16, index.graph, index.entry = impl.storage == "fp16", impl.graph, impl.entry_points
-        index.seed = int(reader.meta("seed"))
-        index._phi = impl.phi
-        index._impl = impl
-        index._rows, index._n = [], 0
+        # the vectors (of a graph file, or of a file the fallback wrote), with the graph's parameters
+        store = RowStore.read(reader, mmap)
+        params = {}
+        for key, name, lo, hi in (("M", "M", 2, 4096), ("ef_construction", "efc", 1, 1 << 30),
+                                  ("ef_search", "ef", 1, 1 << 30), ("entry_points", "entry", 1, 1 << 20),
+                                  ("seed", "seed", 0, None)):
+            if reader.has_meta(key):
+                params[name] = reader.meta_int(key, lo, hi)
+        if reader.has_meta("graph"):
+            params["graph"] = reader.meta("graph")
+            if params["graph"] not in ("ip", "cos", "l2"):
+                reader.fail(f"unknown graph {params['graph']!r}")
+        if reader.has_meta("phi"):
+            params["phi"] = reader.meta_float("phi")
+            if not np.isfinite(params["phi"]) or params["phi"] < 0:
+                reader.fail("bad phi")
+        index = cls(store.dim, fp16=store.fp16, **params)
+        if index._impl is None:
+            index._store = store
+        elif len(store):  # a file without a graph, loaded with the compiled core: build the graph now
+            index._add(np.ascontiguousarray(store.array(), dtype=np.float32))
         return index

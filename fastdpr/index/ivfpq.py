@@ -19,13 +19,19 @@ Example::
     scores, ids = index.search(queries, k=100, nprobe=32, rerank=400)
 
 Spec parameters: ``nlist`` (0: about 4 sqrt(n), a power of two), ``m`` (0: d/8 sub-quantizers), ``nbits`` (8),
-``store`` (none|fp16|fp32; bare ``fp16``/``fp32`` flags work too), ``nprobe`` and ``rerank`` (search defaults;
-rerank -1: 4 k when vectors are stored, else 0), ``assign`` (l2|ip: how vectors are filed under centroids),
-``niter``, ``pq_niter``, ``seed``, ``max_points_per_centroid`` (coarse k-means subsample, 64),
-``pq_max_points_per_centroid`` (256), ``spherical`` (true), ``backend`` (auto|compiled|numpy).
+``store`` (none|fp16|fp32; bare ``fp16``/``fp32`` flags work too), ``nprobe`` and ``rerank`` (search defaults),
+``assign`` (l2|ip: how vectors are filed under centroids), ``niter``, ``pq_niter``, ``seed``,
+``max_points_per_centroid`` (coarse k-means subsample, 64), ``pq_max_points_per_centroid`` (256), ``spherical``
+(true), ``backend`` (auto|compiled|numpy).
+
+``rerank`` is a number of candidates re-scored exactly, or ``"auto"`` (the default): 4 k when the full vectors are
+stored, else none. ``search(..., rerank=None, nprobe=None)`` (the defaults) use the index's own settings. The older
+spellings still work: ``rerank=-1`` means ``"auto"``, and in ``search`` ``rerank=-2`` and ``nprobe=0`` mean the
+index's setting.
 
 The compiled backend (``fastdpr._C.IVFPQ``) and the numpy backend here give the same codes and scores from the
-same trained state and read and write the same file.
+same trained state and read and write the same file; ``FASTDPR_NO_NATIVE=1`` (or ``force_fallback``) makes
+``backend=auto`` pick numpy.
 """
 from __future__ import annotations
 
@@ -35,7 +41,9 @@ from typing import Any
 import numpy as np
 
 from fastdpr.errors import InputError, MissingDependency
+from fastdpr.index._native import fallback_forced, native
 from fastdpr.index.base import Index, check_matrix, take_params
+from fastdpr.index.kmeans import kmeans, nearest  # noqa: F401  (kmeans: re-exported, it used to live here)
 
 KSUB = 256  # codewords per sub-quantizer (8-bit codes)
 
@@ -45,7 +53,7 @@ SPEC_PARAMS: dict[str, Any] = {
     "nbits": 8,
     "store": "none",
     "nprobe": 16,
-    "rerank": -1,
+    "rerank": "auto",
     "assign": "l2",
     "niter": 20,
     "pq_niter": 20,
@@ -57,13 +65,22 @@ SPEC_PARAMS: dict[str, Any] = {
 }
 STORE_CODES = {"none": 0, "fp16": 1, "fp32": 2}
 
+RERANK_AUTO = "auto"  # re-rank 4 k candidates when the full vectors are stored, else none
+_LEGACY_RERANK_AUTO = -1  # the old spelling of "auto" (spec strings, files, search)
+_LEGACY_INDEX_SETTING = -2  # the old search() spelling of "the index's own setting"
 
-def _compiled_module():
-    try:
-        from fastdpr import _C
-    except ImportError:
-        return None
-    return _C if hasattr(_C, "IVFPQ") else None
+
+def rerank_setting(value: Any, where: str = "ivfpq") -> int | str:
+    """A ``rerank`` setting: a count >= 0 or ``"auto"`` (also spelled -1)."""
+    if isinstance(value, str) and value.strip().lower() == RERANK_AUTO:
+        return RERANK_AUTO
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InputError(f"{where}: rerank must be a count >= 0 or 'auto', got {value!r}")
+    if value == _LEGACY_RERANK_AUTO:
+        return RERANK_AUTO
+    if value < 0:
+        raise InputError(f"{where}: rerank must be a count >= 0 or 'auto', got {value}")
+    return int(value)
 
 
 def default_nlist(n: int) -> int:
@@ -85,10 +102,11 @@ class IVFPQIndex(Index):
     """IVF-PQ index (see the module docstring). Train on a sample, then add; ``build_index`` does both."""
 
     kind = "ivfpq"
-    search_params = {"nprobe": 0, "rerank": -2, "threads": 0}  # 0 / -2: the index's defaults
+    search_params = {"nprobe": None, "rerank": None, "threads": 0}  # None: the index's own settings
 
     def __init__(self, dim: int, nlist: int = 0, m: int = 0, nbits: int = 8, store: str = "none", nprobe: int = 16,
-                 rerank: int = -1, assign: str = "l2", niter: int = 20, pq_niter: int = 20, seed: int = 1234,
+                 rerank: int | str = RERANK_AUTO, assign: str = "l2", niter: int = 20, pq_niter: int = 20,
+                 seed: int = 1234,
                  max_points_per_centroid: int = 64, pq_max_points_per_centroid: int = 256, spherical: bool = True,
                  backend: str = "auto"):
         super().__init__(dim)
@@ -107,9 +125,8 @@ class IVFPQIndex(Index):
             raise InputError(f"{where}: assign must be 'l2' or 'ip', got {assign!r}")
         if nprobe < 1:
             raise InputError(f"{where}: nprobe must be >= 1, got {nprobe}")
-        if rerank < -1:
-            raise InputError(f"{where}: rerank must be >= 0 (or -1 for automatic), got {rerank}")
-        if rerank > 0 and store == "none":
+        rerank = rerank_setting(rerank, where)
+        if rerank != RERANK_AUTO and rerank > 0 and store == "none":
             raise InputError(f"{where}: rerank={rerank} needs the full vectors; add store=fp16 or store=fp32")
         for name, value in (("niter", niter), ("pq_niter", pq_niter),
                             ("max_points_per_centroid", max_points_per_centroid),
@@ -118,11 +135,12 @@ class IVFPQIndex(Index):
                 raise InputError(f"{where}: {name} must be >= 1, got {value}")
         if backend not in ("auto", "compiled", "numpy"):
             raise InputError(f"{where}: backend must be auto, compiled or numpy, got {backend!r}")
-        if backend == "compiled" and _compiled_module() is None:
-            raise MissingDependency("ivfpq: the compiled extension fastdpr._C is not available "
-                                    "(reinstall fastdpr with a C++ compiler, or use backend=numpy)")
+        if backend == "compiled" and native() is None:
+            why = ("is disabled (FASTDPR_NO_NATIVE / force_fallback)" if fallback_forced() else
+                   "is not available (reinstall fastdpr with a C++ compiler, or use backend=numpy)")
+            raise MissingDependency(f"ivfpq: backend=compiled, but the compiled extension fastdpr._C {why}")
         self.nlist, self.m, self.store, self.assign = int(nlist), int(m), store, assign
-        self.nprobe, self.rerank = int(nprobe), int(rerank)
+        self.nprobe, self.rerank = int(nprobe), rerank
         self.train_params = dict(niter=int(niter), pq_niter=int(pq_niter), seed=int(seed),
                                  max_points_per_centroid=int(max_points_per_centroid),
                                  pq_max_points_per_centroid=int(pq_max_points_per_centroid), spherical=bool(spherical))
@@ -146,12 +164,10 @@ class IVFPQIndex(Index):
             params["spherical"] = words[str(value).lower()]
         return cls(dim, **take_params(params, SPEC_PARAMS, "ivfpq"))
 
-    def _use_compiled(self) -> bool:
-        return self.backend == "compiled" or (self.backend == "auto" and _compiled_module() is not None)
-
     def _make_impl(self, nlist: int):
-        if self._use_compiled():
-            return _compiled_module().IVFPQ(self.dim, nlist, self.m, 8, self.store, self.assign == "ip")
+        C = native() if self.backend != "numpy" else None
+        if C is not None:
+            return C.IVFPQ(self.dim, nlist, self.m, 8, self.store, self.assign == "ip")
         return NumpyIVFPQ(self.dim, nlist, self.m, 8, self.store, self.assign == "ip")
 
     @property
@@ -205,24 +221,31 @@ class IVFPQIndex(Index):
         self._impl.set_trained(centroids, codebooks)
 
     # -- Index protocol -----------------------------------------------------------------------------------------
+    @property
+    def stores_fp16(self) -> bool:
+        return self.store == "fp16"
+
     def _ntotal(self) -> int:
         return 0 if self._impl is None else len(self._impl)
 
     def _add(self, x: np.ndarray) -> None:
         self._impl.add(x)
 
-    def _search(self, q: np.ndarray, k: int, nprobe: int = 0, rerank: int = -2, threads: int = 0):
-        nprobe = self.nprobe if nprobe == 0 else nprobe
-        if nprobe < 1:
-            raise InputError(f"ivfpq: nprobe must be >= 1, got {nprobe}")
-        rerank = self.rerank if rerank == -2 else rerank
-        if rerank == -1:
+    def _search(self, q: np.ndarray, k: int, nprobe: int | None = None, rerank: int | str | None = None,
+                threads: int = 0):
+        if nprobe is None or (nprobe == 0 and not isinstance(nprobe, bool)):  # 0: the old spelling of "default"
+            nprobe = self.nprobe
+        if isinstance(nprobe, bool) or not isinstance(nprobe, (int, np.integer)) or nprobe < 1:
+            raise InputError(f"ivfpq: nprobe must be >= 1, got {nprobe!r}")
+        if rerank is None or (rerank == _LEGACY_INDEX_SETTING and not isinstance(rerank, bool)):
+            rerank = self.rerank
+        rerank = rerank_setting(rerank, "ivfpq search")
+        if rerank == RERANK_AUTO:
             rerank = 4 * k if self.store != "none" else 0
-        if rerank < 0:
-            raise InputError(f"ivfpq: rerank must be >= 0, got {rerank}")
         if rerank > 0 and self.store == "none":
             raise InputError("ivfpq: rerank needs the full vectors; this index was built without store=fp16|fp32")
-        return self._impl.search(q, k, nprobe, rerank, threads)
+        # candidates beyond the index size do not exist (and would only size buffers)
+        return self._impl.search(q, k, int(nprobe), min(rerank, self._ntotal()), threads)
 
     def codes(self) -> tuple[np.ndarray, np.ndarray]:
         """(list of every row, its m codes), rows in the order added — for inspection and tests."""
@@ -257,15 +280,18 @@ class IVFPQIndex(Index):
 
     @classmethod
     def _read(cls, reader: Any, mmap: bool = False) -> "IVFPQIndex":
-        C = _compiled_module()
+        C = native()
         if C is not None and hasattr(reader, "raw"):
             impl = C.IVFPQ.load(reader.raw, mmap)
         else:
             impl = NumpyIVFPQ.read_sections(reader, mmap)
         store = impl.store
         nprobe = reader.meta_int("nprobe", 1, 1 << 30) if reader.has_meta("nprobe") else 16
-        rerank = reader.meta_int("rerank", -1, 1 << 30) if reader.has_meta("rerank") else -1
-        if store == "none" and rerank > 0:
+        rerank: int | str = RERANK_AUTO
+        if reader.has_meta("rerank") and reader.meta("rerank") != RERANK_AUTO:
+            rerank = reader.meta_int("rerank", _LEGACY_RERANK_AUTO, 1 << 30)
+        rerank = rerank_setting(rerank)
+        if store == "none" and rerank != RERANK_AUTO and rerank > 0:
             rerank = 0
         index = cls(impl.dim, nlist=impl.nlist, m=impl.m, store=store, nprobe=nprobe, rerank=rerank,
                     assign="ip" if impl.assign_by_ip else "l2",
@@ -276,82 +302,6 @@ class IVFPQIndex(Index):
 
 # ---------------------------------------------------------------------------------------------------------------
 # numpy backend: the same algorithm as csrc/ivfpq.cpp and csrc/kmeans.cpp, used when the extension is absent
-
-
-def _nearest(x: np.ndarray, centroids: np.ndarray, max_inner_product: bool, block: int = 4096) -> np.ndarray:
-    """Row-wise argmin ||x - c||^2 (or argmax <x, c>), ties to the lowest index, in blocks."""
-    half = np.zeros(centroids.shape[0], np.float32) if max_inner_product else \
-        0.5 * np.einsum("ij,ij->i", centroids, centroids, dtype=np.float32)
-    out = np.empty(x.shape[0], dtype=np.int64)
-    for s in range(0, x.shape[0], block):
-        out[s:s + block] = np.argmax(x[s:s + block] @ centroids.T - half, axis=1)
-    return out
-
-
-def kmeans(x: np.ndarray, k: int, niter: int = 20, seed: int = 1234, spherical: bool = False,
-           max_points_per_centroid: int = 256, kmeanspp: bool = True) -> np.ndarray:
-    """Lloyd's k-means with k-means++ seeding and empty-cluster splitting (numpy twin of csrc/kmeans.cpp; the
-    random streams differ, so the centroids are equally good rather than identical).
-
-    >>> c = kmeans(np.random.default_rng(0).standard_normal((1000, 8)).astype(np.float32), k=16)
-    >>> c.shape
-    (16, 8)
-    """
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    n, d = x.shape
-    if k < 1 or n < k:
-        raise InputError(f"k-means: need at least k={k} training points, got {n}")
-    rng = np.random.default_rng(seed)
-    if n > k * max_points_per_centroid:
-        x = x[np.sort(rng.choice(n, k * max_points_per_centroid, replace=False))]
-        n = x.shape[0]
-    c = np.empty((k, d), dtype=np.float32)
-    if kmeanspp:  # greedy k-means++, as in csrc/kmeans.cpp
-        sample = x[rng.permutation(n)[:min(n, max(4 * k, 2048))]]
-        sq = np.einsum("ij,ij->i", sample, sample, dtype=np.float64)
-        trials = 2 + int(math.log(k))
-        c[0] = sample[rng.integers(sample.shape[0])]
-        d2 = np.maximum(sq - 2 * (sample @ c[0]) + float(c[0] @ c[0]), 0)
-        for j in range(1, k):
-            total = d2.sum()
-            if total > 0:
-                at = np.searchsorted(np.cumsum(d2), rng.random(trials) * total)
-                at = np.minimum(at, sample.shape[0] - 1)
-            else:
-                at = rng.integers(sample.shape[0], size=trials)
-            cand = sample[at]
-            dist = sq[None, :] - 2 * (cand @ sample.T) + np.einsum("ij,ij->i", cand, cand)[:, None]
-            pots = np.minimum(d2[None, :], np.maximum(dist, 0))
-            best = int(np.argmin(pots.sum(1)))
-            c[j] = cand[best]
-            d2 = pots[best]
-    else:
-        c[:] = x[rng.permutation(n)[:k]]
-
-    def normalise():
-        norms = np.linalg.norm(c, axis=1, keepdims=True)
-        np.divide(c, norms, out=c, where=norms > 0)
-
-    if spherical:
-        normalise()
-    eps = np.where(np.arange(d) % 2 == 0, 1.0 / 1024, -1.0 / 1024).astype(np.float32)
-    for _ in range(niter):
-        labels = _nearest(x, c, spherical)
-        counts = np.bincount(labels, minlength=k)
-        sums = np.stack([np.bincount(labels, weights=x[:, t], minlength=k) for t in range(d)], axis=1)
-        filled = counts > 0
-        c[filled] = (sums[filled] / counts[filled, None]).astype(np.float32)
-        for j in np.flatnonzero(~filled):
-            big = int(np.argmax(counts))
-            if counts[big] < 2:
-                break
-            c[j] = c[big] * (1 + eps)
-            c[big] = c[big] * (1 - eps)
-            counts[j] = counts[big] // 2
-            counts[big] -= counts[j]
-        if spherical:
-            normalise()
-    return c
 
 
 def _top(scores: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
@@ -412,7 +362,7 @@ class NumpyIVFPQ:
         self._centroids = kmeans(x, self.nlist, niter, seed, spherical, max_points_per_centroid)
         rng = np.random.default_rng(seed + 1)
         sample = x[np.sort(rng.choice(n, min(n, KSUB * pq_max_points_per_centroid), replace=False))]
-        resid = sample - self._centroids[_nearest(sample, self._centroids, self.assign_by_ip)]
+        resid = sample - self._centroids[nearest(sample, self._centroids, self.assign_by_ip)]
         self._codebooks = np.stack([
             kmeans(np.ascontiguousarray(resid[:, j * self.dsub:(j + 1) * self.dsub]), KSUB, pq_niter, seed + 1 + j,
                    False, pq_max_points_per_centroid)
@@ -442,12 +392,12 @@ class NumpyIVFPQ:
     def encode(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not self.is_trained:
             raise InputError("ivfpq: the index is not trained; call train() before encode()")
-        lists = _nearest(x, self._centroids, self.assign_by_ip)
+        lists = nearest(x, self._centroids, self.assign_by_ip)
         resid = x - self._centroids[lists]
         codes = np.empty((x.shape[0], self.m), np.uint8)
         for j in range(self.m):
             sub = np.ascontiguousarray(resid[:, j * self.dsub:(j + 1) * self.dsub])
-            codes[:, j] = _nearest(sub, self._codebooks[j], False)
+            codes[:, j] = nearest(sub, self._codebooks[j], False)
         return lists, codes
 
     def add(self, x: np.ndarray) -> None:
@@ -527,10 +477,10 @@ class NumpyIVFPQ:
         n = reader.meta_int("ntotal", 0, 1 << 40)
         if not trained and n:
             reader.fail("untrained index with vectors")
-        out = cls(d, nlist, m, 8, store, by_ip)
+        # every section's size is checked against the metadata before anything is allocated from it
         if trained:
-            out.set_trained(reader.array("centroids", np.float32, nlist * d),
-                            reader.array("codebooks", np.float32, m * KSUB * (d // m)))
+            centroids = reader.array("centroids", np.float32, nlist * d)
+            codebooks = reader.array("codebooks", np.float32, m * KSUB * (d // m))
         off = reader.array("list_offsets", np.int64, nlist + 1)
         if off[0] != 0 or off[-1] != n or (np.diff(off) < 0).any():
             reader.fail("list offsets do not cover the vectors")
@@ -538,6 +488,9 @@ class NumpyIVFPQ:
         pos = reader.array("list_pos", np.int64, n)
         if n and (pos.min() < 0 or pos.max() >= n):
             reader.fail("list position out of range")
+        out = cls(d, nlist, m, 8, store, by_ip)
+        if trained:
+            out.set_trained(centroids, codebooks)
         out._codes = [np.array(codes[off[ln]:off[ln + 1]]) for ln in range(nlist)]
         out._pos = [np.array(pos[off[ln]:off[ln + 1]]) for ln in range(nlist)]
         out._n = n

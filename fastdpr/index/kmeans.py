@@ -1,0 +1,89 @@
+"""k-means for the numpy IVF-PQ backend (coarse centroids, PQ codebooks): the numpy twin of csrc/kmeans.cpp, used
+when the compiled core is absent or disabled.
+
+>>> import numpy as np
+>>> c = kmeans(np.random.default_rng(0).standard_normal((1000, 8)).astype(np.float32), k=16)
+>>> c.shape
+(16, 8)
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fastdpr.errors import InputError
+
+
+def nearest(x: np.ndarray, centroids: np.ndarray, max_inner_product: bool, block: int = 4096) -> np.ndarray:
+    """Row-wise argmin ||x - c||^2 (or argmax <x, c>), ties to the lowest index, in blocks."""
+    half = np.zeros(centroids.shape[0], np.float32) if max_inner_product else \
+        0.5 * np.einsum("ij,ij->i", centroids, centroids, dtype=np.float32)
+    out = np.empty(x.shape[0], dtype=np.int64)
+    for s in range(0, x.shape[0], block):
+        out[s:s + block] = np.argmax(x[s:s + block] @ centroids.T - half, axis=1)
+    return out
+
+
+def kmeans(x: np.ndarray, k: int, niter: int = 20, seed: int = 1234, spherical: bool = False,
+           max_points_per_centroid: int = 256, kmeanspp: bool = True) -> np.ndarray:
+    """Lloyd's k-means with k-means++ seeding and empty-cluster splitting (numpy twin of csrc/kmeans.cpp; the
+    random streams differ, so the centroids are equally good rather than identical)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, d = x.shape
+    for name, value in (("k", k), ("niter", niter), ("max_points_per_centroid", max_points_per_centroid)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise InputError(f"k-means: {name} must be a positive integer, got {value!r}")
+    if n < k:
+        raise InputError(f"k-means: need at least k={k} training points, got {n}")
+    rng = np.random.default_rng(seed)
+    if n > k * max_points_per_centroid:
+        x = x[np.sort(rng.choice(n, k * max_points_per_centroid, replace=False))]
+        n = x.shape[0]
+    c = np.empty((k, d), dtype=np.float32)
+    if kmeanspp:  # greedy k-means++, as in csrc/kmeans.cpp
+        sample = x[rng.permutation(n)[:min(n, max(4 * k, 2048))]]
+        sq = np.einsum("ij,ij->i", sample, sample, dtype=np.float64)
+        trials = 2 + int(math.log(k))
+        c[0] = sample[rng.integers(sample.shape[0])]
+        d2 = np.maximum(sq - 2 * (sample @ c[0]) + float(c[0] @ c[0]), 0)
+        for j in range(1, k):
+            total = d2.sum()
+            if total > 0:
+                at = np.searchsorted(np.cumsum(d2), rng.random(trials) * total)
+                at = np.minimum(at, sample.shape[0] - 1)
+            else:
+                at = rng.integers(sample.shape[0], size=trials)
+            cand = sample[at]
+            dist = sq[None, :] - 2 * (cand @ sample.T) + np.einsum("ij,ij->i", cand, cand)[:, None]
+            pots = np.minimum(d2[None, :], np.maximum(dist, 0))
+            best = int(np.argmin(pots.sum(1)))
+            c[j] = cand[best]
+            d2 = pots[best]
+    else:
+        c[:] = x[rng.permutation(n)[:k]]
+
+    def normalise():
+        norms = np.linalg.norm(c, axis=1, keepdims=True)
+        np.divide(c, norms, out=c, where=norms > 0)
+
+    if spherical:
+        normalise()
+    eps = np.where(np.arange(d) % 2 == 0, 1.0 / 1024, -1.0 / 1024).astype(np.float32)
+    for _ in range(niter):
+        labels = nearest(x, c, spherical)
+        counts = np.bincount(labels, minlength=k)
+        sums = np.stack([np.bincount(labels, weights=x[:, t], minlength=k) for t in range(d)], axis=1)
+        filled = counts > 0
+        c[filled] = (sums[filled] / counts[filled, None]).astype(np.float32)
+        for j in np.flatnonzero(~filled):
+            big = int(np.argmax(counts))
+            if counts[big] < 2:
+                break
+            c[j] = c[big] * (1 + eps)
+            c[big] = c[big] * (1 - eps)
+            counts[j] = counts[big] // 2
+            counts[big] -= counts[j]
+        if spherical:
+            normalise()
+    return c
