@@ -1,15 +1,26 @@
 """Atomic file output: write to a temporary file in the same directory, fsync, then rename over the target.
 
 A reader therefore sees either the old file or the complete new one, never a half-written one, even after
-``kill -9``. Every file fastdpr writes goes through here."""
+``kill -9``. Every file fastdpr writes goes through here.
+
+A writer killed before it commits leaves its temporary file behind. Temporary names carry the writer's process id
+(``.NAME.<pid>.<random>.tmp`` here, ``NAME.tmp-<pid>`` from the C++ index writer), so the next write of the same
+file removes the ones whose writer is gone (:func:`remove_stale_temp_files`) and never those of a live writer."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import re
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, Any, Iterator
+
+#: a temporary file is only removed when its writer is gone and it has not been touched for this long (seconds): a
+#: writer on another machine sharing the directory (its process id means nothing here) is still writing to it
+STALE_AFTER = 60.0
 
 
 @contextlib.contextmanager
@@ -19,7 +30,8 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         raise ValueError(f"atomic_open is for writing whole files, got mode {mode!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_temp_files(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     # mkstemp creates 0600; give the file the permissions an ordinary open() would have
     os.chmod(tmp, 0o666 & ~_umask())
     binary = "b" in mode
@@ -34,6 +46,46 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but belongs to someone else (EPERM)
+        return True
+    return True
+
+
+def remove_stale_temp_files(path: str | os.PathLike, stale_after: float = STALE_AFTER) -> list[Path]:
+    """Remove the temporary files that writers of ``path`` left when they died before committing: those whose
+    process id names no running process and which were not modified for ``stale_after`` seconds. Returns what was
+    removed. Files of other names, and those of live writers, are never touched."""
+    path = Path(path)
+    name = glob.escape(path.name)
+    ours = re.compile(r"^\." + re.escape(path.name) + r"\.(\d+)\.[^.]+\.tmp$")
+    cxx = re.compile(r"^" + re.escape(path.name) + r"\.tmp-(\d+)$")
+    removed = []
+    now = time.time()
+    try:
+        candidates = list(path.parent.glob(f".{name}.*.tmp")) + list(path.parent.glob(f"{name}.tmp-*"))
+    except OSError:
+        return removed
+    for tmp in candidates:
+        match = ours.match(tmp.name) or cxx.match(tmp.name)
+        if match is None or _pid_alive(int(match.group(1))):
+            continue
+        try:
+            if now - tmp.stat().st_mtime < stale_after or not tmp.is_file():
+                continue
+            tmp.unlink()
+        except OSError:  # gone already, or not ours to remove
+            continue
+        removed.append(tmp)
+    return removed
 
 
 def _umask() -> int:

@@ -78,8 +78,8 @@ class _Buffer:
 def iter_json_array(
     fh: IO[bytes], path: str, chunk: int = 1 << 20, max_element_bytes: int = 1 << 30
 ) -> Iterator[tuple[int, object]]:
-    """``(line number, element)`` for each element of the JSON array in ``fh``. Malformed JSON raises
-    :class:`InputError` naming the line."""
+    """``(line number, element)`` for each element of the JSON array in ``fh``. Malformed JSON, and anything but
+    blanks after the closing ``]``, raises :class:`InputError` naming the line."""
     buf = _Buffer(fh, path, chunk)
     decoder = json.JSONDecoder()
     c = buf.skip_ws()
@@ -94,6 +94,12 @@ def iter_json_array(
         if c == "":
             raise InputError("the JSON array is not closed (file truncated?)", path, buf.line_at(buf.pos))
         if c == "]" and (first or not expect_value):
+            buf.pos += 1
+            # only blanks may follow the array: anything else is a damaged file or two files run together
+            c = buf.skip_ws()
+            if c:
+                raise InputError(f"unexpected {c!r} after the end of the JSON array (trailing data)", path,
+                                 buf.line_at(buf.pos))
             return
         if not expect_value:
             if c != ",":
