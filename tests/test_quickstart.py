@@ -75,13 +75,19 @@ def test_corpus_is_split_into_passages_and_gold_ids_follow(tmp_path, sample_cach
 
 
 def test_corpus_pool_cap_keeps_gold_paragraphs(tmp_path, sample_cache):
-    full = ex.stage_corpus(_workspace(tmp_path / "full", sample_cache, max_passages=0))
-    capped_ws = _workspace(tmp_path / "capped", sample_cache, max_passages=3)
-    capped = ex.stage_corpus(capped_ws)
-    ids = {p["id"] for p in sources.read_jsonl(capped_ws.out / "corpus.jsonl")}
-    gold = {pid for name in ("nq_test", "squad_dev", "nyt_test") for q in capped_ws.questions(name)
-            for pid in q["gold_ids"]}
-    assert gold <= ids and capped["passages"] <= full["passages"]
+    few = dict(nq_test=1, squad_test=1, nyt_test=1, nq_dev=1, nyt_dev=1, passage_words=40)
+    full = ex.stage_corpus(_workspace(tmp_path / "full", sample_cache, max_passages=0, **few))
+    for cap in (1, 12):
+        ws = _workspace(tmp_path / f"capped{cap}", sample_cache, max_passages=cap, **few)
+        capped = ex.stage_corpus(ws)
+        ids = {p["id"] for p in sources.read_jsonl(ws.out / "corpus.jsonl")}
+        gold = {pid for name in ("nq_test", "squad_dev", "nyt_test", "nq_dev", "nyt_dev")
+                for q in ws.questions(name) for pid in q["gold_paragraph_ids"]}
+        # gold paragraphs stay whole even above the cap; distractors fill up to it, never past it
+        assert {pid.rsplit("#", 1)[0] for pid in ids} >= gold
+        gold_passages = sum(1 for pid in ids if pid.rsplit("#", 1)[0] in gold)
+        assert capped["passages"] == len(ids) <= max(cap, gold_passages)
+        assert capped["passages"] < full["passages"]
 
 
 def test_question_sampling_is_deterministic():

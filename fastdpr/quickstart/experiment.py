@@ -163,11 +163,13 @@ def stage_corpus(ws: Workspace) -> dict:
     if c.max_passages and len(passages) < c.max_passages:
         others = hash_order([d for d in docs.values() if d["id"] not in set(gold)], "id", "distractors")
         extra, extra_map = _split_pool(others, c.passage_words)
+        size = len(passages)
         for doc in others:  # whole paragraphs only, in hash order, until the pool is full
             ids = extra_map.get(doc["id"], [])
-            if len(passages) + len(ids) > c.max_passages:
+            if size + len(ids) > c.max_passages:
                 break
             doc_map[doc["id"]] = ids
+            size += len(ids)
         keep = {pid for ids in doc_map.values() for pid in ids}
         passages += [p for p in extra if p["id"] in keep]
     elif not c.max_passages:
@@ -278,70 +280,107 @@ def stage_zero_shot(ws: Workspace) -> dict:
     return _encode_and_index(ws, load_model(ws.config), "zero_shot")
 
 
-def stage_train(ws: Workspace) -> dict:
-    """Fine-tune the packaged model with the recipe; keep the checkpoint best on the validation questions."""
+def stage_train(ws: Workspace, name: str = "train", batch_size: int | None = None, lr: float | None = None,
+                examples: int | None = None) -> dict:
+    """Fine-tune the packaged model with the recipe into ``<out>/<name>``; keep the checkpoint best on the
+    validation questions. ``batch_size``, ``lr`` and ``examples`` (how many of the mined records are seen)
+    override the config's."""
     from fastdpr.train import Trainer, load_examples, recipe
 
     c = ws.config
     model = load_model(ws.config)
-    examples = load_examples(str(ws.out / "train.dpr.json"))
+    train = load_examples(str(ws.out / "train.dpr.json"))
+    train = train[:examples] if examples else train
     dev = load_examples(str(ws.out / "dev.dpr.json"))
     args = recipe.training_arguments(
-        output_dir=str(ws.out / "train"), examples=len(examples), batch_size=c.batch_size, lr=c.lr,
-        chunk_size=c.chunk_size, eval_times=c.eval_times, seed=c.seed, show_progress=c.show_progress,
+        output_dir=str(ws.out / name), examples=len(train), batch_size=batch_size or c.batch_size,
+        lr=lr or c.lr, chunk_size=c.chunk_size, eval_times=c.eval_times, seed=c.seed,
+        show_progress=c.show_progress,
     )
     log = []
-    trainer = Trainer(model, args, examples, dev_examples=dev, callbacks=[lambda _t, record: log.append(record)])
+    trainer = Trainer(model, args, train, dev_examples=dev, callbacks=[lambda _t, record: log.append(record)])
+    start = time.perf_counter()
     state = trainer.train()
-    shutil.rmtree(ws.out / "train" / "checkpoints", ignore_errors=True)  # resumability is not needed any more
+    seconds = time.perf_counter() - start
+    shutil.rmtree(ws.out / name / "checkpoints", ignore_errors=True)  # resumability is not needed any more
     losses = [float(r["loss"]) for r in log if "loss" in r]
-    validation = [json.loads(line) for line in (ws.out / "train" / "metrics.jsonl").read_text().splitlines()
-                  if '"dev_' in line] if (ws.out / "train" / "metrics.jsonl").is_file() else []
-    return {"examples": len(examples), "dev_examples": len(dev), "steps": trainer.total_steps,
+    metrics = ws.out / name / "metrics.jsonl"
+    validation = [json.loads(line) for line in metrics.read_text().splitlines()
+                  if '"dev_' in line] if metrics.is_file() else []
+    return {"examples": len(train), "dev_examples": len(dev), "steps": trainer.total_steps,
             "batch_size": args.batch_size, "lr": args.lr, "precision": args.precision,
-            "grad_cache": args.grad_cache, "best_metric": args.best_metric, "best": state["best"],
-            "best_step": state["best_step"], "loss_first": losses[0] if losses else None,
-            "loss_last": losses[-1] if losses else None, "validation": validation}
+            "grad_cache": args.grad_cache, "chunk_size": args.chunk_size, "best_metric": args.best_metric,
+            "best": state["best"], "best_step": state["best_step"], "loss_first": losses[0] if losses else None,
+            "loss_last": losses[-1] if losses else None, "validation": validation, "train_seconds": seconds}
 
 
-def trained_model_path(ws: Workspace) -> Path:
+def trained_model_path(ws: Workspace, name: str = "train") -> Path:
     """The checkpoint best on validation (the final model when no validation ran)."""
-    best = ws.out / "train" / "best"
-    return best if (best / "fastdpr.json").is_file() else ws.out / "train" / "model"
+    best = ws.out / name / "best"
+    return best if (best / "fastdpr.json").is_file() else ws.out / name / "model"
 
 
-def stage_dense(ws: Workspace) -> dict:
+def stage_dense(ws: Workspace, name: str = "train", index_name: str = "dense") -> dict:
     from fastdpr.models import BiEncoder
 
-    return _encode_and_index(ws, BiEncoder.from_pretrained(trained_model_path(ws)), "dense")
+    return _encode_and_index(ws, BiEncoder.from_pretrained(trained_model_path(ws, name)), index_name)
 
 
 # ---------------------------------------------------------------------------------------------------- search
 
 
-def retrievers(ws: Workspace, alpha: float | None = None, threads: int | None = None) -> dict:
+def dense_retriever(ws: Workspace, name: str = "train", index_name: str = "dense"):
+    """The model trained into ``<out>/<name>`` over its index ``<out>/index_<index_name>``."""
     from fastdpr.index import load_index
     from fastdpr.models import BiEncoder
+    from fastdpr.retrieve import DenseRetriever
+
+    retriever = DenseRetriever(BiEncoder.from_pretrained(trained_model_path(ws, name)),
+                               load_index(ws.out / f"index_{index_name}"), ws.corpus())
+    retriever.model.eval()
+    return retriever
+
+
+def retrievers(ws: Workspace, alpha: float | None = None, threads: int | None = None,
+               include_dense: bool = True) -> dict:
+    """BM25, the starting model and (with ``include_dense``) the fine-tuned model and hybrid."""
+    from fastdpr.index import load_index
     from fastdpr.retrieve import DenseRetriever, HybridRetriever, SparseRetriever
     from fastdpr.sparse import BM25
 
     corpus = ws.corpus()
     sparse = SparseRetriever(BM25.load(ws.out / "bm25"), corpus, n_threads=threads)
     zero = DenseRetriever(load_model(ws.config), load_index(ws.out / "index_zero_shot"), corpus)
-    dense = DenseRetriever(BiEncoder.from_pretrained(trained_model_path(ws)), load_index(ws.out / "index_dense"),
-                           corpus)
-    kwargs = {} if alpha is None else {"alpha": alpha}
-    hybrid = HybridRetriever(dense, sparse, k_union=ws.config.k_union, **kwargs)
-    for r in (zero, dense):
-        r.model.eval()
-    return {"bm25": sparse, "zero_shot": zero, "dense": dense, "hybrid": hybrid}
+    zero.model.eval()
+    found = {"bm25": sparse, "zero_shot": zero}
+    if include_dense:
+        dense = dense_retriever(ws)
+        kwargs = {} if alpha is None else {"alpha": alpha}
+        found.update(dense=dense, hybrid=HybridRetriever(dense, sparse, k_union=ws.config.k_union, **kwargs))
+    return found
 
 
-def stage_search(ws: Workspace) -> dict:
+def evaluate_retriever(ws: Workspace, retriever, dataset: str, memo: list[dict] | None = None,
+                       run_name: str | None = None) -> dict:
+    """DPR top-k accuracy of ``retriever`` on a question set, plus ``gold_top20`` (recall of the question's own
+    gold passages in the top 20, stricter than has_answer); writes the run when ``run_name`` is given."""
     from fastdpr.eval import topk_accuracy
     from fastdpr.eval.retrieval import ranking_hits
 
-    corpus = ws.corpus()
+    qs = ws.questions(dataset)
+    ranked = retriever.ranked_ids([q["question"] for q in qs], max(KS))
+    hits = ranking_hits(ranked, [q["answers"] for q in qs], ws.corpus(), memo=memo)
+    acc = topk_accuracy(hits, ks=KS)
+    top20 = sum(bool(set(q["gold_ids"]) & {pid for pid, _ in r[:20]}) for r, q in zip(ranked, qs))
+    acc["gold_top20"] = top20 / max(1, len(qs))
+    if run_name:
+        write_json(ws.out / "runs" / f"{dataset}.{run_name}.json",
+                   {q["qid"]: [[pid, round(s, 5), h] for (pid, s), h in zip(r, hr)]
+                    for q, r, hr in zip(qs, ranked, hits)}, indent=None)
+    return acc
+
+
+def stage_search(ws: Workspace) -> dict:
     found = retrievers(ws)
     hybrid = found["hybrid"]
     default_alpha = hybrid.alpha
@@ -351,28 +390,15 @@ def stage_search(ws: Workspace) -> dict:
     hybrid.alpha = default_alpha
     metrics: dict[str, dict] = {}
     for dataset in DATASETS:
-        qs = ws.questions(dataset)
-        questions, answers = [q["question"] for q in qs], [q["answers"] for q in qs]
-        metrics[dataset] = {"questions": len(qs), "retrieval": {}}
-        memo: list[dict] = [{} for _ in qs]
+        memo: list[dict] = [{} for _ in ws.questions(dataset)]
+        metrics[dataset] = {"questions": len(memo), "retrieval": {}}
         for name in RETRIEVERS:
-            ranked = found[name].ranked_ids(questions, max(KS))
-            hits = ranking_hits(ranked, answers, corpus, memo=memo)
-            acc = topk_accuracy(hits, ks=KS)
-            # recall of the question's own gold passages (stricter than has_answer)
-            top20 = sum(bool(set(q["gold_ids"]) & {pid for pid, _ in r[:20]}) for r, q in zip(ranked, qs))
-            acc["gold_top20"] = top20 / max(1, len(qs))
+            acc = evaluate_retriever(ws, found[name], dataset, memo, run_name=name)
             metrics[dataset]["retrieval"][name] = acc
-            write_json(ws.out / "runs" / f"{dataset}.{name}.json",
-                       {q["qid"]: [[pid, round(s, 5), h] for (pid, s), h in zip(r, hr)]
-                        for q, r, hr in zip(qs, ranked, hits)}, indent=None)
             shown = " ".join(f"top{k}={acc[f'top{k}']:.3f}" for k in KS)
             ws.log(f"  {dataset:<10} {name:<9} {shown}")
     return {"alpha": default_alpha, "fusion": getattr(hybrid, "method", "linear"), "alpha_tuned_on_nq_dev": tuned,
             "alpha_table": hybrid.tuning_table, "metrics": metrics}
-
-
-# ------------------------------------------------------------------------------------------------------ reader
 
 
 def stage_reader(ws: Workspace) -> dict:
