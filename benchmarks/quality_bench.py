@@ -137,13 +137,11 @@ def main() -> int:
         training[batch]["eval"] = rows[f"batch {batch}"]
     wall = time.perf_counter() - wall
 
-    table = []
-    for system, metrics in rows.items():
-        row = {"system": system}
-        for d in RETRIEVAL_SETS:
-            for k in ("top1", "top5", "top20", "top100", "gold_top20"):
-                row[f"{d} {k}"] = metrics[d][k]
-        table.append(row)
+    tables = ""
+    for d in RETRIEVAL_SETS:
+        rows_d = [{"system": system, **{k: metrics[d][k] for k in ("top1", "top5", "top20", "top100", "gold_top20")}}
+                  for system, metrics in rows.items()]
+        tables += f"\n**{d}**\n\n" + markdown_table(rows_d, floatfmt=".3f")
     train_rows = [{"batch": b, "steps": t["steps"], "lr": t["lr"], "grad_cache": t["grad_cache"],
                    "chunk": t["chunk_size"] if t["grad_cache"] else None, "precision": t["precision"],
                    "train s": round(t["train_seconds"], 1), "peak RSS MiB": round(t["peak_rss_mib"]),
@@ -169,7 +167,7 @@ def main() -> int:
             f"{config.train_mixture}, one BM25 hard negative each); {torch.get_num_threads()} threads; "
             f"wall {wall / 60:.1f} min.\n\n"
             "### Retrieval (DPR top-k accuracy; gold_top20 = the question's own gold passage in the top 20)\n\n"
-            + markdown_table(table, floatfmt=".3f")
+            + tables
             + "\n### Training runs\n\n" + markdown_table(train_rows, floatfmt=".3g")
             + f"\n**Batch claim:** {verdict}\n")
     path = write_results("quality", args.out, payload, body)

@@ -83,8 +83,8 @@ class GradCacheStep:
         loss_from_reps: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         backward: Callable[[torch.Tensor], None],
     ) -> torch.Tensor:
-        """``loss_from_reps(q, p)`` maps this rank's question and passage representations (float32, in chunk
-        order) to the loss to differentiate; ``backward(loss)`` runs its backward pass (e.g. through a grad
+        """``loss_from_reps(q, p)`` maps this rank's question and passage representations (in the encoder's
+        precision, in chunk order) to the loss to differentiate; ``backward(loss)`` runs its backward pass (e.g. through a grad
         scaler). Returns the loss, detached."""
         calls = chunk_schedule(len(q_chunks), len(p_chunks))
 
@@ -95,10 +95,11 @@ class GradCacheStep:
                 states.append(RandomState(self.cuda_devices))
                 with self.autocast():
                     q, p = self.encoder(q_chunks[qi] if qi is not None else None, p_chunks[pi] if pi is not None else None)
+                # the encoder's own precision goes into the loss (which accumulates in fp32), as without GradCache
                 if q is not None:
-                    q_reps.append(q.float())
+                    q_reps.append(q)
                 if p is not None:
-                    p_reps.append(p.float())
+                    p_reps.append(p)
         after_encoding = RandomState(self.cuda_devices)
 
         # 2. loss and its gradient with respect to the representations
@@ -121,10 +122,10 @@ class GradCacheStep:
                     q, p = self.encoder(q_chunks[qi] if qi is not None else None, p_chunks[pi] if pi is not None else None)
                 outputs, grads = [], []
                 if q is not None:
-                    outputs.append(q.float())
+                    outputs.append(q)
                     grads.append(q_grads[qi])
                 if p is not None:
-                    outputs.append(p.float())
+                    outputs.append(p)
                     grads.append(p_grads[pi])
                 torch.autograd.backward(outputs, grads)
         # leave the generators where a single pass over the batch would have left them
