@@ -223,3 +223,34 @@ def test_validation_topk_accuracy_with_a_corpus(tmp_path, examples, init_dir):
     assert result["top5"] == pytest.approx(sum(any(h) for h in hits) / len(dev))
     with pytest.raises(InputError, match="needs a corpus"):
         Trainer(model, _args(tmp_path, best_metric="top5"), examples, dev_examples=dev)
+
+
+def test_interpolation_saves_the_average_of_start_and_trained(tmp_path, examples, init_dir):
+    start = _weights(BiEncoder.from_pretrained(init_dir))
+    raw = Trainer(BiEncoder.from_pretrained(init_dir), _args(tmp_path / "raw", max_steps=3, epochs=1), examples)
+    raw.train()
+    trained = _weights(raw.model)
+    half = Trainer(BiEncoder.from_pretrained(init_dir),
+                   _args(tmp_path / "half", max_steps=3, epochs=1, interpolate=0.5), examples, dev_examples=examples)
+    half.train()
+    # training itself is unchanged (the raw weights stay in the model) ...
+    assert all(torch.equal(trained[k], v) for k, v in _weights(half.model).items())
+    # ... and what is saved, or validated and kept as best, is halfway between start and trained
+    for folder in ("model", "best"):
+        saved = _weights(BiEncoder.from_pretrained(tmp_path / "half" / folder))
+        moved = [k for k in start if start[k].is_floating_point() and not torch.equal(start[k], trained[k])]
+        assert moved
+        for k in moved:
+            torch.testing.assert_close(saved[k], (start[k] + trained[k]) / 2, rtol=1e-5, atol=1e-6)
+    with pytest.raises(InputError, match="interpolate"):
+        _args(tmp_path, interpolate=1.5)
+
+
+def test_frozen_word_embeddings_do_not_move(tmp_path, examples, init_dir):
+    trainer = Trainer(BiEncoder.from_pretrained(init_dir),
+                      _args(tmp_path / "frozen", max_steps=2, epochs=1, freeze_word_embeddings=True), examples)
+    before = trainer.model.question_encoder.embeddings.word_embeddings.weight.detach().clone()
+    layer = next(trainer.model.question_encoder.encoder.parameters()).detach().clone()
+    trainer.train()
+    assert torch.equal(trainer.model.question_encoder.embeddings.word_embeddings.weight, before)
+    assert not torch.equal(next(trainer.model.question_encoder.encoder.parameters()), layer)

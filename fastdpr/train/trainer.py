@@ -44,7 +44,7 @@ BEST_METRICS = {"avg_rank": False, "loss": False}  # name -> higher is better (t
 
 @dataclass
 class TrainingArguments:
-    """Settings of a training run. Defaults follow DPR (DESIGN §4): batch 128 with one hard negative per question,
+    """Settings of a training run. Defaults follow DPR (docs/architecture.md §4.9): batch 128 with one hard negative per question,
     lr 2e-5 with linear warm-up then decay, gradient clipping at 2.0, Adam(W), 40 epochs.
 
     ``batch_size`` is the global number of questions per optimizer step (across all ranks); ``warmup_steps``
@@ -67,6 +67,11 @@ class TrainingArguments:
     chunk_size: int = 32
     gradient_checkpointing: bool = False
     bidirectional: bool = False
+    # < 1: every saved or validated model is start + interpolate·(trained − start), the trained weights averaged
+    # with the starting ones (WiSE-FT, Wortsman et al., CVPR 2022): fine-tuning a pretrained retriever on a few
+    # thousand questions keeps most of its gain on the new data and forgets much less of what it knew
+    interpolate: float = 1.0
+    freeze_word_embeddings: bool = False  # the vocabulary matrix is half of a small encoder's weights
     loss_backend: str = "auto"  # fastdpr.kernels.inbatch_nll backend: auto | triton | torch
     sample_positive: bool = False  # DPR takes the first positive; True samples one per epoch
     shuffle: bool = True
@@ -91,7 +96,9 @@ class TrainingArguments:
         if self.n_hard < 0 or self.n_random < 0:
             raise InputError("n_hard and n_random must be >= 0")
         if self.loss_backend not in ("auto", "triton", "torch", "reference"):
-            raise InputError(f"loss_backend must be auto, triton or torch, got {self.loss_backend!r}")
+            raise InputError(f"loss_backend must be auto, triton, torch or reference, got {self.loss_backend!r}")
+        if not 0.0 <= self.interpolate <= 1.0:
+            raise InputError(f"interpolate must be between 0 and 1, got {self.interpolate!r}")
         if self.lr <= 0:
             raise InputError(f"lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0:
@@ -159,6 +166,7 @@ class Trainer:
             raise InputError(f"best_metric {args.best_metric!r} needs a corpus for top-k accuracy")
         self.state = {"step": 0, "epoch": 0, "position": 0, "best": None, "best_step": None}
         self._prepared = False
+        self._start_state = None
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -188,6 +196,14 @@ class Trainer:
         self.pair = self.model
         # also in a single process, so that optimizer states (and checkpoints) do not depend on the world size
         self._freeze_unreached_parameters()
+        if args.freeze_word_embeddings:
+            for module in (self.model.question_encoder, self.model.passage_encoder):
+                embeddings = getattr(getattr(module, "embeddings", None), "word_embeddings", None)
+                if embeddings is not None:
+                    embeddings.weight.requires_grad_(False)
+        # the starting weights, kept (on the CPU) for interpolation
+        self._start_state = ({k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+                             if args.interpolate < 1.0 else None)
         if self.world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -383,7 +399,8 @@ class Trainer:
         if bar is not None:
             bar.close()
         if is_main:
-            self.model.save_pretrained(str(self.final_model_dir))
+            with self.interpolated():
+                self.model.save_pretrained(str(self.final_model_dir))
         distributed.barrier()
         return {"step": self.state["step"], "loss": last_loss, "best": self.state["best"],
                 "best_step": self.state["best_step"]}
@@ -439,7 +456,27 @@ class Trainer:
             torch.manual_seed(self.args.seed + self.rank + 1_000_003 * self.state["step"])
 
     # ------------------------------------------------------------------ validation
+    @contextlib.contextmanager
+    def interpolated(self):
+        """The model holds start + interpolate·(trained − start) inside the block, its trained weights after."""
+        if self._start_state is None:
+            yield self.model
+            return
+        trained = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        alpha = self.args.interpolate
+        mixed = {k: (torch.lerp(self._start_state[k].to(v.device, v.dtype), v, alpha) if v.is_floating_point()
+                     else v) for k, v in trained.items()}
+        self.model.load_state_dict(mixed)
+        try:
+            yield self.model
+        finally:
+            self.model.load_state_dict(trained)
+
     def _validate_and_keep_best(self, metrics_path: Path) -> None:
+        with self.interpolated():  # the model that will be saved is the one validated
+            self._validate_and_keep_best_now(metrics_path)
+
+    def _validate_and_keep_best_now(self, metrics_path: Path) -> None:
         result = self.validate() if self.rank == 0 else None
         if self.rank == 0:
             _append_jsonl(metrics_path, {"step": self.state["step"], **{f"dev_{k}": v for k, v in result.items()}})
