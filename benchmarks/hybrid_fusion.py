@@ -5,6 +5,8 @@ plus other NQ passages up to ``--passages``; DPR top-k accuracy (has_answer) on 
 weights are chosen on the NQ dev questions (never on test).
 
     python benchmarks/hybrid_fusion.py --passages 5000 --threads 1
+    python benchmarks/hybrid_fusion.py --data ~/.cache/fastdpr/prepared/squad_dev --max-questions 2000 --no-tune \\
+        --name hybrid_fusion_squad
 """
 from __future__ import annotations
 
@@ -48,6 +50,9 @@ def main() -> int:
     parser.add_argument("--passages", type=int, default=5000)
     parser.add_argument("--k-union", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-questions", type=int, default=None, help="the first N test questions only")
+    parser.add_argument("--no-tune", action="store_true", help="untuned fusions only (sets without a dev split)")
+    parser.add_argument("--name", default="hybrid_fusion", help="result file name")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -64,7 +69,8 @@ def main() -> int:
     from fastdpr.sparse import BM25
 
     data = Path(args.data)
-    dev, test = _jsonl(data / "dev.jsonl"), _jsonl(data / "test.jsonl")
+    test = _jsonl(data / "test.jsonl")[: args.max_questions]
+    dev = [] if args.no_tune else _jsonl(data / "dev.jsonl")
     passages = _jsonl(data / "passages.jsonl")
     gold = {g for q in dev + test for g in q.get("gold_ids", [])}
     pool = [p for p in passages if p["id"] in gold]
@@ -100,12 +106,16 @@ def main() -> int:
         hybrid = HybridRetriever(dense, sparse, k_union=args.k_union, method=method)
         score(f"hybrid {method} (default)", hybrid.search(test_q, max(KS))[1],
               None if method == "rrf" else hybrid.alpha)
-        if method != "rrf":
+        if method != "rrf" and not args.no_tune:
             hybrid.alpha = hybrid.tune_alpha(dev_q, dev_a, k=20)
             score(f"hybrid {method} (alpha tuned on dev)", hybrid.search(test_q, max(KS))[1], hybrid.alpha)
     # z-score normalisation, the alternative to min-max, at alpha 1 and tuned on dev
     hybrid = HybridRetriever(dense, sparse, k_union=args.k_union)
-    dev_union, test_union = hybrid._union(dev_q), hybrid._union(test_q)
+    test_union = hybrid._union(test_q)
+    score("hybrid zscore (alpha 1)", test_union.top(_zscore_fused(test_union, 1.0), max(KS))[1], 1.0)
+    if args.no_tune:
+        return _write(args, corpus, test_q, dev_q, encode_s, rows)
+    dev_union = hybrid._union(dev_q)
     dev_hits = np.zeros(dev_union.rows.shape, dtype=bool)
     flags = ranking_hits([r[c] for r, c in zip(dev_union.rows, dev_union.candidate)], dev_a, corpus)
     for i, f in enumerate(flags):
@@ -113,16 +123,21 @@ def main() -> int:
     best = max((float(np.take_along_axis(dev_hits, dev_union.order(_zscore_fused(dev_union, a))[:, :20],
                                          axis=1).any(axis=1).mean()), -a) for a in (0.1, 0.2, 0.3, 0.5, 0.7, 1.0,
                                                                                       1.5, 2.0, 3.0, 5.0))
-    for name, alpha in (("hybrid zscore (alpha 1)", 1.0), ("hybrid zscore (alpha tuned on dev)", -best[1])):
-        score(name, test_union.top(_zscore_fused(test_union, alpha), max(KS))[1], alpha)
+    score("hybrid zscore (alpha tuned on dev)", test_union.top(_zscore_fused(test_union, -best[1]), max(KS))[1],
+          -best[1])
+    return _write(args, corpus, test_q, dev_q, encode_s, rows)
 
-    payload = {"passages": len(corpus), "test_questions": len(test_q), "dev_questions": len(dev_q),
+
+def _write(args, corpus, test_q, dev_q, encode_s, rows) -> int:
+    payload = {"data": str(args.data), "passages": len(corpus), "test_questions": len(test_q),
+               "dev_questions": len(dev_q),
                "k_union": args.k_union, "threads": args.threads, "encode_and_bm25_s": round(encode_s, 1),
                "model": "all-MiniLM-L6-v2 (packaged), mean pooling, cosine", "rows": rows}
-    body = (f"{len(corpus)} NQ passages (gold of dev and test, then others), {len(test_q)} NQ test questions, "
-            f"k_union {args.k_union}; DPR top-k accuracy. Tuned alphas are chosen on {len(dev_q)} NQ dev "
-            "questions at top-20.\n\n" + markdown_table(rows))
-    print(write_results("hybrid_fusion", args.out, payload, body))
+    name = Path(args.data).name
+    tuned = "untuned only" if args.no_tune else f"tuned alphas are chosen on {len(dev_q)} dev questions at top-20"
+    body = (f"{len(corpus)} {name} passages (gold of the questions used, then others), {len(test_q)} {name} test "
+            f"questions, k_union {args.k_union}; DPR top-k accuracy; {tuned}.\n\n" + markdown_table(rows))
+    print(write_results(args.name, args.out, payload, body))
     return 0
 
 

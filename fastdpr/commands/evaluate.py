@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                          "(TREC, BEIR, compact)")
     parser.add_argument("--ks", default="1,5,20,100", help="comma-separated cut-offs (default 1,5,20,100)")
     parser.add_argument("--match", choices=["string", "regex"], default="string",
-                        help="answer matching: DPR tokens (default) or regex answers (CuratedTREC; re-checks every passage)")
+                        help="answer matching: DPR tokens (default) or regex answers (CuratedTREC; re-checks every "
+                             "passage)")
     parser.add_argument("--recompute", action="store_true",
                         help="recompute has_answer from passage text even where the run stores it")
     parser.add_argument("--json", action="store_true", help="print the metrics as JSON")

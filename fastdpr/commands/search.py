@@ -126,7 +126,7 @@ def _fusion(args) -> tuple[float, str]:
             with open(args.alpha_file, encoding="utf-8") as fh:
                 tuned = json.load(fh)
             alpha = float(tuned["alpha"])
-            tuned_for = tuned.get("fusion") or ("linear-raw" if tuned.get("method") == "linear" else tuned.get("method"))
+            tuned_for = tuned.get("fusion") or {"linear": "linear-raw"}.get(tuned.get("method"), tuned.get("method"))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise InputError(f"no tuned alpha readable here ({err})", path=args.alpha_file) from None
         if args.fusion and tuned_for and args.fusion != tuned_for:

@@ -2,10 +2,11 @@
 
 For every question: the positive is the gold passage when the input names one, otherwise the highest-ranked BM25
 passage whose text contains an answer. A gold id may name a document rather than a passage (questions are written
-about documents; ``fastdpr split`` cuts them into passages): with the document map of the split
-(``doc_map``, see :func:`fastdpr.data.split.gold_passages`) it stands for that document's passages that contain an
-answer. Gold ids found nowhere are counted and warned about, and their questions fall back to BM25 positives; hard negatives are the top BM25 passages whose text contains no answer
-(the same ``has_answer`` rule evaluation uses); random negatives are optional. Questions with no positive within
+about documents; ``fastdpr split`` cuts them into passages): with the document map of the split (``doc_map``, see
+:func:`fastdpr.data.split.gold_passages`) it stands for that document's passages that contain an answer. Gold ids
+found nowhere are counted and warned about, and their questions fall back to BM25 positives. Hard negatives are
+the top BM25 passages whose text contains no answer (the same ``has_answer`` rule evaluation uses); random
+negatives are optional. Questions with no positive within
 the searched depth are dropped and counted. Questions are processed in batches, so memory stays bounded by the
 batch, not the dataset.
 
@@ -148,8 +149,8 @@ def mine_hard_negatives(
 
     ``qa_records``: dicts with ``question`` and ``answers`` (and optionally ``qid``, ``positive_ctxs``,
     ``gold_passage_id`` / ``gold_ids``, passage ids or -- with ``doc_map`` ``{doc id: [passage ids]}``, e.g.
-    :func:`fastdpr.data.split.read_docmap` of the split -- document ids); ``bm25``: a :class:`fastdpr.sparse.BM25` over ``corpus`` (anything with
-    ``get(passage_id) -> dict``; also ``len()`` and ``[row]`` when ``n_random > 0``). ``match``: ``"string"`` or
+    :func:`fastdpr.data.split.read_docmap` of the split -- document ids); ``bm25``: a :class:`fastdpr.sparse.BM25`
+    over ``corpus`` (anything with ``get(passage_id) -> dict``; also ``len()`` and ``[row]`` when ``n_random > 0``). ``match``: ``"string"`` or
     ``"regex"`` (CuratedTREC answers). Returns an iterable of DPR biencoder records (each ctx
     ``{title, text, passage_id, score}``) whose ``stats`` attribute is filled as it is consumed.
 
