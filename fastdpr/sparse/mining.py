@@ -217,6 +217,8 @@ def _mine_one(rec, row_scores, row_ids, corpus, stats: MiningStats, has_answer, 
     from_gold = bool(positives)
     used = {p["passage_id"] for p in positives if p["passage_id"] is not None}
     hard: list[dict] = []
+    # has_answer passage by passage rather than fastdpr.eval.ranking_hits over the whole list: the scan stops as
+    # soon as it holds a positive and n_hard negatives, and most of the searched depth is never read
     for score, pid in zip(row_scores, row_ids):
         if score <= 0:
             break  # bm25s fills the tail with passages sharing no term with the question: not BM25 negatives
