@@ -2,7 +2,7 @@
 (``fastdpr.train.recipe``) at several batch sizes on the same training examples, evaluated on held-out questions
 (NQ test, NYT test, SQuAD dev) over one passage pool, against BM25 and the starting model on the same pool.
 
-    python benchmarks/quality_bench.py                 # batches 16, 128, 1024 at 3,072 examples seen (≤ 60 min)
+    python benchmarks/quality_bench.py                 # batches 16, 128, 1024 at 2,048 examples seen (≤ 60 min)
     python benchmarks/quality_bench.py --quick         # a small version for `fastdpr bench --quick`
 
 Every batch size sees the same examples once (DPR Table 3 compares batch sizes at equal epochs). Batches above
@@ -83,11 +83,15 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=None, help="training examples seen by every batch size")
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes")
     parser.add_argument("--chunk", type=int, default=16, help="GradCache chunk: the memory of this batch size")
-    parser.add_argument("--base-lr", type=float, default=5e-5, help="learning rate at batch 32 (sqrt rule)")
+    parser.add_argument("--base-lr", type=float, default=None,
+                        help="learning rate at batch 32, scaled by the sqrt rule (default: the recipe's)")
     parser.add_argument("--max-passages", type=int, default=5000, help="evaluation pool size")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     args = parser.parse_args()
-    args.examples = args.examples or (64 if args.quick else 3072)
+    args.examples = args.examples or (64 if args.quick else 2048)
+    from fastdpr.train import recipe
+
+    args.base_lr = args.base_lr or recipe.DEFAULT_LR
     batches = [int(b) for b in (args.batches or ("16,32,64" if args.quick else "16,128,1024")).split(",")]
     if any(b > args.examples for b in batches):
         parser.error(f"--batches {batches}: every batch must be <= --examples {args.examples}")

@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training questions the dual encoder sees (default: 1024; --fast: 128)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="questions per optimizer step (default: 32; above 32, GradCache keeps the memory of 32)")
-    parser.add_argument("--lr", type=float, default=None, help="dual-encoder learning rate (default: 5e-5)")
+    parser.add_argument("--lr", type=float, default=None, help="dual-encoder learning rate (default: 1e-4)")
     parser.add_argument("--reader-steps", type=int, default=None, help="reader optimizer steps")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from fastdpr.train.recipe import DEFAULT_BATCH, DEFAULT_LR, DEFAULT_MIXTURE
+
 
 @dataclass
 class QuickstartConfig:
@@ -32,12 +34,12 @@ class QuickstartConfig:
     passage_length: int = 192  # 100 words + title fit: the encoder reads what BM25 reads
     temperature: float = 0.05
     # the recipe (fastdpr.train.recipe); examples seen = train_examples, steps = train_examples // batch_size
-    train_mixture: dict = field(default_factory=lambda: {"nyt": 0.4, "nq": 0.3, "new_wiki": 0.3})
+    train_mixture: dict = field(default_factory=lambda: dict(DEFAULT_MIXTURE))
     train_examples: int = 1024
     dev_examples: int = 128
-    batch_size: int = 32
+    batch_size: int = DEFAULT_BATCH
     chunk_size: int = 32  # GradCache sub-batch: larger batches cost the memory of this many
-    lr: float = 5e-5
+    lr: float = DEFAULT_LR
     eval_times: int = 2  # validations during training (best checkpoint kept)
     mine_hard: int = 1
     mine_depth: int = 30
