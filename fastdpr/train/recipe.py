@@ -4,7 +4,7 @@ packaged MiniLM with it and reports top-k on held-out NQ, SQuAD and NYT question
 model. The quickstart uses it; ``TrainingArguments`` keeps DPR's own defaults for training from scratch
 (docs/architecture.md, "DPR training defaults").
 
-Why each choice (measured on 2 CPU cores, see the benchmark):
+Why each choice (measured on 2 CPU cores: ``benchmarks/results/recipe_ablation.md`` and the quality benchmark):
 
 * **A mixture of sources** (the target domain plus NQ and other Wikipedia questions): training on one domain's
   questions alone moves the model toward that domain and away from what it knew; the other sources keep it.
