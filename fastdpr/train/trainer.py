@@ -36,7 +36,7 @@ from fastdpr.train import checkpoint as ckpt
 from fastdpr.train import distributed
 from fastdpr.train.data import Batch, BatchBuilder, Example
 from fastdpr.train.grad_cache import GradCacheStep, split_tokens
-from fastdpr.train.loss import LossFn, batch_loss, fused_inbatch_nll
+from fastdpr.train.loss import LossFn, batch_loss, fused_inbatch_nll, place_columns
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 BEST_METRICS = {"avg_rank": False, "loss": False}  # name -> higher is better (top-k metrics added: True)
@@ -516,8 +516,7 @@ class Trainer:
                 batch = builder.batch(0, position)
                 q_tokens, p_tokens = self._tokens(batch)
                 q, p_real = self._encode_chunked(q_tokens, p_tokens)
-                p = torch.zeros(batch.n_columns, p_real.shape[1], device=p_real.device)
-                p[batch.passage_columns.to(p.device)] = p_real
+                p = place_columns(p_real, batch.passage_columns, batch.n_columns)
                 losses.append(float(self.loss_fn(
                     q, p, batch.targets.to(q.device), scale=float(self.model.scale),
                     column_ids=batch.column_ids.to(q.device), column_valid=batch.column_valid.to(q.device),
@@ -562,22 +561,28 @@ class Trainer:
         return float(ahead.sum(dim=1).float().mean())
 
     def _topk_accuracy(self, examples: list[Example]) -> dict:
+        """DPR top-k accuracy of exact search over the corpus, encoded a block at a time (never held whole)."""
         from fastdpr.eval import topk_accuracy
-        from fastdpr.text.answers import has_answer
+        from fastdpr.eval.retrieval import ranking_hits
+        from fastdpr.index.flat import TopK
 
         corpus = self.corpus
         if isinstance(corpus, (str, os.PathLike)):
             from fastdpr.data import Corpus
 
             corpus = self.corpus = Corpus.open(corpus)
-        passages = list(iter(corpus))
         size = self.args.chunk_size if self.args.grad_cache else 64
-        p_vectors = torch.from_numpy(self.model.encode_passages(passages, batch_size=size, device=self.device))
-        q_vectors = torch.from_numpy(self.model.encode_questions([e.question for e in examples], batch_size=size,
-                                                                 device=self.device))
-        k = min(max(self.args.topk), len(passages))
-        top = torch.topk(q_vectors @ p_vectors.t(), k, dim=1).indices.tolist()
-        hits = [[has_answer(passages[j]["text"], e.answers) for j in row] for row, e in zip(top, examples)]
+        questions = self.model.encode_questions([e.question for e in examples], batch_size=size,
+                                                device=self.device, show_progress=False)
+        k = min(max(self.args.topk), len(corpus))
+        top = TopK(len(examples), k)
+        block = 4096
+        for start in range(0, len(corpus), block):
+            rows = [corpus[i] for i in range(start, min(start + block, len(corpus)))]
+            vectors = self.model.encode_passages(rows, batch_size=size, device=self.device, show_progress=False)
+            top.add(questions @ vectors.T, start)
+        _, found = top.result()
+        hits = ranking_hits(found, [e.answers for e in examples], corpus)
         return topk_accuracy(hits, ks=tuple(x for x in self.args.topk if x <= k))
 
 
