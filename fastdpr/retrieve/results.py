@@ -56,8 +56,11 @@ def trec_run(qids: Sequence[str], retrieved: Sequence[list[dict] | list[tuple[st
 
 
 def hits(results: Sequence[dict]) -> list[list[bool]]:
-    """Per-question ``has_answer`` flags of DPR results records, for ``fastdpr.eval.topk_accuracy``."""
-    return [[bool(c["has_answer"]) for c in r["ctxs"]] for r in results]
+    """Per-question ``has_answer`` flags of DPR results records, for ``fastdpr.eval.topk_accuracy`` (stored flags;
+    missing ones computed: :func:`fastdpr.eval.result_hits`)."""
+    from fastdpr.eval.retrieval import result_hits
+
+    return result_hits(results)
 
 
 EXTENSIONS = {".json": "dpr", ".trec": "trec", ".run": "trec", ".txt": "trec", ".tsv": "trec"}
