@@ -186,9 +186,23 @@ def test_cli_trains_and_saves(tmp_path, init_dir, capsys):
     model = BiEncoder.from_pretrained(out / "model")
     assert model.config.similarity == "cosine" and model.config.temperature == pytest.approx(0.1)
     assert (out / "best" / "validation.json").is_file()
-    assert json.loads((out / "training_args.json").read_text())["grad_cache"] is True
+    saved = json.loads((out / "training_args.json").read_text())
+    assert saved["grad_cache"] is True
+    # flags given win; what is left out comes from the default recipe (finetune)
+    assert saved["lr"] == 1e-3 and saved["batch_size"] == 32
+    assert saved["interpolate"] == 0.5 and saved["freeze_word_embeddings"] is True and saved["warmup_steps"] == 0.1
+    assert saved["precision"] in ("bf16", "fp32")
     printed = capsys.readouterr().out
     assert str(out / "model") in printed
+
+
+def test_cli_dpr_recipe_defaults(tmp_path, init_dir):
+    out = tmp_path / "dpr"
+    code = cli.main(["train", str(SAMPLE), "--model", str(init_dir), "-o", str(out), "--recipe", "dpr",
+                     "--batch-size", "16", "--max-steps", "1", "--loss-backend", "torch", "--no-progress"])
+    assert code == 0
+    saved = json.loads((out / "training_args.json").read_text())
+    assert (saved["lr"], saved["epochs"], saved["interpolate"], saved["precision"]) == (2e-5, 40, 1.0, "fp32")
 
 
 def test_cli_errors_are_one_line(tmp_path, init_dir, capsys):

