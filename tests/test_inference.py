@@ -192,3 +192,20 @@ def test_progress_is_shown_by_default_in_a_log(tmp_path, capsys, monkeypatch):
     model.encode_passages(mixed_passages(20), batch_size=4, show_progress=False)
     model.encode_questions(["one batch only"])
     assert capsys.readouterr().err == ""
+
+
+def test_padded_attention_layout_equals_the_grouped_one(tmp_path, monkeypatch):
+    """The GPU's attention layout (packed linear layers, attention through padding with a key mask), run on the
+    CPU."""
+    model = tiny_biencoder(tmp_path, pooling="mean").eval()
+    passages = mixed_passages()
+    grouped = model.encode_passages(passages, batch_size=7)
+    real_pack = inference.pack
+
+    def pack_as_on_cuda(seqs, device):
+        return real_pack(seqs, device, padded_attention=True)
+
+    monkeypatch.setattr("fastdpr.models.biencoder.pack", pack_as_on_cuda)
+    padded = model.encode_passages(passages, batch_size=7)
+    np.testing.assert_allclose(padded, grouped, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(padded, padded_reference(model, passages), rtol=0, atol=2e-6)

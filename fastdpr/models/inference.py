@@ -73,14 +73,18 @@ class Packed:
     token_type_ids: torch.Tensor  # (T,)
     position_ids: torch.Tensor  # (T,)
     groups: list[tuple[int, int]]
+    seq_index: torch.Tensor | None = None  # (T,) the sequence of each token (for attention through padding)
+    key_mask: torch.Tensor | None = None  # (B, 1, 1, longest) True at real tokens
 
     @property
     def count(self) -> int:
         return sum(n for n, _ in self.groups)
 
 
-def pack(seqs: Sequence[tuple[list[int], list[int] | None]], device: torch.device) -> Packed:
-    """Pack sequences that are already sorted by length (equal lengths adjacent) into one token row."""
+def pack(seqs: Sequence[tuple[list[int], list[int] | None]], device: torch.device,
+         padded_attention: bool | None = None) -> Packed:
+    """Pack sequences that are already sorted by length (equal lengths adjacent) into one token row, with the
+    indices attention needs to run through padding when ``padded_attention`` (default: on CUDA)."""
     lengths = [len(ids) for ids, _ in seqs]
     groups = [(sum(1 for _ in run), length) for length, run in itertools.groupby(lengths)]
     ids = np.fromiter(itertools.chain.from_iterable(ids for ids, _ in seqs), dtype=np.int64, count=sum(lengths))
@@ -90,9 +94,18 @@ def pack(seqs: Sequence[tuple[list[int], list[int] | None]], device: torch.devic
         types = np.zeros(len(ids), dtype=np.int64)
     positions = np.concatenate([np.tile(np.arange(length, dtype=np.int64), n) for n, length in groups]) \
         if groups else np.zeros(0, dtype=np.int64)
-    tensors = [torch.from_numpy(a) for a in (ids, types, positions)]
+    arrays = [ids, types, positions]
+    if padded_attention is None:
+        padded_attention = device.type == "cuda"
+    padded_attention = padded_attention and len(groups) > 1
+    if padded_attention:
+        arrays.append(np.repeat(np.arange(len(lengths)), lengths))
+        arrays.append(np.arange(max(lengths))[None, :] < np.asarray(lengths)[:, None])
+    tensors = [torch.from_numpy(a) for a in arrays]
     if device.type == "cuda":  # pinned host memory lets the copy overlap the previous batch's kernels
         tensors = [t.pin_memory().to(device, non_blocking=True) for t in tensors]
+    if padded_attention:
+        return Packed(*tensors[:3], groups=groups, seq_index=tensors[3], key_mask=tensors[4][:, None, None, :])
     return Packed(*tensors, groups=groups)
 
 
@@ -125,10 +138,31 @@ class _PackedLayer(nn.Module):
         self.heads, self.hidden, self.eps = heads, hidden, eps
         self.act = _ACTIVATIONS[act]
 
-    def forward(self, x: torch.Tensor, groups: list[tuple[int, int]]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: Packed) -> torch.Tensor:
         qkv = self.qkv(x)
+        ctx = self._attention_padded(qkv, batch) if batch.seq_index is not None else \
+            self._attention_grouped(qkv, batch.groups)
+        x = self.ln1(self.attn_out(ctx).add_(x))
+        return self.ln2(self.out(self.act(self.inter(x))).add_(x))
+
+    def _attention_padded(self, qkv: torch.Tensor, batch: Packed) -> torch.Tensor:
+        """Attention through a padded (B, longest) layout with a key mask: a few kernels per layer whatever the
+        lengths (on a GPU one launch per length group would cost more than the arithmetic); the linear layers
+        around it stay packed."""
         heads, head_dim = self.heads, self.hidden // self.heads
-        ctx = torch.empty(x.shape[0], self.hidden, dtype=qkv.dtype, device=qkv.device) if len(groups) > 1 else None
+        n, longest = batch.key_mask.shape[0], batch.key_mask.shape[-1]
+        padded = qkv.new_zeros(n, longest, 3 * self.hidden)
+        padded[batch.seq_index, batch.position_ids] = qkv
+        q, k, v = padded.view(n, longest, 3, heads, head_dim).unbind(2)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           attn_mask=batch.key_mask)
+        return o.transpose(1, 2)[batch.seq_index, batch.position_ids].reshape(-1, self.hidden)
+
+    def _attention_grouped(self, qkv: torch.Tensor, groups: list[tuple[int, int]]) -> torch.Tensor:
+        """Exact attention per group of equal-length sequences, no mask and no padding (the CPU path: a
+        length-sorted batch has few groups, and each costs only its own tokens)."""
+        heads, head_dim = self.heads, self.hidden // self.heads
+        ctx = torch.empty(qkv.shape[0], self.hidden, dtype=qkv.dtype, device=qkv.device) if len(groups) > 1 else None
         start = 0
         for n, length in groups:
             rows = n * length
@@ -140,8 +174,7 @@ class _PackedLayer(nn.Module):
             else:
                 ctx[start:start + rows] = o
             start += rows
-        x = self.ln1(self.attn_out(ctx).add_(x))
-        return self.ln2(self.out(self.act(self.inter(x))).add_(x))
+        return ctx
 
 
 class Int8Linear(nn.Module):
@@ -212,7 +245,7 @@ class PackedBert(nn.Module):
         x = self.word(batch.input_ids) + self.position(batch.position_ids) + self.token_type(batch.token_type_ids)
         x = self.emb_ln(x).to(self.compute_dtype)
         for layer in self.layers:
-            x = layer(x, batch.groups)
+            x = layer(x, batch)
         return x
 
 
