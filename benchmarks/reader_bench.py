@@ -271,9 +271,7 @@ def main() -> int:
                 "lr": args.lr, "train_length": args.train_length, "curve": curve}
 
     train_stage = stages.run("train", stage_train)
-    if train_stage is None:
-        print("stopping: training not finished", flush=True)
-        return 0
+    trained = train_stage is not None  # the stages that read need the trained reader; retrieval does not
 
     # ------------------------------------------------------------------------------------------------------ rc
     nq_passages = {p["id"]: p for p in sources.read_jsonl(prepared / "nq" / "passages.jsonl")}
@@ -299,7 +297,7 @@ def main() -> int:
                                       "identical_answers": same / len(check)}
         return out
 
-    rc_stage = stages.run("rc", stage_rc)
+    rc_stage = stages.run("rc", stage_rc) if trained else None
 
     # ----------------------------------------------------------------------------------------------- retrieval
     open_sets = {
@@ -365,7 +363,7 @@ def main() -> int:
         write_json(work / "runs.json", runs, indent=None)
         return out
 
-    retrieval_stage = stages.run("retrieval", stage_retrieval)
+    retrieval_stage = stages.run("retrieval", stage_retrieval, keys=("quick", "open_questions", "pool", "seed"))
 
     # ------------------------------------------------------------------------------------------------ open
     def stage_open():
@@ -398,7 +396,7 @@ def main() -> int:
                     out[dataset][f"{name}@{k}"] = {"em": scores["em"], "f1": scores["f1"]}
         return out
 
-    open_stage = stages.run("open", stage_open)
+    open_stage = stages.run("open", stage_open) if trained and retrieval_stage else None
 
     # ----------------------------------------------------------------------------------------------- speed
     def stage_speed():
@@ -443,7 +441,7 @@ def main() -> int:
             row["same_answers_as_old"] = sum(a == b for a, b in zip(answers[row["setting"]], old)) / n
         return {"top_k": 5, "retriever": "hybrid", "threads": torch.get_num_threads(), "rows": rows}
 
-    speed_stage = stages.run("speed", stage_speed)
+    speed_stage = stages.run("speed", stage_speed) if trained and retrieval_stage else None
     if None in (rc_stage, retrieval_stage, open_stage, speed_stage):
         print("stopping: some stages not run yet", flush=True)
         return 0

@@ -163,3 +163,31 @@ def test_train_reader_retrieves_its_own_passages(tmp_path, capsys):
     assert main(["train-reader", "--model", str(model_dir), "-o", str(out)]) == 2
     assert main(["train-reader", "--qa", str(qa), "--mode", "dense", "--corpus", str(corpus_path),
                  "--model", str(model_dir), "-o", str(out)]) == 2
+
+
+class _ListRetriever:
+    """Returns the same ranked passages for every question."""
+
+    def __init__(self, passages):
+        self.passages = passages
+
+    def retrieve(self, questions, k):
+        return [[{**p, "score": 1.0 / (r + 1)} for r, p in enumerate(self.passages[:k])] for _ in questions]
+
+
+def test_train_reader_from_questions_and_the_reader_cache(tmp_path):
+    from fastdpr.reader import load_cached_reader, reader_cache_dir, train_reader_from_questions
+
+    model_dir = tiny_bert_dir(tmp_path / "m", dropout=0.0)
+    passages = list({c["id"]: c for ex in EXAMPLES for c in ex["ctxs"]}.values())
+    questions = [{"question": ex["question"], "answers": ex["answers"]} for ex in EXAMPLES]
+    assert load_cached_reader("r", cache=tmp_path) is None
+    out = reader_cache_dir("r", cache=tmp_path)
+    reader, stats = train_reader_from_questions(questions, _ListRetriever(passages), out, base_model=model_dir, k=3,
+                                                max_steps=2, max_length=48, read_length=64, precision="fp32",
+                                                show_progress=False)
+    assert stats["steps"] == 2 and stats["retrieved_questions"] == 2 and stats["bf16"] is False
+    cached = load_cached_reader("r", cache=tmp_path)
+    assert cached is not None and cached.config.max_length == 64
+    assert cached.read([q["question"] for q in questions], [passages, passages], top_k=3)[0]["answer"] == \
+        reader.read([q["question"] for q in questions], [passages, passages], top_k=3)[0]["answer"]

@@ -20,6 +20,7 @@ BENCHMARKS = {
     "encode": "encode_bench.py",
     "train": "train_bench.py",
     "e2e": "e2e_bench.py",
+    "reader": "reader_bench.py",
     "quality": "quality_bench.py",
 }
 

@@ -2,14 +2,19 @@
 
     from fastdpr.reader import Reader, evaluate_answers
     reader = Reader.from_pretrained("reader/")
-    predictions = reader.read(questions, retrieved, top_k=10)
+    predictions = reader.read(questions, retrieved, top_k=10, precision="bf16")   # or "fp32" (default on CPU)
     evaluate_answers([p["answer"] for p in predictions], gold_answers)   # {"em": .., "f1": .., "n": ..}
+
+Training: ``reader.fit(dpr_results, ...)``; from questions and a retriever in one call,
+:func:`train_reader_from_questions`; the benchmark's trained reader from the cache, :func:`load_cached_reader`;
+offline span data with the test sets held out, :mod:`fastdpr.reader.data`.
 """
 from __future__ import annotations
 
 from fastdpr.reader.decode import best_spans
-from fastdpr.reader.features import ReaderInputs, locate_answer_spans, tokenize_pairs
-from fastdpr.reader.model import Reader, ReaderConfig
+from fastdpr.reader.features import ReaderInputs, answer_char_spans, locate_answer_spans, tokenize_pairs
+from fastdpr.reader.model import Reader, ReaderConfig, bf16_supported, select_answer
+from fastdpr.reader.pipeline import load_cached_reader, reader_cache_dir, train_reader_from_questions
 
 
 def evaluate_answers(predictions: list[str], gold: list[list[str]]) -> dict:
@@ -26,5 +31,6 @@ def evaluate_answers(predictions: list[str], gold: list[list[str]]) -> dict:
     return {"em": float(em), "f1": float(f1), "n": n}
 
 
-__all__ = ["Reader", "ReaderConfig", "ReaderInputs", "best_spans", "evaluate_answers", "locate_answer_spans",
-           "tokenize_pairs"]
+__all__ = ["Reader", "ReaderConfig", "ReaderInputs", "answer_char_spans", "best_spans", "bf16_supported",
+           "evaluate_answers", "load_cached_reader", "locate_answer_spans", "reader_cache_dir", "select_answer",
+           "tokenize_pairs", "train_reader_from_questions"]
