@@ -248,11 +248,11 @@ class HybridRetriever(Retriever):
 
 
 def _hits_with_progress(ranking_hits, candidates, answers, corpus, match, show_progress) -> list[list[bool]]:
-    from tqdm.auto import tqdm
+    from fastdpr.progress import progress
 
     out: list[list[bool]] = []
     step = 256
-    with tqdm(total=len(candidates), desc="has_answer", unit="q", disable=not show_progress) as bar:
+    with progress(total=len(candidates), desc="has_answer", unit="q", enabled=show_progress) as bar:
         for start in range(0, len(candidates), step):
             out.extend(ranking_hits(candidates[start:start + step], list(answers[start:start + step]), corpus,
                                     mode=match))

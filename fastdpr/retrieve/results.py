@@ -93,14 +93,14 @@ def search_to_run(retriever, qa: Sequence[dict], path, k: int, *, fmt: str = "au
     questions written.
 
     Example: ``search_to_run(SparseRetriever(bm25, corpus), list(iter_qa("test.qa.csv")), "run.json", 100)``"""
-    from tqdm.auto import tqdm
+    from fastdpr.progress import progress
 
     from fastdpr.data.runs import write_run
 
     fmt = run_format(path, fmt)
     if fmt not in _NEEDS_TEXT + _NEEDS_ANSWERS and len({q["qid"] for q in qa}) != len(qa):
         raise ValueError("query ids repeat in the QA file; TREC and BEIR runs need unique query ids")
-    bar = tqdm(total=len(qa), desc="search", unit="q", disable=not show_progress, mininterval=1.0)
+    bar = progress(total=len(qa), desc="search", unit="q", enabled=show_progress)
 
     def records():
         for start in range(0, len(qa), chunk_size):

@@ -150,14 +150,12 @@ class BM25:
 
         Example: ``BM25.from_corpus(fastdpr.data.iter_passages("psgs.tsv"), k1=0.9, b=0.4)``"""
         bm25 = cls(**params)
-        if show_progress is None:  # bars only where someone watches: not in logs, CI or pipes
-            show_progress = sys.stderr.isatty()
         bm25._index(passages, show_progress=show_progress, total=total)
         return bm25
 
     def _index(self, passages: Iterable[dict], *, show_progress: bool, total: int | None) -> None:
         import bm25s
-        from tqdm.auto import tqdm
+        from fastdpr.progress import progress
 
         if total is None and hasattr(passages, "__len__"):
             total = len(passages)  # type: ignore[arg-type]
@@ -171,7 +169,7 @@ class BM25:
                 ids.append(str(passage["id"]))
                 yield passage_text(passage)
 
-        bar = tqdm(total=total, desc="BM25 tokenize", unit="psg", disable=not show_progress, mininterval=1.0)
+        bar = progress(total=total, desc="BM25 tokenize", unit="psg", enabled=show_progress)
         # allow_empty=False: a passage with no terms gets no postings (bm25s would otherwise give it a "" term
         # that every term-less query then matches)
         for token_ids in self.tokenizer.streaming_tokenize(texts(), update_vocab=True, allow_empty=False):
@@ -187,7 +185,9 @@ class BM25:
         # A term id without postings for queries with no known term. It must be inside the vocabulary bm25s
         # builds its matrix over: bm25s's own fallback appends it past the matrix's last column.
         vocab.setdefault("", len(vocab))
-        self.retriever.index(bm25s.tokenization.Tokenized(ids=docs, vocab=vocab), show_progress=show_progress)
+        # bm25s's own tqdm bars only on a terminal: in a log their carriage returns pile up on one line
+        self.retriever.index(bm25s.tokenization.Tokenized(ids=docs, vocab=vocab),
+                             show_progress=bool(show_progress) and sys.stderr.isatty())
         self._ids = id_array
 
     # ------------------------------------------------------------------ querying
@@ -218,7 +218,7 @@ class BM25:
         n_threads: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Like :meth:`search` but returns index rows (int64) instead of passage ids."""
-        from tqdm.auto import tqdm
+        from fastdpr.progress import progress
 
         if isinstance(queries, str):
             raise TypeError("search() takes a list of queries, not a single string")
@@ -231,7 +231,7 @@ class BM25:
         n = len(queries)
         scores = np.empty((n, k), dtype=np.float32)
         rows = np.empty((n, k), dtype=np.int64)
-        bar = tqdm(total=n, desc="BM25 search", unit="q", disable=not show_progress, mininterval=1.0)
+        bar = progress(total=n, desc="BM25 search", unit="q", enabled=show_progress)
         for start in range(0, n, batch_size):
             batch = queries[start : start + batch_size]
             token_ids = self.tokenize_queries(batch)

@@ -170,13 +170,13 @@ def mine_hard_negatives(
 
 def _mine(qa_records, bm25, corpus, stats: MiningStats, *, n_hard, n_random, depth, match, batch_size, n_threads,
           seed, show_progress, total, doc_map) -> Iterator[dict]:
-    from tqdm.auto import tqdm
+    from fastdpr.progress import progress
 
     from fastdpr.text.answers import has_answer
 
     if total is None and hasattr(qa_records, "__len__"):
         total = len(qa_records)
-    bar = tqdm(total=total, desc="mining", unit="q", disable=not show_progress, mininterval=1.0)
+    bar = progress(total=total, desc="mining", unit="q", enabled=show_progress)
     records = iter(qa_records)
     number = 0
     try:
