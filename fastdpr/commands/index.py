@@ -24,7 +24,6 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     import numpy as np
-    from tqdm import tqdm
 
     from fastdpr.encode import iter_vector_shards, read_manifest
     from fastdpr.errors import InputError
@@ -37,13 +36,14 @@ def run(args: argparse.Namespace) -> int:
     if total == 0:
         raise InputError("no vectors to index", path=str(args.vectors))
     index = make_index(args.spec, dim, n_hint=total)
-    show = not args.no_progress and sys.stderr.isatty()
     start = time.perf_counter()
 
     if not index.is_trained:
         index.train(_training_sample(args.vectors, total, args.train_size, args.seed, args.verify))
 
-    with tqdm(total=total, unit="vec", desc="index", disable=not show) as bar:
+    from fastdpr.progress import progress
+
+    with progress(total=total, unit="vec", desc="index", enabled=not args.no_progress) as bar:
         for shard in iter_vector_shards(args.vectors, verify=args.verify):
             n = len(shard.ids)
             # ids are corpus rows; they equal the index's own row numbers when shards start at row 0

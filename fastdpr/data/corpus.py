@@ -420,13 +420,11 @@ def _drop_rows(arrays, h, drop_rows: list[int]):
 
 
 def _progress(source: Path, show_progress: bool | None):
-    if show_progress is None:
-        show_progress = sys.stderr.isatty()
-    if not show_progress:
+    if show_progress is False:
         return None
-    from tqdm.auto import tqdm
+    from fastdpr.progress import progress
 
-    return tqdm(total=source.stat().st_size, unit="B", unit_scale=True, desc=f"indexing {source.name}")
+    return progress(total=source.stat().st_size, unit="B", desc=f"indexing {source.name}", enabled=show_progress)
 
 
 def _align(n: int) -> int:

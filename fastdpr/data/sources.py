@@ -157,16 +157,11 @@ def sha256_of(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 
 def _copy_checked(source, destination: Path, archive: Archive, total: int | None, show_progress: bool) -> None:
     """Stream ``source`` (a binary file object) into ``destination`` atomically, refusing a sha256 mismatch."""
-    from tqdm.auto import tqdm
+    from fastdpr.progress import progress
 
     digest = hashlib.sha256()
-    with atomic_open(destination, "wb") as out, tqdm(
-        total=total or None,
-        unit="B",
-        unit_scale=True,
-        desc=archive.filename,
-        disable=not show_progress,
-        leave=False,
+    with atomic_open(destination, "wb") as out, progress(
+        total=total or None, unit="B", desc=archive.filename, enabled=show_progress
     ) as bar:
         while block := source.read(1 << 20):
             digest.update(block)
