@@ -25,7 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None,
                         help="questions per optimizer step (default: 32; above 32, GradCache keeps the memory of 32)")
     parser.add_argument("--lr", type=float, default=None, help="dual-encoder learning rate (default: 1e-4)")
-    parser.add_argument("--reader-steps", type=int, default=None, help="reader optimizer steps")
+    parser.add_argument("--reader-budget", type=float, default=None,
+                        help="seconds to train the reader when the reader benchmark's is not cached (default: 120)")
+    parser.add_argument("--train-reader", action="store_true",
+                        help="train the reader here even when the reader benchmark's reader is in the cache")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -36,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         fast=args.fast, out=args.out, cache=args.cache, source_dir=args.source_dir, force=args.force,
         threads=args.threads, max_passages=args.max_passages, train_examples=args.train_examples,
         batch_size=args.batch_size, lr=args.lr,
-        reader_steps=args.reader_steps, show_progress=not args.quiet,
+        reader_budget_s=args.reader_budget, reader_from_cache=False if args.train_reader else None,
+        show_progress=not args.quiet,
     )
     results = run_quickstart(config)
     print(format_table(results))

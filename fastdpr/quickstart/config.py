@@ -46,13 +46,10 @@ class QuickstartConfig:
     encode_batch_size: int = 64
     index_spec: str = "flat"
     k_union: int = 200  # hybrid: union of each side's top-K
-    # reader
-    reader_train_questions: int = 200
-    reader_steps: int = 40
-    reader_batch_size: int = 4
-    reader_passages: int = 2
-    reader_length: int = 192
-    reader_lr: float = 5e-5
+    # reader: the reader benchmark's, when cached (reader_from_cache); else trained here for reader_budget_s
+    reader_from_cache: bool = True
+    reader_train_questions: int = 2000
+    reader_budget_s: float = 120.0
     reader_top_k: int = 5
     reader_test_questions: int = 200
     # speed
@@ -66,8 +63,8 @@ class QuickstartConfig:
             base = dict(
                 fast=True, nq_test=200, squad_test=100, nyt_test=100, nq_dev=60, nyt_dev=40, max_passages=1200,
                 train_examples=128, dev_examples=32, batch_size=32, eval_times=1,
-                reader_train_questions=48, reader_steps=10, reader_passages=2, reader_length=128, reader_top_k=3,
-                reader_test_questions=40, speed_questions=40, k_union=100,
+                reader_train_questions=200, reader_budget_s=30.0, reader_top_k=3, reader_test_questions=40,
+                speed_questions=40, k_union=100,
             )
         else:
             base = {}

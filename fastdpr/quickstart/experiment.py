@@ -402,30 +402,27 @@ def stage_search(ws: Workspace) -> dict:
 
 
 def stage_reader(ws: Workspace) -> dict:
-    """Fine-tune the reader from the packaged MiniLM on passages the fine-tuned retriever returns for training
-    questions, then read the top passages of the hybrid retriever for held-out NQ test questions."""
-    import torch
-
-    from fastdpr.reader import Reader, evaluate_answers
+    """The reader: the one ``benchmarks/reader_bench.py`` trained, when it is in the cache; otherwise one trained
+    here within ``reader_budget_s`` from the packaged MiniLM, on NQ training questions with passages BM25 finds in
+    the training pool. It reads the top passages of the hybrid retriever for held-out NQ test questions."""
+    from fastdpr.data import Corpus
+    from fastdpr.reader import evaluate_answers, load_cached_reader, train_reader_from_questions
+    from fastdpr.retrieve import SparseRetriever
+    from fastdpr.sparse import BM25
 
     c = ws.config
+    reader = load_cached_reader() if c.reader_from_cache else None
+    if reader is not None:
+        source, stats = "the reader benchmark's reader, from the cache", None
+    else:
+        train_corpus = Corpus.from_passages(sources.read_jsonl(ws.out / "train_corpus.jsonl"))
+        retriever = SparseRetriever(BM25.from_corpus(train_corpus, show_progress=False), train_corpus)
+        train_qs = take(ws.questions("train_nq"), c.reader_train_questions, "reader")
+        reader, stats = train_reader_from_questions(
+            train_qs, retriever, ws.out / "reader", time_budget_s=c.reader_budget_s, seed=c.seed,
+            show_progress=c.show_progress)
+        source = f"trained here ({stats.get('steps', '?')} steps in {c.reader_budget_s:.0f} s)"
     found = retrievers(ws)
-    train_qs = take(ws.questions("train_nq"), c.reader_train_questions, "reader")
-    # the training questions' passages come from the training pool, which the evaluation retrievers do not hold
-    from fastdpr.data import Corpus
-    from fastdpr.sparse import BM25
-    from fastdpr.retrieve import SparseRetriever
-
-    train_corpus = Corpus.from_passages(sources.read_jsonl(ws.out / "train_corpus.jsonl"))
-    retrieved = SparseRetriever(BM25.from_corpus(train_corpus, show_progress=False), train_corpus).retrieve(
-        [q["question"] for q in train_qs], 10)
-    examples = [{"question": q["question"], "answers": q["answers"], "ctxs": ctxs}
-                for q, ctxs in zip(train_qs, retrieved)]
-    torch.manual_seed(c.seed)
-    reader = Reader.from_pretrained(base_model_path(), max_length=c.reader_length)
-    stats = reader.fit(examples, max_steps=c.reader_steps, batch_size=c.reader_batch_size,
-                       n_passages=c.reader_passages, lr=c.reader_lr, seed=c.seed, show_progress=c.show_progress)
-    reader.save_pretrained(ws.out / "reader")
     test = take(ws.questions("nq_test"), c.reader_test_questions, "reader_test")
     passages = found["hybrid"].retrieve([q["question"] for q in test], c.reader_top_k)
     predictions = reader.read([q["question"] for q in test], passages, top_k=c.reader_top_k,
@@ -434,8 +431,7 @@ def stage_reader(ws: Workspace) -> dict:
     write_json(ws.out / "reader_predictions.json",
                [{"qid": q["qid"], "question": q["question"], "answers": q["answers"], **p}
                 for q, p in zip(test, predictions)])
-    return {**scores, "top_k": c.reader_top_k, "retriever": "hybrid", "source": "trained in this run",
-            "train": stats}
+    return {**scores, "top_k": c.reader_top_k, "retriever": "hybrid", "source": source, "train": stats}
 
 
 # ------------------------------------------------------------------------------------------------------- speed
