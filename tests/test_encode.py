@@ -11,6 +11,7 @@ import pytest
 from tiny_models import tiny_biencoder
 
 import fastdpr.encode as enc
+import fastdpr.encode.writer as writer
 from fastdpr.data import Corpus
 from fastdpr.encode import encode_corpus, iter_vector_shards, load_vectors, merge_shards
 from fastdpr.errors import InputError
@@ -77,7 +78,7 @@ def test_single_shard_is_memory_mapped(model, corpus, tmp_path):
 
 
 def _interrupt_after(monkeypatch, k):
-    real = enc._write_shard
+    real = writer._write_shard
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -86,7 +87,7 @@ def _interrupt_after(monkeypatch, k):
         calls["n"] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(enc, "_write_shard", flaky)
+    monkeypatch.setattr(writer, "_write_shard", flaky)
 
 
 def test_resume_after_interruption_equals_uninterrupted_run(model, corpus, reference, tmp_path, monkeypatch):
@@ -237,7 +238,7 @@ def test_torchrun_environment_picks_the_worker(model, corpus, tmp_path, monkeypa
 _KILLER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
-    import fastdpr.encode as enc
+    import fastdpr.encode.writer as enc
     from fastdpr.models import BiEncoder
     from fastdpr.data import Corpus
     import json
