@@ -58,7 +58,8 @@ def run_quickstart(config: QuickstartConfig, log: Callable[[str], None] | None =
         "dataset": "nq_test: Natural Questions (BIG-bench contextual_parametric_knowledge_conflicts, answers "
                    "restored), held-out test split",
         "retrieval": {name: {f"top{k}": nq[name][f"top{k}"] for k in KS} for name in RETRIEVERS},
-        "reader": {k: reader[k] for k in ("em", "f1", "n", "top_k", "retriever", "source") if k in reader},
+        "reader": {k: reader[k] for k in ("em", "f1", "n", "top_k", "retriever", "source", "by_top_k")
+                   if k in reader},
         "qps": {name: speed["qps"][name] for name in RETRIEVERS},
         "datasets": metrics,
         "hybrid_alpha": search["alpha"],

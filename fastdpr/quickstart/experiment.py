@@ -406,7 +406,8 @@ def stage_reader(ws: Workspace) -> dict:
     here within ``reader_budget_s`` from the packaged MiniLM, on NQ training questions with passages BM25 finds in
     the training pool. It reads the top passages of the hybrid retriever for held-out NQ test questions."""
     from fastdpr.data import Corpus
-    from fastdpr.reader import evaluate_answers, load_cached_reader, train_reader_from_questions
+    from fastdpr.reader import (bf16_supported, evaluate_answers, load_cached_reader, select_answer,
+                                train_reader_from_questions)
     from fastdpr.retrieve import SparseRetriever
     from fastdpr.sparse import BM25
 
@@ -425,13 +426,19 @@ def stage_reader(ws: Workspace) -> dict:
     found = retrievers(ws)
     test = take(ws.questions("nq_test"), c.reader_test_questions, "reader_test")
     passages = found["hybrid"].retrieve([q["question"] for q in test], c.reader_top_k)
-    predictions = reader.read([q["question"] for q in test], passages, top_k=c.reader_top_k,
-                              show_progress=c.show_progress)
-    scores = evaluate_answers([p["answer"] for p in predictions], [q["answers"] for q in test])
+    # read once; answers from the top 1 and from the top k are both chosen from the same scores
+    scored = reader.score_passages([q["question"] for q in test], passages, c.reader_top_k,
+                                   precision="bf16" if bf16_supported() else "fp32", show_progress=c.show_progress)
+    by_k = {k: [select_answer(row, ctxs, k) for row, ctxs in zip(scored, passages)]
+            for k in sorted({1, c.reader_top_k})}
+    gold = [q["answers"] for q in test]
+    at = {f"top{k}": evaluate_answers([p["answer"] for p in predicted], gold) for k, predicted in by_k.items()}
+    predictions = by_k[c.reader_top_k]
     write_json(ws.out / "reader_predictions.json",
                [{"qid": q["qid"], "question": q["question"], "answers": q["answers"], **p}
                 for q, p in zip(test, predictions)])
-    return {**scores, "top_k": c.reader_top_k, "retriever": "hybrid", "source": source, "train": stats}
+    return {**at[f"top{c.reader_top_k}"], "by_top_k": at, "top_k": c.reader_top_k, "retriever": "hybrid",
+            "source": source, "train": stats}
 
 
 # ------------------------------------------------------------------------------------------------------- speed

@@ -57,6 +57,9 @@ def format_table(results: dict) -> str:
     source = f", {r['source']}" if r.get("source") else ""
     lines.append(f"reader on NQ test (top-{r['top_k']} {r['retriever']} passages, {r['n']} questions{source}): "
                  f"EM {r['em']:.3f}  F1 {r['f1']:.3f}")
+    for k, m in (r.get("by_top_k") or {}).items():
+        if k != f"top{r['top_k']}":
+            lines.append(f"  reading only the {k.replace('top', 'top-')} passage: EM {m['em']:.3f}  F1 {m['f1']:.3f}")
     ix = results["index"]
     truncated = ix.get("truncated_passages")
     cut = f", {truncated} passages cut at {ix['max_passage_length']} tokens" if truncated is not None else ""
