@@ -109,7 +109,7 @@ class _Silent:
 
 
 def progress(total: int | None = None, desc: str = "", unit: str = "it", enabled: bool | None = None,
-             initial: int = 0, stream: IO[str] | None = None, log_every: float = LOG_EVERY_S):
+             initial: int = 0, stream: IO[str] | None = None, log_every: float | None = None):
     """A progress counter with tqdm's ``update``/``close``/``set_postfix`` and context-manager protocol."""
     stream = stream or sys.stderr
     if not _wanted(enabled):
@@ -118,7 +118,7 @@ def progress(total: int | None = None, desc: str = "", unit: str = "it", enabled
         from tqdm.auto import tqdm
 
         return tqdm(total=total, desc=desc, unit=unit, initial=initial, file=stream, mininterval=0.5, leave=False)
-    return _LogLines(total, desc, unit, stream, log_every, initial=initial)
+    return _LogLines(total, desc, unit, stream, LOG_EVERY_S if log_every is None else log_every, initial=initial)
 
 
 def track(items: Iterable[T], total: int | None = None, desc: str = "", unit: str = "it",

@@ -41,3 +41,20 @@ def test_disabled_and_env(monkeypatch):
 
 def test_track_yields_everything():
     assert list(track(range(5), enabled=False)) == [0, 1, 2, 3, 4]
+
+
+def test_encoding_a_corpus_counts_once_over_all_shards(tmp_path, monkeypatch, capsys):
+    from fastdpr.data import Corpus
+    from fastdpr.encode import encode_corpus
+    from tiny_models import tiny_biencoder
+
+    import fastdpr.progress as progress_module
+
+    monkeypatch.setattr(progress_module, "LOG_EVERY_S", 0.0)
+    passages = [{"id": f"p{i}", "title": "t", "text": f"passage number {i} " * (1 + i % 5)} for i in range(23)]
+    model = tiny_biencoder(tmp_path)
+    encode_corpus(model, Corpus.from_passages(passages), tmp_path / "vectors", batch_size=4, shard_size=10,
+                  show_progress=True)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("encode passages")]
+    assert lines and all("/23 " in line for line in lines)  # one total: the corpus, never a shard
+    assert lines[-1].startswith("encode passages: 23/23 (100%)")

@@ -180,8 +180,10 @@ def encode_corpus(model, corpus, out_dir: str | os.PathLike, batch_size: int = 1
     started, encoded_now = time.perf_counter(), 0
     try:
         for prepared in _prepare_in_background(model, view, todo, shard_size, n_rows):
+            # one counter for the whole run, advanced batch by batch inside the shard
+            before = bar.n
             vectors = model.encode_token_lists(prepared.seqs, "passage", batch_size=batch_size,
-                                               precision=precision)
+                                               precision=precision, bar=bar)
             entry = _write_shard(out_dir, prepared.index, prepared.row_start, vectors.astype(dtype, copy=False),
                                  prepared.ids)
             manifest["shards"].append(entry)
@@ -192,7 +194,7 @@ def encode_corpus(model, corpus, out_dir: str | os.PathLike, batch_size: int = 1
             manifest["complete"] = manifest["count"] == total
             write_json(manifest_path, manifest)  # last: only now does the shard count
             encoded_now += entry["count"]
-            bar.update(entry["count"])
+            bar.update(entry["count"] - (bar.n - before))  # what the batches did not count (a lone passage)
     finally:
         bar.close()
     elapsed = time.perf_counter() - started

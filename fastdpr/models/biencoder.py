@@ -458,7 +458,7 @@ class BiEncoder(nn.Module):
         return self.encode_token_lists(seqs, "passage", batch_size, device, show_progress, precision)
 
     def encode_token_lists(self, seqs: Sequence[TokenSeq], tower: str, batch_size: int = 64, device=None,
-                           show_progress: bool | None = None, precision: str = "auto") -> np.ndarray:
+                           show_progress: bool | None = None, precision: str = "auto", bar=None) -> np.ndarray:
         """Encode pre-tokenised sequences (from ``tokenize_*_lists``) with the ``question`` or ``passage`` tower.
 
         Length-sorted batches, packed without padding (see :mod:`fastdpr.models.inference`), input order kept."""
@@ -477,11 +477,13 @@ class BiEncoder(nn.Module):
         batches = length_sorted_batches([len(ids) for ids, _ in seqs], batch_size)
         if show_progress is None:
             show_progress = None if len(batches) > 1 else False
-        with progress(total=len(seqs), desc=f"encode {tower}s", unit=tower, enabled=show_progress) as bar, \
-                torch.inference_mode():
+        # ``bar``: a caller's progress counter to advance (e.g. one over a whole corpus) instead of a new one
+        own = progress(total=len(seqs), desc=f"encode {tower}s", unit=tower,
+                       enabled=show_progress if bar is None else False)
+        with own, torch.inference_mode():
             for index in batches:
                 out[index] = self._forward_packed(engine, projection, [seqs[i] for i in index], device)
-                bar.update(len(index))
+                (bar or own).update(len(index))
         return out
 
     def _encode_one(self, seqs: TokenLists, tower: str, device, precision: str) -> np.ndarray:
