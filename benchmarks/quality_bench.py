@@ -87,6 +87,9 @@ def main() -> int:
                         help="learning rate at batch 32, scaled by the sqrt rule (default: the recipe's)")
     parser.add_argument("--max-passages", type=int, default=5000, help="evaluation pool size")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write the results from the stages already finished in --work (an unfinished batch "
+                             "size is reported as such), running nothing")
     args = parser.parse_args()
     args.examples = args.examples or (64 if args.quick else 2048)
     from fastdpr.train import recipe
@@ -108,7 +111,10 @@ def main() -> int:
     config.threads = args.threads
     config.batch_size = batches[0]
     ws = ex.Workspace(config, Path(args.work), _cache(), log=lambda line: print(line, flush=True))
-    settings = {**config.settings(), "batches": batches, "base_lr": args.base_lr}
+    # each batch size has stages of its own (train_b<B>, ...): the list of batch sizes is not a setting of any stage
+    settings = {**config.settings(), "base_lr": args.base_lr}
+    if args.report_only:
+        return _report(args, config, batches, _finished(Path(args.work)), wall=None)
     runner = StageRunner(args.work, settings, ws.log)
     wall = time.perf_counter()
     runner.stage("data", lambda: ex.stage_data(ws))
@@ -125,21 +131,42 @@ def main() -> int:
             retriever = ex.dense_retriever(ws, f"train_{name}", index_name)
         return {d: ex.evaluate_retriever(ws, retriever, d) for d in RETRIEVAL_SETS}
 
-    rows = {"bm25": runner.stage("eval_bm25", lambda: evaluate("bm25", None), after=("bm25",)),
-            "starting model": runner.stage("eval_zero_shot", lambda: evaluate("zero_shot", None),
-                                           after=("zero_shot",))}
-    training = {}
+    runner.stage("eval_bm25", lambda: evaluate("bm25", None), after=("bm25",))
+    runner.stage("eval_zero_shot", lambda: evaluate("zero_shot", None), after=("zero_shot",))
     for batch in batches:
         lr = args.base_lr * math.sqrt(batch / 32)
         name = f"b{batch}"
-        training[batch] = runner.stage(f"train_{name}", lambda b=batch, lr=lr: _train(config, b, lr),
-                                       after=("mine",))
+        runner.stage(f"train_{name}", lambda b=batch, lr=lr: _train(config, b, lr), after=("mine",))
         runner.stage(f"dense_{name}", lambda n=name: ex.stage_dense(ws, f"train_{n}", f"dense_{n}"),
                      after=(f"train_{name}",))
-        rows[f"batch {batch}"] = runner.stage(f"eval_{name}", lambda n=name: evaluate(n, f"dense_{n}"),
-                                              after=(f"dense_{name}",))
-        training[batch]["eval"] = rows[f"batch {batch}"]
-    wall = time.perf_counter() - wall
+        runner.stage(f"eval_{name}", lambda n=name: evaluate(n, f"dense_{n}"), after=(f"dense_{name}",))
+    return _report(args, config, batches, _finished(Path(args.work)), wall=time.perf_counter() - wall)
+
+
+def _finished(work: Path) -> dict:
+    """Summaries of the stages finished in ``work`` (whatever settings they ran with: --report-only trusts the
+    folder it is given)."""
+    import json
+
+    return {p.stem: json.loads(p.read_text()) for p in sorted((work / "stages").glob("*.json"))}
+
+
+def _report(args, config, batches: list[int], stages: dict, wall: float | None) -> int:
+    import torch
+
+    corpus, mine = stages["corpus"]["summary"], stages["mine"]["summary"]
+    zero = stages["zero_shot"]["summary"]
+    rows = {"bm25": stages["eval_bm25"]["summary"], "starting model": stages["eval_zero_shot"]["summary"]}
+    training, missing = {}, []
+    for batch in batches:
+        if f"eval_b{batch}" not in stages:
+            missing.append(batch)
+            continue
+        training[batch] = {**stages[f"train_b{batch}"]["summary"], "eval": stages[f"eval_b{batch}"]["summary"]}
+        rows[f"batch {batch}"] = training[batch]["eval"]
+    batches = [b for b in batches if b in training]
+    stage_seconds = sum(v.get("seconds", 0.0) for v in stages.values())
+    wall = stage_seconds if wall is None else wall
 
     tables = ""
     for d in RETRIEVAL_SETS:
@@ -152,10 +179,11 @@ def main() -> int:
                    "best step": t["best_step"], "NYT top-20": t["eval"]["nyt_test"]["top20"],
                    "NQ top-20": t["eval"]["nq_test"]["top20"], "SQuAD top-20": t["eval"]["squad_dev"]["top20"]}
                   for b, t in training.items()]
-    best = max(batches, key=lambda b: training[b]["eval"]["nyt_test"]["top20"])
     nyt = [training[b]["eval"]["nyt_test"]["top20"] for b in batches]
     rises = all(a <= b for a, b in zip(nyt, nyt[1:]))
-    verdict = (f"NYT top-20 rises with the batch ({', '.join(f'{v:.3f}' for v in nyt)})" if rises else
+    best = max(batches, key=lambda b: training[b]["eval"]["nyt_test"]["top20"]) if batches else None
+    verdict = ("fewer than two batch sizes finished: nothing to compare" if len(batches) < 2 else
+               f"NYT top-20 rises with the batch ({', '.join(f'{v:.3f}' for v in nyt)})" if rises else
                f"NYT top-20 does not rise monotonically with the batch ({', '.join(f'{v:.3f}' for v in nyt)}); "
                f"best at batch {best}. At equal examples seen, a batch of B makes {args.examples}/B optimizer "
                "steps: large batches get few updates here, while DPR and GTR compare batch sizes trained to "
@@ -165,6 +193,7 @@ def main() -> int:
         "threads": torch.get_num_threads(), "wall_s": round(wall, 1), "corpus": corpus, "mining": mine["stats"],
         "zero_shot_index": zero, "retrieval": rows, "training": {str(b): t for b, t in training.items()},
         "verdict": verdict, "recipe_mixture": config.train_mixture, "quick": args.quick,
+        "unfinished_batches": missing, "stage_seconds": round(stage_seconds, 1),
     }
     body = (f"{corpus['passages']:,} passages (100-word blocks of {corpus['paragraphs']:,} paragraphs); "
             f"{args.examples:,} training examples seen by every batch size (mixture "
@@ -173,7 +202,8 @@ def main() -> int:
             "### Retrieval (DPR top-k accuracy; gold_top20 = the question's own gold passage in the top 20)\n\n"
             + tables
             + "\n### Training runs\n\n" + markdown_table(train_rows, floatfmt=".3g")
-            + f"\n**Batch claim:** {verdict}\n")
+            + f"\n**Batch claim:** {verdict}\n"
+            + (f"\nNot finished in this run: batch {', '.join(map(str, missing))}.\n" if missing else ""))
     path = write_results("quality", args.out, payload, body)
     _plot(rows, batches, path.with_suffix(".png"))
     print(body)
