@@ -166,6 +166,7 @@ def _report(args, config, batches: list[int], stages: dict, wall: float | None) 
         rows[f"batch {batch}"] = training[batch]["eval"]
     batches = [b for b in batches if b in training]
     stage_seconds = sum(v.get("seconds", 0.0) for v in stages.values())
+    gathered = wall is None
     wall = stage_seconds if wall is None else wall
 
     tables = ""
@@ -198,7 +199,9 @@ def _report(args, config, batches: list[int], stages: dict, wall: float | None) 
     body = (f"{corpus['passages']:,} passages (100-word blocks of {corpus['paragraphs']:,} paragraphs); "
             f"{args.examples:,} training examples seen by every batch size (mixture "
             f"{config.train_mixture}, one BM25 hard negative each); {torch.get_num_threads()} threads; "
-            f"wall {wall / 60:.1f} min.\n\n"
+            f"wall {wall / 60:.1f} min"
+            + (" (the sum of the stages' times: this file was gathered by --report-only from the stages that "
+               f"`benchmarks/quality_bench.py` finished in {args.work})" if gathered else "") + ".\n\n"
             "### Retrieval (DPR top-k accuracy; gold_top20 = the question's own gold passage in the top 20)\n\n"
             + tables
             + "\n### Training runs\n\n" + markdown_table(train_rows, floatfmt=".3g")
