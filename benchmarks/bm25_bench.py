@@ -153,12 +153,12 @@ def main(argv=None):
                     lucene = LuceneBM25.from_corpus(passages, Path(tmp) / "index", threads=all_threads)
                     lucene_build = time.perf_counter() - start
                     lucene.search(queries[:200], k=args.k)  # JIT warm-up
-                    lucene.search(queries[:200], k=args.k, n_threads=all_threads)
+                    lucene.search(queries[:200], k=args.k, threads=all_threads)
                     lucene_info = {"index_s": lucene_build, "index_threads": all_threads,
                                    "java": autoclass("java.lang.System").getProperty("java.version"),
                                    "anserini_jar": os.path.basename(anserini_jar())}
                     for label, threads in (("1_thread", 1), ("all_threads", all_threads)):
-                        med, times, out = timed(lambda t=threads: lucene.search(queries, k=args.k, n_threads=t),
+                        med, times, out = timed(lambda t=threads: lucene.search(queries, k=args.k, threads=t),
                                                 args.repeats)
                         lucene_info[f"qps_{label}"] = len(queries) / med
                         lucene_info[f"times_{label}_s"] = times

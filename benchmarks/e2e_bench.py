@@ -128,9 +128,9 @@ def main() -> int:
                          f"MiniLM-L6 question encoder in {precision}, 1 thread"))
 
     bm25 = BM25.from_corpus(passages)
-    bm25.search(questions[:2], k, n_threads=1)  # numba compiles on the first call: not part of the rate
-    qps = _throughput(lambda b: bm25.search(b, k, n_threads=1), questions, args.batch)
-    lat = _latencies(lambda q: bm25.search([q], k, n_threads=1), questions)
+    bm25.search(questions[:2], k, threads=1)  # numba compiles on the first call: not part of the rate
+    qps = _throughput(lambda b: bm25.search(b, k, threads=1), questions, args.batch)
+    lat = _latencies(lambda q: bm25.search([q], k, threads=1), questions)
     rows.append(_row("bm25s (fastdpr.sparse.BM25)", qps, lat, "Lucene-like defaults k1=0.9 b=0.4"))
 
     lucene_note = None
@@ -138,9 +138,9 @@ def main() -> int:
         from fastdpr.sparse.lucene import LuceneBM25
 
         lucene = LuceneBM25.from_corpus(passages, index_dir=Path(cache) / "bench" / f"lucene_{len(passages)}")
-        lucene.search(questions[:2], k, n_threads=1)  # JVM warm-up
-        qps = _throughput(lambda b: lucene.search(b, k, n_threads=1), questions, args.batch)
-        lat = _latencies(lambda q: lucene.search([q], k, n_threads=1), questions)
+        lucene.search(questions[:2], k, threads=1)  # JVM warm-up
+        qps = _throughput(lambda b: lucene.search(b, k, threads=1), questions, args.batch)
+        lat = _latencies(lambda q: lucene.search([q], k, threads=1), questions)
         rows.append(_row("Lucene BM25 (pyserini)", qps, lat, "Anserini through pyserini + pyjnius"))
     except Exception as err:  # optional peer: say why it is absent instead of failing the run
         lucene_note = f"Lucene not measured: {type(err).__name__}: {err}"

@@ -84,7 +84,7 @@ def main() -> int:
     vectors = model.encode_passages(list(corpus), batch_size=64, device="cpu")
     encode_s = time.perf_counter() - start
     dense = DenseRetriever(model, build_index(vectors, "flat"), corpus, device="cpu")
-    sparse = SparseRetriever(bm25, corpus, n_threads=args.threads)
+    sparse = SparseRetriever(bm25, corpus, threads=args.threads)
 
     def questions(qs):
         return [q["question"] for q in qs], [q["answers"] for q in qs]

@@ -329,7 +329,7 @@ def main() -> int:
                             key=lambda p: hashlib.sha1(f"distractors\n{p['id']}".encode()).hexdigest())
             sources.write_passages_jsonl(work / "pool.jsonl", gold + others[: max(0, args.pool - len(gold))])
         corpus = Corpus.from_passages(sources.read_jsonl(work / "pool.jsonl"))
-        sparse = SparseRetriever(BM25.from_corpus(corpus, show_progress=False), corpus, n_threads=1)
+        sparse = SparseRetriever(BM25.from_corpus(corpus, show_progress=False), corpus, threads=1)
         model = BiEncoder.from_pretrained(_base_model(), pooling="mean", similarity="cosine", temperature=0.05,
                                           max_question_length=32, max_passage_length=128)
         model.eval()

@@ -31,7 +31,7 @@ def _without_gold(questions):
 def test_bm25_positives_contain_answers_and_negatives_never_do(setup):
     corpus, bm25, questions = setup
     mined = mine_hard_negatives(_without_gold(questions), bm25, corpus, n_hard=5, depth=30, batch_size=64,
-                                n_threads=1, show_progress=False)
+                                threads=1, show_progress=False)
     records = list(mined)
     stats = mined.stats
     assert stats.questions == len(questions)
@@ -52,7 +52,7 @@ def test_bm25_positives_contain_answers_and_negatives_never_do(setup):
 def test_positive_is_the_best_ranked_answer_passage_and_negatives_follow_bm25_order(setup):
     corpus, bm25, questions = setup
     sample = _without_gold(questions[:40])
-    records = {r["qid"]: r for r in mine_hard_negatives(sample, bm25, corpus, n_hard=3, depth=50, n_threads=1,
+    records = {r["qid"]: r for r in mine_hard_negatives(sample, bm25, corpus, n_hard=3, depth=50, threads=1,
                                                          show_progress=False)}
     scores, ids = bm25.search([q["question"] for q in sample], k=50, threads=1)
     for q, srow, irow in zip(sample, scores, ids):
@@ -69,7 +69,7 @@ def test_positive_is_the_best_ranked_answer_passage_and_negatives_follow_bm25_or
 
 def test_gold_passages_are_positives_and_never_negatives(setup):
     corpus, bm25, questions = setup
-    mined = mine_hard_negatives(questions[:60], bm25, corpus, n_hard=10, depth=100, n_threads=1,
+    mined = mine_hard_negatives(questions[:60], bm25, corpus, n_hard=10, depth=100, threads=1,
                                 show_progress=False)
     records = list(mined)
     assert mined.stats.positives_gold == 60 == mined.stats.kept and mined.stats.dropped_no_positive == 0
@@ -86,7 +86,7 @@ def test_given_positive_ctxs_and_unknown_gold_ids(setup):
     gold = corpus.get(q.pop("gold_passage_id"))
     with_ctx = dict(q, positive_ctxs=[{"title": gold["title"], "text": gold["text"], "passage_id": gold["id"]}])
     unknown = dict(q, qid="unknown", gold_passage_id="no-such-passage")
-    mined = mine_hard_negatives([with_ctx, unknown], bm25, corpus, n_hard=2, n_threads=1, show_progress=False)
+    mined = mine_hard_negatives([with_ctx, unknown], bm25, corpus, n_hard=2, threads=1, show_progress=False)
     first, second = list(mined)
     assert first["positive_ctxs"][0]["passage_id"] == gold["id"]
     # an id missing from the corpus is counted and the question falls back to a BM25 positive
@@ -96,8 +96,8 @@ def test_given_positive_ctxs_and_unknown_gold_ids(setup):
 
 def test_shallow_depth_drops_questions_and_counts_them(setup):
     corpus, bm25, questions = setup
-    deep = mine_hard_negatives(_without_gold(questions), bm25, corpus, depth=100, n_threads=1, show_progress=False)
-    shallow = mine_hard_negatives(_without_gold(questions), bm25, corpus, depth=1, n_threads=1, show_progress=False)
+    deep = mine_hard_negatives(_without_gold(questions), bm25, corpus, depth=100, threads=1, show_progress=False)
+    shallow = mine_hard_negatives(_without_gold(questions), bm25, corpus, depth=1, threads=1, show_progress=False)
     n_deep, n_shallow = len(list(deep)), len(list(shallow))
     assert n_shallow == shallow.stats.kept < n_deep == deep.stats.kept
     assert shallow.stats.dropped_no_positive == len(questions) - n_shallow > 0
@@ -105,7 +105,7 @@ def test_shallow_depth_drops_questions_and_counts_them(setup):
 
 def test_random_negatives_hold_no_answer(setup):
     corpus, bm25, questions = setup
-    mined = mine_hard_negatives(questions[:30], bm25, corpus, n_hard=2, n_random=4, seed=7, n_threads=1,
+    mined = mine_hard_negatives(questions[:30], bm25, corpus, n_hard=2, n_random=4, seed=7, threads=1,
                                 show_progress=False)
     records = list(mined)
     assert mined.stats.random_negatives == sum(len(r["negative_ctxs"]) for r in records) > 0
@@ -114,7 +114,7 @@ def test_random_negatives_hold_no_answer(setup):
         assert not any(has_answer(c["text"], rec["answers"]) for c in rec["negative_ctxs"])
         ids = [c["passage_id"] for c in rec["positive_ctxs"] + rec["hard_negative_ctxs"] + rec["negative_ctxs"]]
         assert len(ids) == len(set(ids))
-    again = list(mine_hard_negatives(questions[:30], bm25, corpus, n_hard=2, n_random=4, seed=7, n_threads=1,
+    again = list(mine_hard_negatives(questions[:30], bm25, corpus, n_hard=2, n_random=4, seed=7, threads=1,
                                      show_progress=False))
     assert again == records  # seeded: the same random negatives
 
@@ -123,7 +123,7 @@ def test_regex_answers(setup):
     corpus, bm25, questions = setup
     q = next(q for q in questions if q["answers"] and q["answers"][0].isdigit())
     pattern = {"qid": "r", "question": q["question"], "answers": [q["answers"][0][:2] + r"\d+"]}
-    rec = next(iter(mine_hard_negatives([pattern], bm25, corpus, match="regex", n_threads=1, show_progress=False)))
+    rec = next(iter(mine_hard_negatives([pattern], bm25, corpus, match="regex", threads=1, show_progress=False)))
     assert has_answer(rec["positive_ctxs"][0]["text"], pattern["answers"], mode="regex")
     assert not any(has_answer(c["text"], pattern["answers"], mode="regex") for c in rec["hard_negative_ctxs"])
 
@@ -192,4 +192,4 @@ def test_unknown_gold_ids_warn_in_the_library(setup):
     corpus, bm25, questions = setup
     q = dict(questions[0], gold_passage_id="no-such-passage")
     with pytest.warns(GoldIdsNotFound, match="1 gold ids"):
-        list(mine_hard_negatives([q], bm25, corpus, n_hard=1, n_threads=1, show_progress=False))
+        list(mine_hard_negatives([q], bm25, corpus, n_hard=1, threads=1, show_progress=False))

@@ -109,8 +109,8 @@ def test_dense_retriever_skips_missing_rows_and_handles_empty_input(world):
 def test_sparse_retriever_maps_bm25_ids_to_passages(world):
     corpus, _, bm25, questions = world
     texts = [q["question"] for q in questions[:10]]
-    got = SparseRetriever(bm25, corpus, n_threads=1).retrieve(texts, k=5)
-    scores, ids = bm25.search(texts, k=5, n_threads=1)
+    got = SparseRetriever(bm25, corpus, threads=1).retrieve(texts, k=5)
+    scores, ids = bm25.search(texts, k=5, threads=1)
     for ranking, srow, irow in zip(got, scores, ids):
         assert [p["id"] for p in ranking] == list(irow)
         np.testing.assert_allclose([p["score"] for p in ranking], srow)
@@ -251,7 +251,7 @@ def test_hybrid_retriever_fuses_each_sides_top_k_union(world):
     corpus, vectors, bm25, questions = world
     texts = [q["question"] for q in questions[:12]]
     dense = DenseRetriever(FakeModel(), BruteForceIndex(vectors), corpus)
-    sparse = SparseRetriever(bm25, corpus, n_threads=1)
+    sparse = SparseRetriever(bm25, corpus, threads=1)
     for method in ("linear", "linear-raw", "rrf"):
         hybrid = HybridRetriever(dense, sparse, alpha=0.3, k_union=25, method=method, chunk_size=5)
         got = hybrid.retrieve(texts, k=8)
@@ -273,8 +273,8 @@ def test_default_hybrid_does_not_depend_on_the_score_scales(world):
             return scores * 1000.0, rows
 
     dense = DenseRetriever(FakeModel(), BruteForceIndex(vectors), corpus)
-    plain = HybridRetriever(dense, SparseRetriever(bm25, corpus, n_threads=1), k_union=20)
-    scaled = HybridRetriever(dense, Scaled(bm25, corpus, n_threads=1), k_union=20)
+    plain = HybridRetriever(dense, SparseRetriever(bm25, corpus, threads=1), k_union=20)
+    scaled = HybridRetriever(dense, Scaled(bm25, corpus, threads=1), k_union=20)
     assert scaled.search(texts, 10)[1].tolist() == plain.search(texts, 10)[1].tolist()
     raw = [HybridRetriever(dense, side, k_union=20, method="linear-raw") for side in (plain.sparse, scaled.sparse)]
     assert raw[0].search(texts, 10)[1].tolist() != raw[1].search(texts, 10)[1].tolist()
@@ -285,7 +285,7 @@ def test_sparse_retriever_maps_bm25_rows_to_corpus_rows(world):
     texts = [q["question"] for q in questions[:6]]
     shuffled = [corpus[r] for r in np.random.default_rng(0).permutation(len(corpus))]
     other_order = BM25.from_corpus(shuffled, show_progress=False)
-    retriever = SparseRetriever(other_order, corpus, n_threads=1)
+    retriever = SparseRetriever(other_order, corpus, threads=1)
     scores, rows = retriever.search(texts, 5)
     by_id = retriever.ranked_ids(texts, 5)
     for srow, rrow, ranking in zip(scores, rows, by_id):
@@ -326,7 +326,7 @@ def test_tune_alpha_table_matches_direct_evaluation(world, method):
     texts = [q["question"] for q in questions[:20]]
     answers = [q["answers"] for q in questions[:20]]
     dense = DenseRetriever(FakeModel(), BruteForceIndex(vectors), corpus)
-    sparse = SparseRetriever(bm25, corpus, n_threads=1)
+    sparse = SparseRetriever(bm25, corpus, threads=1)
     hybrid = HybridRetriever(dense, sparse, k_union=30, method=method)
     grid = [0.0, 0.05, 0.5, 5.0]
     best = hybrid.tune_alpha(texts, answers, grid=grid, k=5)

@@ -349,7 +349,7 @@ def retrievers(ws: Workspace, alpha: float | None = None, threads: int | None = 
     from fastdpr.sparse import BM25
 
     corpus = ws.corpus()
-    sparse = SparseRetriever(BM25.load(ws.out / "bm25"), corpus, n_threads=threads)
+    sparse = SparseRetriever(BM25.load(ws.out / "bm25"), corpus, threads=threads)
     zero = DenseRetriever(load_model(ws.config), load_index(ws.out / "index_zero_shot"), corpus)
     zero.model.eval()
     found = {"bm25": sparse, "zero_shot": zero}

@@ -17,10 +17,13 @@ class SparseRetriever(Retriever):
     Example: ``SparseRetriever(BM25.load("bm25/"), Corpus.open("psgs.tsv")).retrieve(["who wrote hamlet"], 100)``
     """
 
-    def __init__(self, bm25, corpus, *, n_threads: int | None = None, show_progress: bool = False):
+    def __init__(self, bm25, corpus, *, threads: int | None = None, show_progress: bool = False,
+                 n_threads: int | None = None):
         self.bm25 = bm25
         self.corpus = corpus
-        self.n_threads = n_threads
+        from fastdpr._renamed import renamed
+
+        self.threads = renamed("threads", threads, "n_threads", n_threads, "SparseRetriever")
         self.show_progress = show_progress
         self._row_map: np.ndarray | None = None  # BM25 row -> corpus row, only when the two orders differ
         self._aligned = False
@@ -30,7 +33,7 @@ class SparseRetriever(Retriever):
         k = check_k(k)
         if not questions:
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
-        return self.bm25.search_rows(questions, k, threads=self.n_threads, show_progress=self.show_progress)
+        return self.bm25.search_rows(questions, k, threads=self.threads, show_progress=self.show_progress)
 
     def _corpus_rows(self, bm25_rows: np.ndarray) -> np.ndarray:
         if not self._aligned:

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from fastdpr._renamed import renamed
 from fastdpr.errors import InputError
 
 
@@ -139,6 +140,7 @@ def mine_hard_negatives(
     depth: int = 100,
     match: str = "string",
     batch_size: int = 512,
+    threads: int | None = None,
     n_threads: int | None = None,
     seed: int = 0,
     show_progress: bool = True,
@@ -162,13 +164,14 @@ def mine_hard_negatives(
     stats = MiningStats()
     records = _mine(
         qa_records, bm25, corpus, stats, n_hard=n_hard, n_random=n_random, depth=depth, match=match,
-        batch_size=batch_size, n_threads=n_threads, seed=seed, show_progress=show_progress, total=total,
+        batch_size=batch_size, threads=renamed("threads", threads, "n_threads", n_threads, "mine_hard_negatives"),
+        seed=seed, show_progress=show_progress, total=total,
         doc_map=doc_map,
     )
     return MinedRecords(records, stats)
 
 
-def _mine(qa_records, bm25, corpus, stats: MiningStats, *, n_hard, n_random, depth, match, batch_size, n_threads,
+def _mine(qa_records, bm25, corpus, stats: MiningStats, *, n_hard, n_random, depth, match, batch_size, threads,
           seed, show_progress, total, doc_map) -> Iterator[dict]:
     from fastdpr.progress import progress
 
@@ -189,7 +192,7 @@ def _mine(qa_records, bm25, corpus, stats: MiningStats, *, n_hard, n_random, dep
                 if not isinstance(rec, dict) or not isinstance(rec.get("question"), str):
                     raise InputError(f"QA record #{number + len(questions)} has no 'question' string: {rec!r:.80}")
                 questions.append(rec["question"])
-            scores, ids = bm25.search(questions, k=depth, threads=n_threads)
+            scores, ids = bm25.search(questions, k=depth, threads=threads)
             for rec, row_scores, row_ids in zip(batch, scores, ids):
                 out = _mine_one(rec, row_scores, row_ids, corpus, stats, has_answer, n_hard=n_hard,
                                 n_random=n_random, match=match, rng=np.random.default_rng([seed, number]),
