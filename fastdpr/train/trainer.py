@@ -64,6 +64,7 @@ class TrainingArguments:
     max_grad_norm: float = 2.0
     precision: str = "fp32"
     grad_cache: bool = False
+    # GradCache's own term (Gao et al., 2021): texts per encoder call; the loss's row chunks are `chunk_rows`
     chunk_size: int = 32
     gradient_checkpointing: bool = False
     bidirectional: bool = False
