@@ -9,7 +9,7 @@ TORCH_SPEC  ?= torch==2.13.0
 TRITON_SPEC ?= triton==3.7.1
 PYTEST_ARGS ?=
 
-.PHONY: setup build test quickstart quickstart-fast bench microbench clean
+.PHONY: setup build test sanitize quickstart quickstart-fast bench microbench clean
 
 setup: $(VENV)/.fastdpr-installed
 
@@ -33,6 +33,11 @@ build: setup
 
 test: setup build
 	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
+
+# the index and fuzz tests against an AddressSanitizer + UBSan build of the extension (build/sanitize);
+# SANITIZE_CLEAN=1 builds it from scratch
+sanitize: setup
+	TRITON_INTERPRET=1 HF_HUB_OFFLINE=1 bash scripts/sanitize_index.sh $(PYTEST_ARGS)
 
 quickstart: setup
 	HF_HUB_OFFLINE=1 $(BIN)/fastdpr quickstart

@@ -99,7 +99,7 @@ PYBIND11_MODULE(_C, m) {
         [](pybind11::handle n_tasks, pybind11::handle fail_at, pybind11::handle threads) {
             // Runs the same catch-on-worker / rethrow-on-caller mechanism the index loops use, failing at task
             // `fail_at` (-1: never); returns the number of tasks that ran (tests).
-            const int64_t n = bind::arg_int(n_tasks, "n_tasks");
+            const int64_t n = bind::arg_int(n_tasks, "n_tasks", 0, int64_t{1} << 24);
             const int64_t at = bind::arg_int(fail_at, "fail_at", -1);
             const int nt = fastdpr::resolve_threads(bind::arg_threads(threads));
             std::atomic<int64_t> ran{0};

@@ -28,9 +28,11 @@ void bind_flat(py::module_& m) {
             "search",
             [](const FlatIndex& f, const FloatArray& q, py::handle k, py::handle threads) {
                 const int nt = arg_threads(threads);
-                return search_into(f.dim(), static_cast<int64_t>(f.size()), q, k, [&](const float* qp, size_t nq, int64_t kk, float* sp, int64_t* ip) {
-                    f.search(qp, nq, static_cast<size_t>(kk), sp, ip, nt);
-                });
+                const int64_t size = static_cast<int64_t>(f.size());
+                return search_into(f.dim(), size, q, k,
+                                   [&](const float* qp, size_t nq, int64_t kk, float* sp, int64_t* ip) {
+                                       f.search(qp, nq, static_cast<size_t>(kk), sp, ip, nt);
+                                   });
             },
             py::arg("queries"), py::arg("k"), py::arg("threads") = 0)
         .def("save", [](const FlatIndex& f, io::Writer& w) { f.save(w); })

@@ -55,9 +55,11 @@ void bind_hnsw(py::module_& m) {
                 const size_t ef_ = static_cast<size_t>(arg_int(ef, "ef", 0, kMaxBeam));
                 const size_t entry = static_cast<size_t>(arg_int(entry_points, "entry_points", 0, kMaxEntryPoints));
                 const int nt = arg_threads(threads);
-                return search_into(h.dim(), static_cast<int64_t>(h.size()), q, k, [&](const float* qp, size_t nq, int64_t kk, float* sp, int64_t* ip) {
-                    h.search(qp, nq, static_cast<size_t>(kk), ef_, sp, ip, nt, entry);
-                });
+                const int64_t size = static_cast<int64_t>(h.size());
+                return search_into(h.dim(), size, q, k,
+                                   [&](const float* qp, size_t nq, int64_t kk, float* sp, int64_t* ip) {
+                                       h.search(qp, nq, static_cast<size_t>(kk), ef_, sp, ip, nt, entry);
+                                   });
             },
             py::arg("queries"), py::arg("k"), py::arg("ef") = 0, py::arg("threads") = 0, py::arg("entry_points") = 0)
         .def("mean_degree", &HNSWIndex::mean_degree)

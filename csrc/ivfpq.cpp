@@ -382,6 +382,13 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
     const int64_t* pos = rd.array<int64_t>("list_pos", static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i)
         if (pos[i] < 0 || pos[i] >= n) rd.fail("list position out of range");
+    {  // every vector filed exactly once (a repeated position would come back twice from one search)
+        std::vector<bool> seen(static_cast<size_t>(n), false);
+        for (int64_t i = 0; i < n; ++i) {
+            if (seen[static_cast<size_t>(pos[i])]) rd.fail("list positions repeat a vector");
+            seen[static_cast<size_t>(pos[i])] = true;
+        }
+    }
     const size_t vbytes = static_cast<size_t>(n) * static_cast<size_t>(d) *
                           (storage == VectorStorage::F32 ? 4 : storage == VectorStorage::F16 ? 2 : 0);
     const uint8_t* v = storage != VectorStorage::None ? rd.array<uint8_t>("vectors", vbytes) : nullptr;

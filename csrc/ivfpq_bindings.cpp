@@ -35,8 +35,9 @@ void bind_ivfpq(py::module_& m) {
         .def(py::init([](py::handle dim, py::handle nlist, py::handle msub, py::handle nbits, const std::string& store,
                          bool assign_by_ip) {
                  return std::make_unique<IVFPQ>(arg_int(dim, "dim", 1, kMaxDim), arg_int(nlist, "nlist", 1, kMaxNlist),
-                                                arg_int(msub, "m", 1, kMaxDim), static_cast<int>(arg_int(nbits, "nbits", 1, 64)),
-                                                storage_of(store), assign_by_ip);
+                                                arg_int(msub, "m", 1, kMaxDim),
+                                                static_cast<int>(arg_int(nbits, "nbits", 1, 64)), storage_of(store),
+                                                assign_by_ip);
              }),
              py::arg("dim"), py::arg("nlist"), py::arg("m"), py::arg("nbits") = 8, py::arg("store") = "none",
              py::arg("assign_by_ip") = false)

@@ -34,8 +34,9 @@ inline int resolve_threads(long long requested) {
     if (requested < 0)
         throw std::invalid_argument("threads must be >= 0 (0: all cores), got " + std::to_string(requested));
     if (requested > max_threads())
-        throw std::invalid_argument("threads=" + std::to_string(requested) + " is more than this machine can use (at most " +
-                                    std::to_string(max_threads()) + ": 64 per core)");
+        throw std::invalid_argument("threads=" + std::to_string(requested) +
+                                    " is more than this machine can use (at most " + std::to_string(max_threads()) +
+                                    ": 64 per core)");
 #ifdef _OPENMP
     if (requested == 0) return std::min(omp_get_max_threads(), max_threads());
     return static_cast<int>(requested);

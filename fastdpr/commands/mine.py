@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     def records():
         return read_training(args.qa) if training else iter_qa(args.qa)
 
+    if next(iter(records()), None) is None:
+        raise InputError("no questions in this file: nothing to mine", path=args.qa)
+
     doc_map, docmap_file = _doc_map(args, records)
     start = time.perf_counter()
     mined = mine_hard_negatives(records(), bm25, corpus, n_hard=args.n_hard, n_random=args.n_random,

@@ -154,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
     alpha, fusion = _fusion(args)
     retriever = build_retriever(args, args.mode, alpha=alpha, method=fusion, rrf_k=args.rrf_k)
     qa = list(iter_qa(args.qa))
+    if not qa:
+        raise InputError("no questions in this file: nothing to search", path=args.qa)
     start = time.perf_counter()
     n = search_to_run(retriever, qa, args.output, args.k, fmt=fmt, match=args.match, tag=f"fastdpr-{args.mode}",
                       show_progress=True)

@@ -372,7 +372,10 @@ class Index:
         if reader.has("labels"):
             labels = reader.array("labels", np.int64)
             if labels.shape[0] != self._ntotal():
-                raise InputError(f"{reader.path}: labels hold {labels.shape[0]} ids for {self._ntotal()} vectors")
+                reader.fail(f"labels hold {labels.shape[0]} ids for {self._ntotal()} vectors")
+            # the same rules as ids given to add(): a negative id would read as "missing", a repeated one twice
+            if labels.shape[0] and (labels.min() < 0 or np.unique(labels).shape[0] != labels.shape[0]):
+                reader.fail("labels are not unique non-negative ids")
             self._labels = np.array(labels)
 
 

@@ -1,7 +1,8 @@
 """The index file format (see ``csrc/io.h`` for the layout): a pure-Python twin of the C++ reader and writer.
 
-``open_writer``/``open_reader`` return the compiled implementation when the extension is present (and not disabled by
-``FASTDPR_NO_NATIVE``/``force_fallback``, see ``_native``) and this one otherwise; both expose the same small API, so index types write sections the same way either way::
+``open_writer``/``open_reader`` return the compiled implementation when the extension is present (and not
+disabled by ``FASTDPR_NO_NATIVE``/``force_fallback``, see ``_native``) and this one otherwise; both expose the same
+small API, so index types write sections the same way either way::
 
     w = open_writer("x.fdpr", "flat")
     w.meta("dim", 768)

@@ -120,8 +120,9 @@ class HNSWIndex(Index):
         self._store.append(x)
 
     def _search(self, q: np.ndarray, k: int, ef: int = 0, threads: int = 0, entry: int = 0):
-        if ef < 0 or entry < 0:
-            raise InputError("hnsw search: ef and entry must be >= 0")
+        if not 0 <= ef <= 1 << 30 or not 0 <= entry <= 1 << 20:
+            raise InputError(f"hnsw search: ef must be in [0, 2^30] and entry in [0, 2^20] (0: the index's "
+                             f"setting), got ef={ef}, entry={entry}")
         if self._impl is not None:
             return self._impl.search(q, k, ef, threads, entry)
         return numpy_exact_search(self._store.array(), q, k)

@@ -488,6 +488,8 @@ class NumpyIVFPQ:
         pos = reader.array("list_pos", np.int64, n)
         if n and (pos.min() < 0 or pos.max() >= n):
             reader.fail("list position out of range")
+        if n and np.bincount(pos, minlength=n).max() != 1:
+            reader.fail("list positions repeat a vector")
         out = cls(d, nlist, m, 8, store, by_ip)
         if trained:
             out.set_trained(centroids, codebooks)
