@@ -35,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
     records = load_retriever_results(args.results)
+    if not records:
+        raise InputError("no questions in these retriever results: nothing to read", path=args.results)
     reader = Reader.from_pretrained(args.reader)
     if args.device:
         reader.to(args.device)

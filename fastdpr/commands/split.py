@@ -36,6 +36,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--words must be >= 1, got {args.words}")
     if args.stride is not None and not 1 <= args.stride <= args.words:
         raise InputError(f"--stride must be between 1 and --words ({args.words}), got {args.stride}")
+    import warnings
+
+    from fastdpr.data.split import iter_documents
+
+    with warnings.catch_warnings():  # a look for one document with text; its bad rows are reported by the split
+        warnings.simplefilter("ignore")
+        if next(iter_documents(args.inputs, skip_bad=True), None) is None:
+            raise InputError(f"no document with text in {', '.join(map(str, args.inputs))}: nothing to split")
     stats = ReadStats()
     n = split_files(args.inputs, args.output, words=args.words, stride=args.stride, numeric_ids=args.numeric_ids,
                     fmt=args.format, skip_bad=args.skip_bad, stats=stats)

@@ -30,6 +30,7 @@ from fastdpr.data._io import (
     split_delimited,
 )
 from fastdpr.data._jsonstream import parse_json_object
+from fastdpr.errors import InputError
 
 PASSAGE_FORMATS = ("tsv", "jsonl")
 _ID_KEYS = ("id", "_id", "docid", "doc_id", "passage_id")
@@ -60,14 +61,27 @@ class PassageParser:
         self.ncols = 3
 
     def set_header(self, first_line: str) -> bool:
-        """Read the TSV header if ``first_line`` is one; True when it was (and should not be parsed as a row)."""
+        """Read the TSV header if ``first_line`` is one; True when it was (and should not be parsed as a row).
+
+        A first line that names columns but not usably -- no id or no text column, or one named twice -- is a
+        ``ValueError``: read as a passage it would be silently wrong, and every row after it misread."""
         if self.fmt != "tsv":
             return False
         names = [f.strip().strip('"').lower() for f in first_line.split("\t")]
         ids = [i for i, n in enumerate(names) if n in _ID_KEYS]
         texts = [i for i, n in enumerate(names) if n in _TEXT_KEYS]
+        titles = [i for i, n in enumerate(names) if n == "title"]
+        named = len(ids) + len(texts) + len(titles)
+        looks_like_header = named >= 2 and (bool(ids) or named == len(names))
+        if looks_like_header and (not ids or not texts):
+            raise ValueError(f"the header ({' | '.join(names)}) has no {'id' if not ids else 'text'} column; "
+                             f"expected id ({'/'.join(_ID_KEYS)}), text ({'/'.join(_TEXT_KEYS)}) and optionally "
+                             "title")
         if not ids or not texts:
             return False
+        for what, cols in (("an id", ids), ("a text", texts), ("a title", titles)):
+            if len(cols) > 1:
+                raise ValueError(f"the header ({' | '.join(names)}) names {what} column twice")
         self.columns = {"id": ids[0], "text": texts[0]}
         if "title" in names:
             self.columns["title"] = names.index("title")
@@ -144,8 +158,11 @@ def scan_passages(
                 continue
             if first:
                 first = False
-                if parser.set_header(line):
-                    continue
+                try:
+                    if parser.set_header(line):
+                        continue
+                except ValueError as exc:  # a header that cannot be followed is never a skippable row
+                    raise InputError(str(exc), str(path), lineno) from None
             try:
                 passage = parser.parse(line)
             except ValueError as exc:

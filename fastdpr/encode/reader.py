@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastdpr.encode.layout import FORMAT, MANIFEST, VERSION
+from fastdpr.encode.layout import DTYPES, FORMAT, MANIFEST, VERSION
 from fastdpr.errors import InputError
 
 
@@ -26,7 +26,7 @@ def _shard_intact(out_dir: Path, entry: dict) -> bool:
     try:
         return (_sha256_file(out_dir / entry["vectors"]) == entry["sha256"]
                 and _sha256_file(out_dir / entry["ids"]) == entry["ids_sha256"])
-    except (OSError, KeyError):
+    except (OSError, KeyError, TypeError):
         return False
 
 
@@ -61,6 +61,7 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
             raise InputError(f"only worker parts here ({', '.join(parts)}); merge them first: "
                              f"fastdpr encode --merge {out_dir}", path=str(out_dir))
     manifest = _read_manifest(path)
+    _check_manifest(manifest, path)
     if not manifest.get("complete"):
         total = manifest["rows"][1] - manifest["rows"][0]
         raise InputError(f"incomplete encoding ({manifest.get('count')} of {total} passages); rerun the same "
@@ -68,8 +69,48 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
     return manifest
 
 
-def iter_vector_shards(out_dir: str | os.PathLike, verify: bool = False) -> Iterator[VectorShard]:
-    """Stream the shards in corpus-row order (memory-mapped), e.g. to add them to an index one by one.
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_manifest(manifest: dict, path: Path) -> None:
+    """Every field a reader relies on, checked before any is used: a damaged or hand-edited manifest is an
+    InputError naming the field, never a KeyError, a read outside the directory or vectors of the wrong rows."""
+    def bad(what: str):
+        raise InputError(f"damaged manifest: {what}", path=str(path))
+
+    dim, rows, shards = manifest.get("dim"), manifest.get("rows"), manifest.get("shards")
+    if not _is_count(dim) or dim < 1:
+        bad(f"'dim' must be a positive integer, got {dim!r}")
+    if manifest.get("dtype") not in DTYPES:
+        bad(f"'dtype' must be one of {', '.join(DTYPES)}, got {manifest.get('dtype')!r}")
+    if not (isinstance(rows, list) and len(rows) == 2 and all(map(_is_count, rows)) and rows[0] <= rows[1]):
+        bad(f"'rows' must be [first, end) corpus rows, got {rows!r}")
+    if not _is_count(manifest.get("count")):
+        bad(f"'count' must be an integer >= 0, got {manifest.get('count')!r}")
+    if not isinstance(shards, list):
+        bad("'shards' must be a list")
+    row = rows[0]
+    for i, entry in enumerate(shards):
+        if not isinstance(entry, dict):
+            bad(f"shard entry {i} is not an object")
+        for key in ("vectors", "ids"):
+            name = entry.get(key)
+            # a file of this directory, by name: never a path leading elsewhere
+            if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+                bad(f"shard entry {i}: {key!r} must be a file name in this directory, got {name!r}")
+        if not _is_count(entry.get("count")) or entry.get("row_start") != row:
+            bad(f"shard entry {i} covers rows {entry.get('row_start')!r}+{entry.get('count')!r}; the shards before "
+                f"it end at row {row}")
+        row += entry["count"]
+    if manifest.get("complete") and (row != rows[1] or manifest["count"] != rows[1] - rows[0]):
+        bad(f"the shards cover rows [{rows[0]}, {row}) and count {manifest['count']}, but the encoding is of "
+            f"rows [{rows[0]}, {rows[1]})")
+
+
+def iter_vector_shards(out_dir: str | os.PathLike, verify: bool = True) -> Iterator[VectorShard]:
+    """Stream the shards in corpus-row order (memory-mapped), e.g. to add them to an index one by one. Each shard's
+    checksums are checked first (``verify=False`` skips that for speed on trusted files).
 
     Example::
 
@@ -85,16 +126,24 @@ def iter_vector_shards(out_dir: str | os.PathLike, verify: bool = False) -> Iter
             vectors = np.load(out_dir / entry["vectors"], mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as err:
             raise InputError(f"cannot read shard ({err})", path=str(out_dir / entry["vectors"])) from None
-        ids = json.loads((out_dir / entry["ids"]).read_text(encoding="utf-8"))
+        if vectors.dtype != np.dtype(manifest["dtype"]):
+            raise InputError(f"shard holds {vectors.dtype} vectors; the manifest says {manifest['dtype']}",
+                             path=str(out_dir / entry["vectors"]))
+        try:
+            ids = json.loads((out_dir / entry["ids"]).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:  # missing, not UTF-8, not JSON
+            raise InputError(f"cannot read the shard's ids ({err})", path=str(out_dir / entry["ids"])) from None
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise InputError("the shard's ids must be a JSON list of strings", path=str(out_dir / entry["ids"]))
         if vectors.shape != (entry["count"], manifest["dim"]) or len(ids) != entry["count"]:
             raise InputError(f"shard has shape {vectors.shape} and {len(ids)} ids; the manifest says "
                              f"({entry['count']}, {manifest['dim']})", path=str(out_dir / entry["vectors"]))
         yield VectorShard(vectors, ids, entry["row_start"])
 
 
-def load_vectors(out_dir: str | os.PathLike, verify: bool = False) -> tuple[np.ndarray, list[str]]:
+def load_vectors(out_dir: str | os.PathLike, verify: bool = True) -> tuple[np.ndarray, list[str]]:
     """All vectors (n, dim) in corpus-row order and their passage ids. A single shard is returned memory-mapped;
-    several are concatenated (in the stored dtype).
+    several are concatenated (in the stored dtype). Checksums are checked unless ``verify=False``.
 
     Example::
 

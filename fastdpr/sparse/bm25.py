@@ -307,14 +307,32 @@ class BM25:
 
         path = Path(path)
         manifest = _read_manifest(path)
-        bm25 = cls(**manifest["params"], backend=backend)
-        bm25.retriever = bm25s.BM25.load(
-            path, mmap=mmap, load_corpus=False, show_progress=False, override_params={"backend": bm25.backend}
-        )
-        bm25.tokenizer.load_vocab(path, vocab_name=TOKENIZER_VOCAB)
-        bm25._ids = np.load(path / IDS_FILE, mmap_mode="r" if mmap else None, allow_pickle=False)
+        params, num_docs = manifest.get("params"), manifest.get("num_docs")
+        known = {"k1", "b", "method", "stemmer", "stopwords", "splitter"}
+        if not isinstance(params, dict) or not set(params) <= known:
+            raise InputError(f"damaged {MANIFEST}: 'params' must be an object with keys from {sorted(known)}",
+                             path=str(path))
+        if not isinstance(num_docs, int) or isinstance(num_docs, bool) or num_docs < 0:
+            raise InputError(f"damaged {MANIFEST}: 'num_docs' must be an integer >= 0, got {num_docs!r}",
+                             path=str(path))
+        try:
+            bm25 = cls(**params, backend=backend)
+        except (TypeError, ValueError, KeyError, AttributeError) as err:  # a parameter the analyser cannot take
+            raise InputError(f"damaged {MANIFEST}: bad 'params' ({err})", path=str(path)) from None
+        # the other files are bm25s's and numpy's: any failure to read them is a damaged (or partial) index
+        try:
+            bm25.retriever = bm25s.BM25.load(
+                path, mmap=mmap, load_corpus=False, show_progress=False, override_params={"backend": bm25.backend}
+            )
+            bm25.tokenizer.load_vocab(path, vocab_name=TOKENIZER_VOCAB)
+            bm25._ids = np.load(path / IDS_FILE, mmap_mode="r" if mmap else None, allow_pickle=False)
+            scored = int(bm25.retriever.scores["num_docs"])
+        except (OSError, ValueError, KeyError, TypeError, EOFError) as err:
+            raise InputError(f"damaged BM25 index: {type(err).__name__}: {err}", path=str(path)) from None
+        if bm25._ids.ndim != 1 or bm25._ids.dtype.kind != "U":
+            raise InputError(f"damaged BM25 index: {IDS_FILE} must hold one string id per passage", path=str(path))
         bm25.corpus_path = manifest.get("corpus_path")
-        if len(bm25._ids) != manifest["num_docs"] or bm25.retriever.scores["num_docs"] != manifest["num_docs"]:
+        if len(bm25._ids) != num_docs or scored != num_docs:
             raise InputError("BM25 index files disagree on the number of passages (a damaged index?)", path=str(path))
         return bm25
 
@@ -335,8 +353,12 @@ def _read_manifest(path: Path) -> dict:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"not a fastdpr BM25 index (no {MANIFEST})", path=str(path)) from None
-    except json.JSONDecodeError as err:
+    except NotADirectoryError:
+        raise InputError("not a fastdpr BM25 index (not a directory)", path=str(path)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InputError(f"unreadable {MANIFEST}: {err}", path=str(path)) from None
+    if not isinstance(manifest, dict):
+        raise InputError(f"unreadable {MANIFEST}: not a JSON object", path=str(path))
     if manifest.get("format") != FORMAT_NAME or manifest.get("version") != FORMAT_VERSION:
         raise InputError(
             f"unsupported BM25 index format {manifest.get('format')!r} v{manifest.get('version')}", path=str(path)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -54,9 +55,24 @@ def passage_key(ctx: dict) -> int:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
+class NoPositiveWarning(UserWarning):
+    """Training questions without a positive passage were skipped."""
+
+
+def _ctx_list(record: dict, key: str, path: str, index: int) -> list:
+    value = record.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InputError(f"record {index}: {key!r} must be a list of passages, got {type(value).__name__}", path=path)
+    return value
+
+
 def _ctx(raw: dict, path: str, index: int) -> dict:
     if not isinstance(raw, dict) or "text" not in raw:
         raise InputError(f"record {index}: a passage has no 'text' field", path=path)
+    if not isinstance(raw["text"] or "", str) or not isinstance(raw.get("title") or "", str):
+        raise InputError(f"record {index}: a passage's 'text' and 'title' must be strings", path=path)
     ctx = {"title": raw.get("title") or "", "text": raw["text"] or ""}
     ctx["key"] = passage_key(raw)
     return ctx
@@ -65,24 +81,35 @@ def _ctx(raw: dict, path: str, index: int) -> dict:
 def examples_from_records(records: Iterable[dict], path: str = "<records>") -> list[Example]:
     """Turn DPR biencoder records (``question, positive_ctxs, hard_negative_ctxs, negative_ctxs``) into examples.
 
-    Records without a positive passage cannot be trained on (DPR drops them too); they are skipped and counted."""
+    Records without a positive passage cannot be trained on (DPR drops them too); they are skipped, and a
+    ``NoPositiveWarning`` says how many (a file where most questions lack one was usually mined or mapped wrong)."""
     examples = []
+    skipped, first_skipped = 0, None
     for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise InputError(f"record {index}: expected an object, got {type(record).__name__}", path=path)
         question = record.get("question")
         if not isinstance(question, str) or not question.strip():
             raise InputError(f"record {index}: missing or empty 'question'", path=path)
-        positives = [_ctx(c, path, index) for c in record.get("positive_ctxs") or []]
+        positives = [_ctx(c, path, index) for c in _ctx_list(record, "positive_ctxs", path, index)]
+        # a positive with no text teaches nothing: it counts as none
+        positives = [c for c in positives if c["text"].strip()]
         if not positives:
+            skipped += 1
+            first_skipped = index if first_skipped is None else first_skipped
             continue
         examples.append(
             Example(
                 question=question,
                 positives=positives,
-                hard_negatives=[_ctx(c, path, index) for c in record.get("hard_negative_ctxs") or []],
-                negatives=[_ctx(c, path, index) for c in record.get("negative_ctxs") or []],
+                hard_negatives=[_ctx(c, path, index) for c in _ctx_list(record, "hard_negative_ctxs", path, index)],
+                negatives=[_ctx(c, path, index) for c in _ctx_list(record, "negative_ctxs", path, index)],
                 answers=[str(a) for a in record.get("answers") or []],
             )
         )
+    if skipped:
+        warnings.warn(f"{path}: skipped {skipped} of {skipped + len(examples)} training questions without a positive "
+                      f"passage (the first is record {first_skipped})", NoPositiveWarning, stacklevel=2)
     return examples
 
 
