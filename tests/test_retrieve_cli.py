@@ -70,8 +70,11 @@ def test_tune_hybrid_then_search_with_the_tuned_alpha(setup, capsys):
                      "-o", str(tmp / "alpha.json"), "--k-union", "20"]) == 0
     tuned = json.loads((tmp / "alpha.json").read_text())
     assert tuned["alpha"] in (0.0, 0.1, 1.0, 10.0) and len(tuned["table"]) == 4 and tuned["metric"] == "top3"
-    best = max(tuned["table"], key=lambda r: (r["top3"], -r["alpha"]))
-    assert tuned["alpha"] == best["alpha"]
+    best = max(r["top3"] for r in tuned["table"])
+    at_one = next(r["top3"] for r in tuned["table"] if r["alpha"] == 1.0)
+    # the untuned weight of normalised fusion stays unless another does better; else the smallest of the best
+    expected = 1.0 if at_one == best else min(r["alpha"] for r in tuned["table"] if r["top3"] == best)
+    assert tuned["alpha"] == expected
     assert cli.main(["search", str(tmp / "test.jsonl"), "--mode", "hybrid", *_common(tmp), "--alpha-file",
                      str(tmp / "alpha.json"), "-o", str(tmp / "tuned.trec"), "-k", "3", "--k-union", "20"]) == 0
     assert len(read_run(tmp / "tuned.trec")) == 12
@@ -79,6 +82,23 @@ def test_tune_hybrid_then_search_with_the_tuned_alpha(setup, capsys):
     assert cli.main(["search", str(tmp / "test.jsonl"), "--mode", "hybrid", "--bm25", str(tmp / "bm25"),
                      "--corpus", str(tmp / "passages.jsonl"), "-o", str(tmp / "x.json")]) == 2
     assert "--mode hybrid needs --model, --index" in capsys.readouterr().err
+
+
+def test_tune_hybrid_keeps_alpha_one_when_the_dev_set_cannot_tell_weights_apart(setup, capsys):
+    # top-40 of a 40-passage corpus is every passage whatever the weight: all alphas tie, and the smallest (0,
+    # dense alone) used to be chosen
+    tmp, *_ = setup
+    capsys.readouterr()
+    assert cli.main(["tune-hybrid", str(tmp / "dev.jsonl"), *_common(tmp), "--grid", "0,0.1,1,10", "--at", "40",
+                     "-o", str(tmp / "alpha_tied.json"), "--k-union", "40"]) == 0
+    tuned = json.loads((tmp / "alpha_tied.json").read_text())
+    assert len({r["top40"] for r in tuned["table"]}) == 1
+    assert tuned["alpha"] == 1.0
+    assert "every alpha gives the same top40" in capsys.readouterr().err
+    # raw scores have no untuned weight to keep: ties still go to the smallest
+    assert cli.main(["tune-hybrid", str(tmp / "dev.jsonl"), *_common(tmp), "--grid", "0,0.1,1,10", "--at", "40",
+                     "--fusion", "linear-raw", "-o", str(tmp / "alpha_raw.json"), "--k-union", "40"]) == 0
+    assert json.loads((tmp / "alpha_raw.json").read_text())["alpha"] == 0.0
 
 
 def test_search_writes_every_run_format_and_evaluate_reads_them(setup, capsys):

@@ -3,7 +3,8 @@
     fastdpr tune-hybrid nq-dev.qa.csv --model model/ --index index/ --bm25 bm25/ --corpus psgs.tsv -o alpha.json
     fastdpr search nq-test.qa.csv --mode hybrid ... --alpha-file alpha.json
 
-The default fusion normalises both score lists and works untuned with alpha 1; tuning can still gain a little.
+The default fusion normalises both score lists and works untuned with alpha 1; tuning can still gain a little, and
+alpha 1 is kept unless another weight does better on the dev set.
 Raw linear fusion (``--fusion linear-raw``) needs it. The file records the fusion, and ``search`` uses it.
 Tune on a dev split, never on the test questions.
 """
@@ -25,11 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from fastdpr.atomic import write_json
     from fastdpr.commands.search import build_retriever
     from fastdpr.data import iter_qa
     from fastdpr.errors import InputError
     from fastdpr.retrieve import DEFAULT_ALPHA_GRID
+    from fastdpr.retrieve.hybrid import DEFAULT_ALPHA
 
     grid = DEFAULT_ALPHA_GRID
     if args.grid:
@@ -48,6 +52,14 @@ def run(args: argparse.Namespace) -> int:
     alpha = hybrid.tune_alpha([q["question"] for q in qa], [q["answers"] for q in qa], grid=grid, k=args.at,
                               match=args.match, show_progress=True)
     key = f"top{args.at}"
+    scores = {row["alpha"]: row[key] for row in hybrid.tuning_table}
+    # normalised fusion works untuned at alpha 1: leave it only for a weight that does better on the dev set (the
+    # smallest of tied weights would be 0, i.e. dense alone, whenever top-k is saturated)
+    if args.fusion == "linear" and scores.get(DEFAULT_ALPHA, -1.0) == max(scores.values()):
+        alpha = DEFAULT_ALPHA
+    if len(set(scores.values())) == 1:
+        print(f"warning: every alpha gives the same {key} ({scores[alpha]:.4f}) on these {len(qa)} dev questions, "
+              f"so they cannot choose one; more dev questions or a smaller --at can", file=sys.stderr)
     for row in hybrid.tuning_table:
         mark = "  <- chosen" if row["alpha"] == alpha else ""
         print(f"alpha {row['alpha']:>10.4g}  {key} {row[key]:.4f}{mark}")
