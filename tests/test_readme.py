@@ -139,7 +139,7 @@ def test_readme_pipeline_then_python_api_run_as_written(tmp_path, monkeypatch):
     assert len(corpus) >= len(docs)
     docmap = Path(f"{passages}.docmap.tsv").read_text(encoding="utf-8").splitlines()[1:]
     assert sorted(line.split("\t")[0] for line in docmap) == sorted(d["id"] for d in docs)
-    ids = set(corpus.ids())
+    ids = set(corpus.ids)
 
     # mine: gold documents became gold passages (the document map was used), one hard negative each
     argv, out = command(done, "mine")
