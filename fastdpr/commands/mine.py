@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     doc_map, docmap_file = _doc_map(args, records)
     start = time.perf_counter()
     mined = mine_hard_negatives(records(), bm25, corpus, n_hard=args.n_hard, n_random=args.n_random,
-                                depth=args.depth, match=args.match, n_threads=args.threads or None,
+                                depth=args.depth, match=args.match, threads=args.threads or None,
                                 seed=args.seed, show_progress=True, doc_map=doc_map)
     write = write_tevatron if args.format == "tevatron" else write_dpr_biencoder
     with warnings.catch_warnings():

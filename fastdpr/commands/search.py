@@ -88,7 +88,7 @@ def build_retriever(args, mode: str, alpha: float = DEFAULT_ALPHA, method: str =
         bm25 = BM25.load(args.bm25)
         if len(bm25) != len(corpus):
             raise InputError(f"the BM25 index has {len(bm25)} passages but the corpus {len(corpus)}", path=args.bm25)
-        sparse = SparseRetriever(bm25, corpus, n_threads=args.threads or None)
+        sparse = SparseRetriever(bm25, corpus, threads=args.threads or None)
     if "model" in needs:
         from fastdpr.index import load_index
         from fastdpr.models import BiEncoder
