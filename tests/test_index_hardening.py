@@ -374,6 +374,12 @@ def test_force_fallback_reaches_ivfpq_and_the_file_reader(tmp_path, fallback):
 
     with pytest.raises(MissingDependency, match="disabled"):
         make_index("ivfpq,nlist=4,m=4,backend=compiled", 16)
+    if C is not None:  # made while the core was on, trained after it was switched off: no silent numpy backend
+        force_fallback(False)
+        compiled = make_index("ivfpq,m=4,niter=2,pq_niter=2,backend=compiled", 16)
+        force_fallback(True)
+        with pytest.raises(MissingDependency, match="disabled"):
+            compiled.train(x)
 
 
 def test_no_native_environment_runs_every_index_type_end_to_end(tmp_path):

@@ -209,6 +209,7 @@ def pad_results(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarra
     out_i[:, :have] = rows
     return out_s, out_i
 
+
 def check_ids(ids: Any, n: int) -> np.ndarray:
     ids = np.asarray(ids)
     if ids.ndim != 1 or ids.shape[0] != n:

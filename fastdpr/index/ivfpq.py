@@ -135,16 +135,13 @@ class IVFPQIndex(Index):
                 raise InputError(f"{where}: {name} must be >= 1, got {value}")
         if backend not in ("auto", "compiled", "numpy"):
             raise InputError(f"{where}: backend must be auto, compiled or numpy, got {backend!r}")
-        if backend == "compiled" and native() is None:
-            why = ("is disabled (FASTDPR_NO_NATIVE / force_fallback)" if fallback_forced() else
-                   "is not available (reinstall fastdpr with a C++ compiler, or use backend=numpy)")
-            raise MissingDependency(f"ivfpq: backend=compiled, but the compiled extension fastdpr._C {why}")
+        self.backend = backend
+        self._native()  # backend=compiled without the compiled core: say so now
         self.nlist, self.m, self.store, self.assign = int(nlist), int(m), store, assign
         self.nprobe, self.rerank = int(nprobe), rerank
         self.train_params = dict(niter=int(niter), pq_niter=int(pq_niter), seed=int(seed),
                                  max_points_per_centroid=int(max_points_per_centroid),
                                  pq_max_points_per_centroid=int(pq_max_points_per_centroid), spherical=bool(spherical))
-        self.backend = backend
         self._impl: Any = None  # created by train() (nlist may depend on the training set) or on load
         if self.nlist > 0:
             self._impl = self._make_impl(self.nlist)
@@ -164,8 +161,17 @@ class IVFPQIndex(Index):
             params["spherical"] = words[str(value).lower()]
         return cls(dim, **take_params(params, SPEC_PARAMS, "ivfpq"))
 
-    def _make_impl(self, nlist: int):
+    def _native(self):
+        """The compiled module this index uses, or None for the numpy backend."""
         C = native() if self.backend != "numpy" else None
+        if C is None and self.backend == "compiled":
+            why = ("is disabled (FASTDPR_NO_NATIVE / force_fallback)" if fallback_forced() else
+                   "is not available (reinstall fastdpr with a C++ compiler, or use backend=numpy)")
+            raise MissingDependency(f"ivfpq: backend=compiled, but the compiled extension fastdpr._C {why}")
+        return C
+
+    def _make_impl(self, nlist: int):
+        C = self._native()
         if C is not None:
             return C.IVFPQ(self.dim, nlist, self.m, 8, self.store, self.assign == "ip")
         return NumpyIVFPQ(self.dim, nlist, self.m, 8, self.store, self.assign == "ip")
