@@ -29,7 +29,7 @@ def test_top10_overlaps_lucene(lucene_world):
 
     passages, questions, lucene = lucene_world
     assert len(lucene) == len(passages)
-    ours = BM25.from_corpus(passages, show_progress=False).search(questions, k=10, n_threads=1)[1]
+    ours = BM25.from_corpus(passages, show_progress=False).search(questions, k=10, threads=1)[1]
     theirs = lucene.search(questions, k=10)[1]
     overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ours, theirs)])
     assert overlap >= 0.9
@@ -40,7 +40,7 @@ def test_top10_overlaps_lucene(lucene_world):
 def test_lucene_threads_agree(lucene_world):
     _, questions, lucene = lucene_world
     s1, i1 = lucene.search(questions[:50], k=5)
-    s2, i2 = lucene.search(questions[:50], k=5, n_threads=2)
+    s2, i2 = lucene.search(questions[:50], k=5, threads=2)
     np.testing.assert_array_equal(s1, s2)
     assert (i1 == i2).all()
 

@@ -140,12 +140,12 @@ class LuceneBM25:
     def __len__(self) -> int:
         return int(self._searcher.get_total_num_docs())
 
-    def search(self, queries: Sequence[str], k: int = 100, *, threads: int = 1, n_threads: int | None = None):
+    def search(self, queries: Sequence[str], k: int = 100, *, threads: int | None = None, n_threads: int | None = None):
         """``(scores float32 (n, k), ids str (n, k))``; rows with fewer than ``k`` hits are padded with
         score -inf and id ``""`` (Lucene returns matching passages only)."""
         from fastdpr._renamed import renamed
 
-        n_threads = renamed("threads", threads, "n_threads", n_threads, "LuceneBM25.search")
+        n_threads = renamed("threads", threads, "n_threads", n_threads, "LuceneBM25.search") or 1
         n = len(queries)
         scores = np.full((n, k), -np.inf, dtype=np.float32)
         ids = np.full((n, k), "", dtype=object)
