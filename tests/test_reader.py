@@ -273,3 +273,16 @@ def test_train_reader_and_read_commands(tiny_dir, tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert main(["read", str(bad), "--reader", str(out_dir), "--out", str(predictions)]) == 2
+
+
+def test_a_row_longer_than_the_encoder_is_refused_by_name(tmp_path):
+    from fastdpr.errors import InputError
+    from fastdpr.reader import Reader
+    from tiny_models import tiny_bert_dir
+
+    path = tiny_bert_dir(tmp_path)
+    import json as _json
+
+    positions = _json.loads((path / "config.json").read_text())["max_position_embeddings"]
+    with pytest.raises(InputError, match="positions"):
+        Reader.from_pretrained(path, max_length=positions + 1)

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--qa", help="training questions with answers (DPR CSV/TSV, JSONL)")
     source.add_argument("--mode", choices=["dense", "bm25", "hybrid"], default="bm25")
     source.add_argument("--retriever-model", help="bi-encoder directory (dense and hybrid modes)")
-    source.add_argument("--index", help="dense index directory from `fastdpr index`")
+    source.add_argument("--index", help="dense index file (.fdpr) from `fastdpr index`")
     source.add_argument("--bm25", metavar="DIR", help="BM25 index from `fastdpr bm25 build`")
     source.add_argument("--corpus", help="passage file the indexes were built from")
     source.add_argument("-k", type=int, default=10, help="passages retrieved per question (default 10)")

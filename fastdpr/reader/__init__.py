@@ -19,7 +19,7 @@ from fastdpr.reader.pipeline import load_cached_reader, reader_cache_dir, train_
 
 def evaluate_answers(predictions: list[str], gold: list[list[str]]) -> dict:
     """Mean SQuAD exact match and F1 (best over each question's gold answers), as fractions in 0..1."""
-    from fastdpr.text.answers import best_exact_match, best_f1
+    from fastdpr.eval.qa import best_exact_match, best_f1
 
     if len(predictions) != len(gold):
         raise ValueError(f"{len(predictions)} predictions for {len(gold)} questions")

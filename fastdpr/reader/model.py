@@ -82,6 +82,10 @@ class Reader(nn.Module):
             raise InputError(f"cannot load an encoder and tokenizer: {err}", path=str(path)) from err
         if not getattr(tokenizer, "is_fast", False):
             raise InputError("the reader needs a fast tokenizer (character offsets)", path=str(path))
+        positions = getattr(encoder.config, "max_position_embeddings", None)
+        if positions is not None and config.max_length > positions:
+            raise InputError(f"max_length {config.max_length} is longer than the {positions} positions this encoder "
+                             f"has: use a max length of at most {positions}", path=str(path))
         reader = cls(encoder, tokenizer, config)
         heads = path / HEADS_NAME
         if heads.is_file():
