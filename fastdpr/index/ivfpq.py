@@ -51,6 +51,7 @@ SPEC_PARAMS: dict[str, Any] = {
     "nlist": 0,
     "m": 0,
     "nbits": 8,
+    # three choices, not the other indexes' fp16 flag: IVF-PQ may keep no vectors at all; "fp16"/"fp32" flags map here
     "store": "none",
     "nprobe": 16,
     "rerank": "auto",
