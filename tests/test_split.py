@@ -157,3 +157,18 @@ def test_gold_passages_are_the_documents_passages_with_an_answer():
     # ids that are not documents pass through (they may name passages); no answers: the whole document
     assert gold_passages(["p9", "d1", "d1#1"], "Denver", doc_map, passages) == ["p9", "d1#0", "d1#1"]
     assert gold_passages(["d1"], [], doc_map, passages) == ["d1#0", "d1#1", "d1#2"]
+
+
+def test_documents_without_ids_are_warned_about(tmp_path):
+    import warnings
+
+    from fastdpr.data.split import iter_documents
+
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"id": "a", "text": "one two"}\n{"text": "three four"}\n{"title": "t", "text": "five"}\n')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        docs = list(iter_documents(path))
+    assert [d["id"] for d in docs] == ["a", "2", "3"]
+    messages = [str(w.message) for w in caught]
+    assert any("2 documents have no id" in m and "line 2" in m for m in messages), messages

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Collection, Iterable, Iterator, Mapping, MutableMapping, Sequence
 
@@ -216,10 +217,16 @@ def iter_documents(
     for path in _document_files(paths):
         bad = BadRows(path, skip_bad, stats)
         if _is_jsonl(path):
+            unnamed = []
             with open_binary(path) as fh:
                 # the line number stands in for a missing document id, so the parser sees it too
-                yield from bad.parsed(((n, (n, line)) for n, line in numbered_lines(fh, bad)),
-                                      lambda item: _parse_document(item[1], item[0]))
+                for doc in bad.parsed(((n, (n, line)) for n, line in numbered_lines(fh, bad)),
+                                      lambda item: _parse_document(item[1], item[0], unnamed)):
+                    yield doc
+            if unnamed:
+                # gold ids in QA files cannot name these documents: say so rather than let mining miss them
+                warnings.warn(f"{path}: {len(unnamed)} documents have no id (\"id\", \"_id\" or \"docid\"); "
+                              f"their line numbers stand in (the first at line {unnamed[0]})", stacklevel=2)
             continue  # parsed() has called finish()
         try:
             text = path.read_bytes().decode("utf-8-sig")
@@ -234,7 +241,7 @@ def iter_documents(
         bad.finish()
 
 
-def _parse_document(line: str, lineno: int) -> dict:
+def _parse_document(line: str, lineno: int, unnamed: list[int] | None = None) -> dict:
     obj = parse_json_object(line)
     text = obj.get("text", obj.get("contents"))
     if not isinstance(text, str):
@@ -245,6 +252,8 @@ def _parse_document(line: str, lineno: int) -> dict:
     if not isinstance(title, str):
         raise ValueError("'title' must be a string")
     doc_id = next((obj[k] for k in ("id", "_id", "docid") if obj.get(k) not in (None, "")), None)
+    if doc_id is None and unnamed is not None:
+        unnamed.append(lineno)
     doc_id = str(lineno) if doc_id is None else str(doc_id).strip()
     if any(c.isspace() for c in doc_id):
         raise ValueError(f"document id {doc_id!r} contains whitespace")
