@@ -443,7 +443,12 @@ def load_index(path: str | os.PathLike, mmap: bool = False) -> Index:
     """Load an index saved by ``Index.save`` (a file, or a directory holding ``index.fdpr``); the type comes from
     the file's header. ``mmap=True`` leaves large vector blocks in the file mapping instead of copying them.
 
-    A truncated or corrupted file raises ``InputError`` (a ``ValueError``) naming the file."""
+    A truncated or corrupted file raises ``InputError`` (a ``ValueError``) naming the file: a file whose size
+    disagrees with its header and section table is refused at open. With ``mmap=True`` the file must not then be
+    truncated or rewritten in place while it is mapped: the operating system kills a process that reads a page
+    that is gone (SIGBUS), which no check at open can prevent. fastdpr never does that to its own files (``save``
+    writes a new file and renames it over the old one, so a mapping keeps the old contents); other tools must not
+    either."""
     from fastdpr.index import fileformat
 
     path = resolve_index_path(path)
