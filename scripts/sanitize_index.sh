@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Build the extension with AddressSanitizer + UBSan (FASTDPR_SANITIZE=ON) into build/sanitize and run the index and
 # fuzz tests against it (their subprocesses load the same build). Usage:
-#   scripts/sanitize_index.sh [pytest args...]      (default: tests/test_index*.py tests/test_fuzz*.py, without the
-#                                                   FAISS/CLI file, whose torch and faiss imports are not under test)
+#   scripts/sanitize_index.sh [pytest args...]      tests named in the arguments (a path or path::test), else
+#                                                   tests/test_index*.py tests/test_fuzz*.py without the FAISS/CLI
+#                                                   file, whose torch and faiss imports are not under test; options
+#                                                   (-x, -k EXPR, --durations=5) apply either way
 #   SANITIZE_CLEAN=1 scripts/sanitize_index.sh      build from an empty build directory
 # `make sanitize` runs it. It works from a fresh clone (no build/ yet) once `make setup` has made the venv.
 set -euo pipefail
@@ -28,8 +30,12 @@ if ! cmake --build "$BUILD" -j "${JOBS:-2}" > "$BUILD/build.log" 2>&1; then
   exit 1
 fi
 EXT=$(ls "$PWD/$BUILD"/_C*.so | head -1)
-if [ $# -eq 0 ]; then
-  set -- $(ls tests/test_index*.py tests/test_fuzz*.py | grep -v test_index_faiss_cli.py)
+selected=0
+for arg in "$@"; do
+  case "$arg" in *::*) selected=1 ;; *) [ -e "$arg" ] && selected=1 ;; esac
+done
+if [ "$selected" = 0 ]; then
+  set -- "$@" $(ls tests/test_index*.py tests/test_fuzz*.py | grep -v test_index_faiss_cli.py)
 fi
 # Python itself is not built with ASan: preload the runtime (and libstdc++, or ASan cannot find the real
 # __cxa_throw when the extension throws), ignore leaks of the interpreter at exit, stop on the first real error.
