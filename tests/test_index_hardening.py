@@ -56,6 +56,16 @@ def fallback():
     force_fallback(False)
 
 
+@pytest.fixture(params=[True, False], ids=["native", "fallback"])
+def use_native(request):
+    """Each test twice: on the compiled core (when built) and on the numpy fallbacks."""
+    if request.param and C is None:
+        pytest.skip("compiled extension not built")
+    force_fallback(not request.param)
+    yield request.param
+    force_fallback(False)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # thread counts
 
@@ -91,22 +101,15 @@ def test_absurd_thread_counts_are_errors_not_crashes():
 
 
 @pytest.mark.parametrize("spec", ["flat", "hnsw,M=8,efc=20", "ivfpq,nlist=4,m=4,fp16,niter=2,pq_niter=2"])
-@pytest.mark.parametrize("use_native", [True, False])
 def test_thread_counts_checked_in_the_python_layer(spec, use_native):
-    if use_native and C is None:
-        pytest.skip("compiled extension not built")
-    force_fallback(not use_native)
-    try:
-        x = np.random.default_rng(1).standard_normal((300, 8)).astype(np.float32)
-        index = build_index(x, spec)
-        for bad in (MAX_THREADS + 1, 10**9, -1):
-            with pytest.raises(InputError, match="threads"):
-                index.search(x[:2], 3, threads=bad)
+    x = np.random.default_rng(1).standard_normal((300, 8)).astype(np.float32)
+    index = build_index(x, spec)
+    for bad in (MAX_THREADS + 1, 10**9, -1):
         with pytest.raises(InputError, match="threads"):
-            index.search(x[:2], 3, threads=2.0)
-        assert index.search(x[:2], 3, threads=np.int64(MAX_THREADS))[1].shape == (2, 3)
-    finally:
-        force_fallback(False)
+            index.search(x[:2], 3, threads=bad)
+    with pytest.raises(InputError, match="threads"):
+        index.search(x[:2], 3, threads=2.0)
+    assert index.search(x[:2], 3, threads=np.int64(MAX_THREADS))[1].shape == (2, 3)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -168,30 +171,20 @@ def test_absurd_k_is_refused_before_allocating():
 
 
 @pytest.mark.parametrize("spec", ["flat", "flat,fp16", "hnsw,M=8,efc=20", "ivfpq,nlist=4,m=4,fp16,niter=2,pq_niter=2"])
-@pytest.mark.parametrize("use_native", [True, False])
 def test_k_beyond_the_index_pads_in_the_python_layer(spec, use_native):
-    if use_native and C is None:
-        pytest.skip("compiled extension not built")
-    force_fallback(not use_native)
-    try:
-        x = np.random.default_rng(2).standard_normal((300, 8)).astype(np.float32)
-        index = build_index(x, spec, ids=np.arange(300) + 7)
-        scores, ids = index.search(x[:3], 100_000)
-        assert ids.shape == scores.shape == (3, 100_000)
-        assert (ids[:, 300:] == -1).all() and np.isneginf(scores[:, 300:]).all()
-        assert (ids[:, :10] >= 7).all()
-        # the same first results as a k within the index
-        np.testing.assert_array_equal(ids[:, :10], index.search(x[:3], 10)[1])
-    finally:
-        force_fallback(False)
+    x = np.random.default_rng(2).standard_normal((300, 8)).astype(np.float32)
+    index = build_index(x, spec, ids=np.arange(300) + 7)
+    scores, ids = index.search(x[:3], 100_000)
+    assert ids.shape == scores.shape == (3, 100_000)
+    assert (ids[:, 300:] == -1).all() and np.isneginf(scores[:, 300:]).all()
+    assert (ids[:, :10] >= 7).all()
+    # the same first results as a k within the index
+    np.testing.assert_array_equal(ids[:, :10], index.search(x[:3], 10)[1])
 
 
 @pytest.mark.skipif(UNDER_SANITIZER, reason="address-space limits do not mix with AddressSanitizer")
-@pytest.mark.parametrize("use_native", [True, False])
 def test_absurd_k_is_refused_in_the_python_layer(use_native):
     """k = 1e9 over 300 vectors asked every type for a 12 GB padded result."""
-    if use_native and C is None:
-        pytest.skip("compiled extension not built")
     out = run_isolated(f"""
         from fastdpr.errors import InputError
         from fastdpr.index import build_index
@@ -271,12 +264,9 @@ def _ivfpq_file_claiming(path, nlist: int):
 
 
 @pytest.mark.skipif(UNDER_SANITIZER, reason="address-space limits do not mix with AddressSanitizer")
-@pytest.mark.parametrize("use_native", [True, False])
 def test_file_metadata_cannot_make_the_loader_allocate(tmp_path, use_native):
     """nlist = 2^28 in the metadata of a tiny file: the loaders allocated 2^28 lists (GBs) before looking at the
     sections. Now the sections are checked first."""
-    if use_native and C is None:
-        pytest.skip("compiled extension not built")
     path = _ivfpq_file_claiming(tmp_path / "claims.fdpr", 1 << 28)
     out = run_isolated(f"""
         from fastdpr.errors import InputError
