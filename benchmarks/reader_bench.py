@@ -166,15 +166,15 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=None, help="fastdpr data cache (default: $FASTDPR_CACHE)")
     ap.add_argument("--name", default="minilm-l6-squadshifts-nq", help="reader name under <cache>/readers/")
     ap.add_argument("--stages", default=",".join(STAGES), help="stages to run now (finished ones are reused)")
-    ap.add_argument("--train-minutes", type=float, default=35.0)
+    ap.add_argument("--train-minutes", type=float, default=75.0)
     ap.add_argument("--train-questions", type=int, default=16000, help="training questions prepared")
     ap.add_argument("--batch-size", type=int, default=8, help="questions per step")
-    ap.add_argument("--passages", type=int, default=2, help="passages per question: 1 positive + negatives")
+    ap.add_argument("--passages", type=int, default=3, help="passages per question: 1 positive + negatives")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--train-length", type=int, default=160, help="tokens per training row")
     ap.add_argument("--read-length", type=int, default=256, help="tokens per row when reading")
     ap.add_argument("--rc-questions", type=int, default=1000)
-    ap.add_argument("--open-questions", type=int, default=100)
+    ap.add_argument("--open-questions", type=int, default=200)
     ap.add_argument("--pool", type=int, default=5000)
     ap.add_argument("--speed-questions", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
@@ -268,6 +268,7 @@ def main() -> int:
 
             reader.save_pretrained(reader_cache_dir(args.name, cache))
         return {**stats, "bf16": fast == "bf16", "frozen": "word embeddings", "batch_size": args.batch_size, "passages": args.passages,
+                "span_normalization": "shared across the question's passages",
                 "lr": args.lr, "train_length": args.train_length, "curve": curve}
 
     train_stage = stages.run("train", stage_train)

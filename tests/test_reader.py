@@ -162,7 +162,8 @@ def test_locate_answer_spans(reader):
 # ---------------------------------------------------------------------------------------------- loss and read
 
 
-def test_reader_loss_against_direct_formula():
+@pytest.mark.parametrize("shared", [True, False])
+def test_reader_loss_against_direct_formula(shared):
     g = torch.Generator().manual_seed(0)
     start = torch.randn(5, 8, generator=g, dtype=torch.float64)
     end = torch.randn(5, 8, generator=g, dtype=torch.float64)
@@ -171,11 +172,13 @@ def test_reader_loss_against_direct_formula():
     allowed[:, 3:7] = True
     groups = torch.tensor([0, 0, 0, 1, 1])
     spans = [[(3, 4), (5, 5)], [(6, 6)]]
-    span_loss, select_loss = reader_loss(start, end, relevance, allowed, torch.tensor([0, 3]), spans, groups, 2)
+    span_loss, select_loss = reader_loss(start, end, relevance, allowed, torch.tensor([0, 3]), spans, groups, 2,
+                                         shared_normalization=shared)
     expected_span = []
-    for row, sp in zip([0, 3], spans):
-        zs = torch.logsumexp(start[row, 3:7], 0)
-        ze = torch.logsumexp(end[row, 3:7], 0)
+    for row, sp, rows in zip([0, 3], spans, [slice(0, 3), slice(3, 5)]):
+        # shared: one softmax over the passage tokens of all the question's rows; else the positive's row only
+        zs = torch.logsumexp(start[rows, 3:7].flatten() if shared else start[row, 3:7], 0)
+        ze = torch.logsumexp(end[rows, 3:7].flatten() if shared else end[row, 3:7], 0)
         expected_span.append(-math.log(sum(math.exp(start[row, s] - zs + end[row, e] - ze) for s, e in sp)))
     assert float(span_loss) == pytest.approx(sum(expected_span) / 2, rel=1e-9)
     sel = [-(relevance[0] - torch.logsumexp(relevance[:3], 0)), -(relevance[3] - torch.logsumexp(relevance[3:], 0))]
