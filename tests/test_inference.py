@@ -49,7 +49,7 @@ def test_packed_encoding_equals_padded_encoding(tmp_path, pooling, similarity, p
     want = padded_reference(model, passages)
     got = model.encode_passages(passages, batch_size=7, precision="fp32")
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
-    assert isinstance(model._inference[("passage", "fp32", "cpu")][1], inference.PackedBert)
+    assert isinstance(model._inference[("passage", "fp32", "cpu")][-1], inference.PackedBert)
 
 
 def test_other_encoders_run_padded_with_the_same_result(tmp_path, monkeypatch):
@@ -57,7 +57,7 @@ def test_other_encoders_run_padded_with_the_same_result(tmp_path, monkeypatch):
     monkeypatch.setattr(inference, "supports_packing", lambda encoder: False)
     passages = mixed_passages()
     got = model.encode_passages(passages, batch_size=5)
-    assert isinstance(model._inference[("passage", "fp32", "cpu")][1], inference.PaddedTower)
+    assert isinstance(model._inference[("passage", "fp32", "cpu")][-1], inference.PaddedTower)
     np.testing.assert_allclose(got, padded_reference(model, passages), rtol=0, atol=2e-6)
 
 
@@ -209,3 +209,53 @@ def test_padded_attention_layout_equals_the_grouped_one(tmp_path, monkeypatch):
     padded = model.encode_passages(passages, batch_size=7)
     np.testing.assert_allclose(padded, grouped, rtol=0, atol=2e-6)
     np.testing.assert_allclose(padded, padded_reference(model, passages), rtol=0, atol=2e-6)
+
+
+# ------------------------------------------------------------------------------------ fused oneDNN linear layers
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("activation", [None, "gelu", "gelu_new", "relu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_linear_equals_linear_then_activation_then_add(seed, activation, dtype):
+    g = torch.Generator().manual_seed(seed)
+    rows, fan_in, fan_out = [1, 7, 131][seed], [5, 48, 96][seed], [3, 64, 37][seed]  # odd shapes
+    linear = torch.nn.Linear(fan_in, fan_out)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(fan_out, fan_in, generator=g))
+        linear.bias.copy_(torch.randn(fan_out, generator=g))
+    x = torch.randn(rows, fan_in, generator=g)
+    residual = torch.randn(rows, fan_out, generator=g)
+    want = linear(x.to(dtype).float()) if dtype != torch.float32 else linear(x)
+    if activation is not None:
+        want = inference._ACTIVATIONS[activation](want)
+    fused = inference.FusedLinear.from_linear(linear, activation).to(dtype).prepack()
+    assert (fused.packed is not None) == inference.onednn_linear_available(torch.device("cpu"), dtype)
+    tol = dict(rtol=0, atol=2e-5 * fan_in) if dtype == torch.float32 else dict(rtol=2e-2, atol=0.1)
+    with torch.inference_mode():
+        got = fused(x.to(dtype)).float()
+        torch.testing.assert_close(got, want, **tol)
+        if activation is None:  # residual layers have no activation
+            plain = linear(x.to(dtype).float()) if dtype != torch.float32 else linear(x)
+            torch.testing.assert_close(fused(x.to(dtype), residual=residual.to(dtype)).float(),
+                                       plain + residual.to(dtype).float(), **tol)
+        # the fallback (no packed weight) gives the same answers
+        fused.packed = None
+        torch.testing.assert_close(fused(x.to(dtype)).float(), got, **tol)
+
+
+def test_fused_linear_drops_its_packed_weight_when_moved():
+    fused = inference.FusedLinear.from_linear(torch.nn.Linear(8, 4)).prepack()
+    fused.to(torch.bfloat16)
+    assert fused.packed is None  # would be the stale float32 layout
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    torch.testing.assert_close(fused(x).float(), torch.nn.functional.linear(x, fused.weight, fused.bias).float())
+
+
+def test_replacing_parameters_clears_the_inference_towers(tmp_path):
+    model = tiny_biencoder(tmp_path)
+    passages = mixed_passages(5)
+    before = model.encode_passages(passages)
+    state = {k: v + 0.01 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    model.load_state_dict(state, assign=True)  # new parameter objects, not an in-place change
+    after = model.encode_passages(passages)
+    np.testing.assert_allclose(after, padded_reference(model, passages), rtol=0, atol=2e-6)
+    assert not np.allclose(before, after)

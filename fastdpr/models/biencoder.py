@@ -141,7 +141,7 @@ class BiEncoder(nn.Module):
         self.question_projection = question_projection
         self.passage_projection = passage_projection
         self.last_truncated = 0
-        self._inference: dict = {}  # (tower, precision, device) -> (weights state, inference tower)
+        self._inference: dict = {}  # (tower, precision, device) -> (parameters, weights state, tower)
         self._single_tokenizers: dict = {}  # max length -> truncating backend tokenizer for one text
 
     # ------------------------------------------------------------------ construction
@@ -525,11 +525,22 @@ class BiEncoder(nn.Module):
         if self.config.shared:
             tower = "question"  # one tower, one copy
         key = (tower, precision, str(device))
-        state = weights_state(encoder)
         cached = self._inference.get(key)
-        if cached is None or cached[0] != state:
-            self._inference[key] = (state, build_tower(encoder, precision, device, self._pad_id()))
-        return self._inference[key][1], projection
+        # the parameter list is kept with the tower: listing it costs ~1 ms, more than a question's encoder
+        # layers at bf16; parameters replaced rather than modified (.to(), load_state_dict) clear the cache
+        params = cached[0] if cached is not None else list(encoder.parameters())
+        state = weights_state(params)
+        if cached is None or cached[1] != state:
+            self._inference[key] = (params, state, build_tower(encoder, precision, device, self._pad_id()))
+        return self._inference[key][2], projection
+
+    def _apply(self, fn, *args, **kwargs):
+        self.__dict__.get("_inference", {}).clear()  # .to() / .float() / .cuda(): towers rebuilt from the moved weights
+        return super()._apply(fn, *args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        self.__dict__.get("_inference", {}).clear()  # assign=True: new parameter objects the cached lists don't see
+        return super().load_state_dict(*args, **kwargs)
 
 
 def _new_projection(hidden: int, dim: int, generator: torch.Generator | None = None) -> nn.Linear:
