@@ -16,6 +16,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace fastdpr::bind {
 
@@ -35,6 +36,31 @@ int arg_threads(py::handle value);
 // (n, d) float32 rows with the expected d; 1-D arrays are one row.
 std::pair<size_t, const float*> rows_of(const FloatArray& a, size_t dim, const char* what);
 
+// Vectors or queries handed to add/search: a numpy array of float32 or float16 (IEEE half), (n, d) or one (d,)
+// row. Any other dtype or object is a TypeError naming it, so a float64 array is never narrowed silently here.
+// Half rows are widened in C++, a block at a time, so a large fp16 array never needs an fp32 copy in Python or
+// here; float32 rows are used in place (copied only when not C-contiguous).
+class InputRows {
+public:
+    InputRows(py::handle obj, size_t dim, const char* what);
+    size_t rows() const { return n_; }
+    bool half() const { return half_; }
+    // Calls fn(rows, count) on consecutive blocks of float32 rows: the array itself in one call when it is
+    // float32, blocks of at most kHalfBlockFloats values when it is half (one block of every row when `whole`).
+    // Touches no Python object: call it with the GIL released.
+    void for_blocks(const std::function<void(const float*, size_t)>& fn, bool whole = false) const;
+    // Every row as float32 (widened once when half): for queries, which are small.
+    const float* all();
+
+    static constexpr size_t kHalfBlockFloats = size_t{1} << 22;  // 16 MiB of float32 at a time
+
+private:
+    py::array array_;
+    size_t n_ = 0, dim_ = 0;
+    bool half_ = false;
+    std::vector<float> widened_;
+};
+
 // k beyond the index size only pads the result (the searches size their work by what exists); a padded result
 // above this many bytes is refused instead of allocated (fastdpr/index/base.py has the same rule).
 constexpr int64_t kMaxPaddedResultBytes = int64_t{1} << 30;
@@ -43,9 +69,9 @@ constexpr int64_t kMaxPaddedResultBytes = int64_t{1} << 30;
 // kMaxPaddedResultBytes. ValueError otherwise.
 void check_result_size(int64_t nq, int64_t k, int64_t size);
 
-// Checks k and the queries, allocates the (nq, k) score and id arrays (after check_result_size), releases the GIL
+// Checks k and the queries (float32 or float16: InputRows), allocates the (nq, k) score and id arrays (after check_result_size), releases the GIL
 // and lets `run` fill them.
-py::tuple search_into(size_t dim, int64_t size, const FloatArray& q, py::handle k,
+py::tuple search_into(size_t dim, int64_t size, py::handle q, py::handle k,
                       const std::function<void(const float*, size_t, int64_t, float*, int64_t*)>& run);
 
 void bind_simd(py::module_& m);

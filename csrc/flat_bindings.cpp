@@ -19,14 +19,15 @@ void bind_flat(py::module_& m) {
         .def_property_readonly("storage", [](const FlatIndex& f) { return std::string(storage_name(f.storage())); })
         .def("__len__", &FlatIndex::size)
         .def("add",
-             [](FlatIndex& f, const FloatArray& x) {
-                 auto [n, p] = rows_of(x, f.dim(), "vectors");
+             [](FlatIndex& f, py::handle x) {
+                 InputRows rows(x, f.dim(), "vectors");
                  py::gil_scoped_release release;
-                 f.add(p, n);
-             })
+                 rows.for_blocks([&](const float* p, size_t n) { f.add(p, n); });
+             },
+             py::arg("vectors"), "Append float32 or float16 rows (n, dim).")
         .def(
             "search",
-            [](const FlatIndex& f, const FloatArray& q, py::handle k, py::handle threads) {
+            [](const FlatIndex& f, py::handle q, py::handle k, py::handle threads) {
                 const int nt = arg_threads(threads);
                 const int64_t size = static_cast<int64_t>(f.size());
                 return search_into(f.dim(), size, q, k,

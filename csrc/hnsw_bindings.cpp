@@ -41,16 +41,19 @@ void bind_hnsw(py::module_& m) {
         .def("__len__", &HNSWIndex::size)
         .def(
             "add",
-            [](HNSWIndex& h, const FloatArray& x, py::handle threads) {
+            [](HNSWIndex& h, py::handle x, py::handle threads) {
                 const int nt = arg_threads(threads);
-                auto [n, p] = rows_of(x, h.dim(), "vectors");
+                InputRows rows(x, h.dim(), "vectors");
+                // the L2 reduction fixes phi from the first add: half rows then go in as one add, as float32
+                // rows do, so both fix the same phi
+                const bool whole = h.params().graph == Graph::L2 && h.phi() <= 0;
                 py::gil_scoped_release release;
-                h.add(p, n, nt);
+                rows.for_blocks([&](const float* p, size_t n) { h.add(p, n, nt); }, whole);
             },
             py::arg("vectors"), py::arg("threads") = 0)
         .def(
             "search",
-            [](const HNSWIndex& h, const FloatArray& q, py::handle k, py::handle ef, py::handle threads,
+            [](const HNSWIndex& h, py::handle q, py::handle k, py::handle ef, py::handle threads,
                py::handle entry_points) {
                 const size_t ef_ = static_cast<size_t>(arg_int(ef, "ef", 0, kMaxBeam));
                 const size_t entry = static_cast<size_t>(arg_int(entry_points, "entry_points", 0, kMaxEntryPoints));

@@ -81,10 +81,10 @@ void bind_ivfpq(py::module_& m) {
             py::arg("centroids"), py::arg("codebooks"))
         .def(
             "add",
-            [](IVFPQ& s, const FloatArray& x) {
-                auto [n, xp] = rows_of(x, static_cast<size_t>(s.dim()), "vectors");
+            [](IVFPQ& s, py::handle x) {
+                InputRows rows(x, static_cast<size_t>(s.dim()), "vectors");
                 py::gil_scoped_release release;
-                s.add(xp, static_cast<int64_t>(n));
+                rows.for_blocks([&](const float* p, size_t n) { s.add(p, static_cast<int64_t>(n)); });
             },
             py::arg("x"))
         .def(
@@ -105,7 +105,7 @@ void bind_ivfpq(py::module_& m) {
             py::arg("x"), "(list of each row, its m codes) without adding anything")
         .def(
             "search",
-            [](const IVFPQ& s, const FloatArray& q, py::handle k, py::handle nprobe, py::handle rerank,
+            [](const IVFPQ& s, py::handle q, py::handle k, py::handle nprobe, py::handle rerank,
                py::handle threads) {
                 const int64_t np_ = arg_int(nprobe, "nprobe", 1);
                 const int64_t rr = arg_int(rerank, "rerank", 0);

@@ -261,8 +261,14 @@ class Index:
             check_fp16_range(x)
 
     def _add(self, x: np.ndarray) -> None:
-        """Append float32 C-contiguous rows (already checked); row numbers continue from ``_ntotal()``."""
+        """Append float32 C-contiguous rows (already checked); row numbers continue from ``_ntotal()``. Also
+        float16 rows when ``_takes_half()``."""
         raise NotImplementedError
+
+    def _takes_half(self) -> bool:
+        """True when ``_add`` and ``_search`` accept float16 rows as they are (the compiled core widens them
+        itself, a block at a time), so fp16 vectors are never copied to float32 in Python."""
+        return False
 
     def _search(self, q: np.ndarray, k: int, **params: Any) -> tuple[np.ndarray, np.ndarray]:
         """Top-k by inner product of float32 rows, k <= the number of rows; returns row numbers (-1 padded)."""
@@ -296,7 +302,8 @@ class Index:
         return f"{type(self).__name__}(dim={self._dim}, n={len(self)})"
 
     def add(self, vectors: np.ndarray, ids: Any = None) -> None:
-        """Append vectors (n, dim) of any float dtype; ``ids`` (n,) int64 >= 0, unique (default: row numbers)."""
+        """Append vectors (n, dim) of any real dtype; ``ids`` (n,) int64 >= 0, unique (default: row numbers).
+        float32 and float16 rows go to the compiled core without a float32 copy in Python."""
         x = check_shape(vectors, self._dim, "vectors")
         check_finite(x, "vectors")  # before anything is added: a bad row leaves the index unchanged
         self._check_rows(x)
@@ -321,7 +328,7 @@ class Index:
                 labels = np.concatenate([labels, new])
             # labels are published before the rows, so a concurrent search never sees a row without its id
             self._labels = labels
-            if x.dtype == np.float32 and x.flags.c_contiguous:
+            if (x.dtype == np.float32 and x.flags.c_contiguous) or (x.dtype == np.float16 and self._takes_half()):
                 self._add(x)
             else:  # convert chunk by chunk: a large fp16 array never needs a full fp32 copy
                 for start in range(0, n, ADD_CHUNK):
@@ -329,9 +336,13 @@ class Index:
 
     def search(self, queries: np.ndarray, k: int, **params: Any) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` by inner product: ``(scores float32 (n, k), ids int64 (n, k))``, best first; ``-1`` / ``-inf``
-        pad rows when the index holds fewer than ``k`` vectors. ``params`` are the type's search parameters."""
+        pad rows when the index holds fewer than ``k`` vectors. ``params`` are the type's search parameters.
+        Queries of any real dtype are accepted; float16 ones go to the compiled core as they are."""
         k = check_k(k)
-        q = check_matrix(queries, self._dim, "queries")
+        q = check_shape(queries, self._dim, "queries")
+        check_finite(q, "queries")
+        if not (q.dtype == np.float16 and self._takes_half()):
+            q = np.ascontiguousarray(q, dtype=np.float32)
         n = self._ntotal()
         if n == 0:
             raise InputError(f"cannot search an empty {type(self).__name__}: add vectors first")

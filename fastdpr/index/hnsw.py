@@ -100,6 +100,9 @@ class HNSWIndex(Index):
     def stores_fp16(self) -> bool:
         return self.fp16
 
+    def _takes_half(self) -> bool:
+        return self._impl is not None
+
     def _ntotal(self) -> int:
         return len(self._impl) if self._impl is not None else len(self._store)
 

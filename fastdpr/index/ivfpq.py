@@ -232,6 +232,9 @@ class IVFPQIndex(Index):
     def stores_fp16(self) -> bool:
         return self.store == "fp16"
 
+    def _takes_half(self) -> bool:
+        return self.compiled
+
     def _ntotal(self) -> int:
         return 0 if self._impl is None else len(self._impl)
 
