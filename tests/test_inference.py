@@ -259,3 +259,28 @@ def test_replacing_parameters_clears_the_inference_towers(tmp_path):
     after = model.encode_passages(passages)
     np.testing.assert_allclose(after, padded_reference(model, passages), rtol=0, atol=2e-6)
     assert not np.allclose(before, after)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_int8_linear_kernels_agree_with_the_dequantized_product(seed, activation):
+    g = torch.Generator().manual_seed(seed)
+    rows, fan_in, fan_out = [3, 129][seed], [40, 96][seed], [24, 37][seed]
+    linear = torch.nn.Linear(fan_in, fan_out)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(fan_out, fan_in, generator=g) * 0.1)
+        linear.bias.copy_(torch.randn(fan_out, generator=g))
+    fused = inference.FusedLinear.from_linear(linear, activation)
+    x = torch.randn(rows, fan_in, generator=g)
+    residual = torch.randn(rows, fan_out, generator=g)
+    exact = fused(x, residual=None)
+    backends = ["fbgemm"] + (["onednn"] if inference.onednn_int8_available() else [])
+    for backend in backends:
+        layer = inference.Int8Linear(fused, backend=backend)
+        got = layer(x)
+        # 8-bit weights and activations: within a few quantization steps of the float product
+        assert (got - exact).abs().max() < 0.05 * exact.abs().max()
+        torch.testing.assert_close(layer(x, residual=residual.clone()), got + residual)
+    if backends == ["fbgemm", "onednn"]:
+        a, b = (inference.Int8Linear(fused, backend=k)(x) for k in backends)
+        assert (a - b).abs().max() < 0.02 * exact.abs().max()

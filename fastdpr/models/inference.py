@@ -250,29 +250,60 @@ class _PackedLayer(nn.Module):
         return ctx
 
 
+def onednn_int8_available() -> bool:
+    """Whether oneDNN's int8 linear (VNNI / AMX-INT8 on x86) is in this torch build."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops, "onednn")
+            and hasattr(torch.ops.onednn, "qlinear_prepack") and hasattr(torch.ops.onednn, "qlinear_pointwise"))
+
+
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights (symmetric, one scale per output row) and activations quantized per call
-    to the full 8-bit range. torch's ``quantize_dynamic`` default keeps weights per tensor and activations at 7 bits
-    (for CPUs without VNNI), which costs MiniLM ~0.07 of cosine; this costs ~0.005."""
+    (one scale for the call's whole input, from its largest magnitude). torch's ``quantize_dynamic`` default keeps
+    weights per tensor and activations at 7 bits (for CPUs without VNNI), which costs MiniLM ~0.07 of cosine; this
+    costs ~0.005.
 
-    def __init__(self, linear: nn.Module):
+    Two kernels: oneDNN's int8 linear with the weight pre-packed and the activation fused (``backend="onednn"``,
+    AMX-INT8 / VNNI), else fbgemm's dynamic linear (``"fbgemm"``, torch's quantized tensors). The integer
+    arithmetic is the same; fbgemm quantizes activations asymmetrically to 0..255, oneDNN here symmetrically to
+    −127..127."""
+
+    def __init__(self, linear: nn.Module, backend: str | None = None):
         super().__init__()
         self.activation = getattr(linear, "activation", None)
-        w = linear.weight.detach().float()
-        scale = (w.abs().amax(dim=1).clamp(min=1e-8) / 127.0).double()
-        with warnings.catch_warnings():
-            # torch announces the removal of quantized tensor types; until then they are its int8 GEMM's input
-            warnings.simplefilter("ignore", UserWarning)
-            qweight = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0,
-                                                 torch.qint8)
-        bias = linear.bias.detach().float() if linear.bias is not None else None
-        self.packed = torch.ops.quantized.linear_prepack(qweight, bias)
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+        bias = linear.bias.detach().float() if linear.bias is not None else None
+        self.backend = backend or ("onednn" if onednn_int8_available() else "fbgemm")
+        if self.backend == "onednn":
+            qweight = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+            self.packed = torch.ops.onednn.qlinear_prepack(qweight, None)
+            self.weight_scale, self.bias = scale, bias
+            self.weight_zero = torch.zeros(w.shape[0], dtype=torch.long)
+            return
+        with warnings.catch_warnings():
+            # torch announces the removal of quantized tensor types; until then they are fbgemm's int8 GEMM's input
+            warnings.simplefilter("ignore", UserWarning)
+            qweight = torch.quantize_per_channel(w, scale.double(), torch.zeros(w.shape[0], dtype=torch.long), 0,
+                                                 torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(qweight, bias)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        y = torch.ops.quantized.linear_dynamic(x, self.packed, False)
-        if self.activation is not None:
-            y = _ACTIVATIONS[self.activation](y)
+        if self.backend == "onednn":
+            x = x.contiguous()
+            lo, hi = torch.aminmax(x)
+            lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+            step = (hi - lo) / 255.0 or 1.0
+            zero = int(round(-lo / step))
+            xq = torch.round(x * (1.0 / step)).add_(zero).clamp_(0, 255).to(torch.uint8)
+            attr, algorithm = _ONEDNN_ACTIVATIONS[self.activation]
+            y = torch.ops.onednn.qlinear_pointwise(xq, step, zero, self.packed, self.weight_scale, self.weight_zero,
+                                                   self.bias, 1.0, 0, torch.float32, attr,
+                                                   [None] if attr == "none" else [], algorithm)
+        else:
+            y = torch.ops.quantized.linear_dynamic(x, self.packed, False)
+            if self.activation is not None:
+                y = _ACTIVATIONS[self.activation](y)
         return y.add_(residual) if residual is not None else y
 
 
@@ -311,8 +342,8 @@ class PackedBert(nn.Module):
             self.compute_dtype = DTYPES[precision]
         elif precision == "int8":
             # the feed-forward output layer stays float32: its input (after GELU) has outlier features that one
-            # 8-bit scale per call clips; quantizing it too costs MiniLM 0.008 of minimum cosine for no measurable
-            # speed (benchmarks/results/encode.md)
+            # 8-bit scale per call clips; quantizing it too lowers MiniLM's minimum cosine from 0.995 to 0.990 on
+            # SQuAD passages for no measurable speed (benchmarks/results/encode.md)
             for layer in self.layers:
                 for name in ("qkv", "attn_out", "inter"):
                     setattr(layer, name, Int8Linear(getattr(layer, name)))
@@ -402,5 +433,5 @@ def weights_state(module: nn.Module | Sequence[torch.Tensor]) -> tuple:
 
 
 __all__ = ["PRECISIONS", "ALIASES", "resolve_precision", "Packed", "pack", "PackedBert", "PaddedTower", "FusedLinear",
-           "onednn_linear_available",
+           "Int8Linear", "onednn_linear_available", "onednn_int8_available",
            "pool_packed", "build_tower", "supports_packing", "weights_state"]
