@@ -79,6 +79,21 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return name
 
 
+def bf16_supported(device: str | torch.device = "cpu") -> bool:
+    """Whether bfloat16 matrix products run natively here, so bf16 (weights or autocast) is faster than float32: a
+    CUDA device that supports it, or a CPU with AVX512-BF16/AMX (oneDNN's check). Elsewhere bf16 is emulated and
+    slower than float32."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 # ---------------------------------------------------------------------------------------------------- packing
 @dataclass
 class Packed:
@@ -432,6 +447,6 @@ def weights_state(module: nn.Module | Sequence[torch.Tensor]) -> tuple:
     return (len(params), sum(p._version for p in params), sum(p.data_ptr() for p in params))
 
 
-__all__ = ["PRECISIONS", "ALIASES", "resolve_precision", "Packed", "pack", "PackedBert", "PaddedTower", "FusedLinear",
+__all__ = ["PRECISIONS", "ALIASES", "resolve_precision", "bf16_supported", "Packed", "pack", "PackedBert", "PaddedTower", "FusedLinear",
            "Int8Linear", "onednn_linear_available", "onednn_int8_available",
            "pool_packed", "build_tower", "supports_packing", "weights_state"]

@@ -44,6 +44,10 @@ class QuickstartConfig:
     mine_hard: int = 1
     mine_depth: int = 30
     encode_batch_size: int = 64
+    # encoders' precision for passages and questions: "fast" is bf16 where the hardware runs it natively (AMX /
+    # AVX512-BF16 CPUs, CUDA) and the exact default elsewhere; bf16 vectors keep top-20 accuracy
+    # (benchmarks/results/encode.md) at ~3x the passages/s on such CPUs
+    encode_precision: str = "fast"
     index_spec: str = "flat"
     k_union: int = 200  # hybrid: union of each side's top-K
     # reader: the reader benchmark's, when cached (reader_from_cache); else trained here for reader_budget_s

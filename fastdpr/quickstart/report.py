@@ -63,8 +63,9 @@ def format_table(results: dict) -> str:
     ix = results["index"]
     truncated = ix.get("truncated_passages")
     cut = f", {truncated} passages cut at {ix['max_passage_length']} tokens" if truncated is not None else ""
+    precision = f", encoded in {ix['encode_precision']}" if ix.get("encode_precision") else ""
     lines.append(f"index: {ix['spec']}, {ix['passages']} passages x {ix['dim']} dims, {ix['bytes'] / 2**20:.1f} MiB"
-                 f"{cut}; hybrid: {results.get('hybrid', {}).get('fusion', 'linear')} fusion, "
+                 f"{cut}{precision}; hybrid: {results.get('hybrid', {}).get('fusion', 'linear')} fusion, "
                  f"alpha {results['hybrid_alpha']}")
     lines.append("claims:")
     for c in results["claims"]:

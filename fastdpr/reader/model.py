@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from fastdpr.errors import InputError
+from fastdpr.models.inference import bf16_supported  # noqa: F401 - re-exported
 from fastdpr.models.loading import hf_quiet
 from fastdpr.reader.decode import best_spans
 from fastdpr.reader.features import ReaderInputs, Row, collate, encode_rows, tokenize_pairs
@@ -282,20 +283,6 @@ def select_answer(scored: list[dict | None], passages: list[dict], top_k: int | 
     return {"answer": best["answer"], "passage_id": passages[rank].get("id"), "passage_rank": rank,
             "span_score": best["span_score"], "passage_score": best["passage_score"], "start": best["start"],
             "end": best["end"]}
-
-
-def bf16_supported(device: str | torch.device = "cpu") -> bool:
-    """Whether bfloat16 autocast is fast here: a CUDA device that supports it, or a CPU with AVX512-BF16/AMX
-    (oneDNN's check). Elsewhere bf16 is emulated and slower than float32."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if device.type != "cpu":
-        return False
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def autocast(device: torch.device, enabled: bool):

@@ -46,14 +46,9 @@ def mixture_counts(mixture: dict[str, float], total: int) -> dict[str, int]:
 
 def native_bf16(device: str = "cpu") -> bool:
     """Whether bf16 matrix products run natively here (so that bf16 autocast is faster, not slower)."""
-    import torch
+    from fastdpr.models.inference import bf16_supported
 
-    if device.startswith("cuda"):
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    return bf16_supported(device)
 
 
 def training_arguments(output_dir: str, examples: int, batch_size: int = DEFAULT_BATCH, lr: float = DEFAULT_LR,
