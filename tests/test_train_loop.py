@@ -268,3 +268,15 @@ def test_frozen_word_embeddings_do_not_move(tmp_path, examples, init_dir):
     trainer.train()
     assert torch.equal(trainer.model.question_encoder.embeddings.word_embeddings.weight, before)
     assert not torch.equal(next(trainer.model.question_encoder.encoder.parameters()), layer)
+
+
+def test_attention_dropout_is_set_on_every_self_attention_block(tmp_path):
+    from fastdpr.train.trainer import set_attention_dropout
+
+    model = tiny_biencoder(tmp_path, shared=False)
+    assert set_attention_dropout(model, 0.0) == 2 * model.question_encoder.config.num_hidden_layers
+    blocks = [m for m in model.modules() if "SelfAttention" in type(m).__name__]
+    assert blocks and all(m.dropout.p == 0.0 for m in blocks)
+    assert model.question_encoder.config.attention_probs_dropout_prob > 0  # the saved config keeps its own
+    with pytest.raises(InputError, match="attention_dropout"):
+        TrainingArguments(output_dir=str(tmp_path), attention_dropout=1.0)
