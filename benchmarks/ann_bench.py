@@ -426,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (< 1 minute)")
     ap.add_argument("--methods", default="", help="comma-separated subset, e.g. fastdpr-ivfpq,faiss-ivfpq")
     ap.add_argument("--threads", default="1,all", help="thread counts to measure ('all' = every core)")
+    ap.add_argument("--build-threads", dest="build_threads", type=int,
+                    help="threads for building every index ('all' in --threads means this too; default: every core)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per configuration (median reported)")
     ap.add_argument("--M", type=int)
     ap.add_argument("--efc", type=int)
@@ -448,12 +450,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redo", default="", help="comma-separated methods whose cached configurations are re-measured")
     args = ap.parse_args(argv)
 
+    global ALL
     if args.quick:  # one thread throughout: a smoke run must not depend on how busy the machine is
         args.n, args.dim, args.queries, args.repeats, args.threads = 5000, 64, 200, 1, "1"
-        os.environ["OMP_NUM_THREADS"] = "1"  # read by each OpenMP runtime when its library loads (below)
-        os.environ["OPENBLAS_NUM_THREADS"] = "1"
-        global ALL
-        ALL = 1
+        args.build_threads = 1
+    if args.build_threads:
+        # read by each OpenMP runtime when its library loads (below): fastdpr's default thread count, BLAS
+        os.environ["OMP_NUM_THREADS"] = str(args.build_threads)
+        os.environ["OPENBLAS_NUM_THREADS"] = str(args.build_threads)
+        ALL = args.build_threads
     out = args.out or (cache_dir() / "quick-results" if args.quick else DEFAULT_OUT)
     threads_list = sorted({ALL if t == "all" else int(t) for t in args.threads.split(",")})
 

