@@ -17,7 +17,7 @@ same settings; training checkpoints every few minutes and resumes):
    benchmark existed (fp32, unsorted batches of 32, per-row span search) against today's (length-sorted, packed,
    fp32 and bf16).
 
-    python benchmarks/reader_bench.py [--quick] [--out benchmarks/results] [--work DIR] [--train-minutes 35]
+    python benchmarks/reader_bench.py [--quick] [--out benchmarks/results] [--work DIR] [--train-minutes 75]
 
 The trained reader is saved to ``~/.cache/fastdpr/readers/<name>`` (not with --quick), where
 ``fastdpr.reader.pipeline.load_cached_reader`` finds it.
@@ -369,7 +369,7 @@ def main() -> int:
     # ------------------------------------------------------------------------------------------------ open
     def stage_open():
         from fastdpr.reader import evaluate_answers
-        from fastdpr.reader.model import select_answer
+        from fastdpr.reader.model import DEFAULT_SELECTION, SELECTIONS, select_answer
 
         reader = load_reader()
         runs = json.loads((work / "runs.json").read_text())
@@ -391,10 +391,12 @@ def main() -> int:
                             "read_seconds": round(seconds, 1)}
             for name, ranked in runs[dataset].items():
                 for k in (1, 5, 20):
-                    answers = [select_answer([lookup[i][c["id"]] for c in ranked[i]], ranked[i], k)["answer"]
-                               for i in range(len(qs))]
-                    scores = evaluate_answers(answers, [q["answers"] for q in qs])
-                    out[dataset][f"{name}@{k}"] = {"em": scores["em"], "f1": scores["f1"]}
+                    for rule in SELECTIONS:
+                        answers = [select_answer([lookup[i][c["id"]] for c in ranked[i]], ranked[i], k,
+                                                 rule)["answer"] for i in range(len(qs))]
+                        scores = evaluate_answers(answers, [q["answers"] for q in qs])
+                        key = f"{name}@{k}" if rule == DEFAULT_SELECTION else f"{name}@{k}/{rule}"
+                        out[dataset][key] = {"em": scores["em"], "f1": scores["f1"]}
         return out
 
     open_stage = stages.run("open", stage_open) if trained and retrieval_stage else None
@@ -500,15 +502,14 @@ def _markdown(p: dict) -> str:
     lines = [
         f"Reader: packaged all-MiniLM-L6-v2 + span/selection heads, trained {t['steps']} steps "
         f"({t['examples_seen']:,} questions seen, {p['settings']['batch_size']} questions x {t['passages']} "
-        f"passages a step, {'bf16 autocast' if t['bf16'] else 'fp32'}, word embeddings frozen) in "
+        f"passages a step, span softmax {'shared across them' if t.get('span_normalization') else 'per passage'}, "
+        f"{'bf16 autocast' if t['bf16'] else 'fp32'}, word embeddings frozen) in "
         f"{t['seconds'] / 60:.1f} min of wall clock, 1 thread. The machine's 2 cores were shared with other jobs "
         f"(load average {min(c['load_average'] for c in curve) if curve else float('nan'):.0f}-"
         f"{max(c['load_average'] for c in curve) if curve else float('nan'):.0f}): training got "
         f"{t.get('cpu_seconds', 0) / 60:.1f} CPU-minutes. Stage wall times: "
         f"{', '.join(f'{k} {v:.0f} s' for k, v in p['stage_seconds'].items())} (sum {p['wall_s'] / 60:.1f} min; "
-        f"the train stage includes preparing {p['examples']['kept']:,} training questions)."
-        + ("" if p["settings"]["quick"] else " In the measured run, retrieval ran in a second process "
-           "(`--stages retrieval`) while training ran, so the run took less wall time than the sum."),
+        f"the train stage includes preparing {p['examples']['kept']:,} training questions).",
         "",
         "### Targets",
         "",
@@ -517,7 +518,8 @@ def _markdown(p: dict) -> str:
     if any(r["met"] == "no" for r in _targets(p)[:4]):
         lines += ["Accuracy targets not met are what this training budget reaches: the table at the end gives "
                   "SQuAD dev EM against training questions seen, still rising when training stopped. DPR's reader "
-                  "saw its whole training set for several epochs; this one saw a few thousand questions once.", ""]
+                  f"saw its whole training set for several epochs; this one saw {t['examples_seen']:,} questions "
+                  "once.", ""]
     lines += [
         "### Reading comprehension (gold paragraph given)",
         "",
@@ -539,6 +541,16 @@ def _markdown(p: dict) -> str:
                           **{f"EM@{k}": r[f"{name}@{k}"]["em"] for k in (1, 5, 20)},
                           **{f"F1@{k}": r[f"{name}@{k}"]["f1"] for k in (1, 5, 20)},
                           "recall@5": acc["top5"], "recall@20": acc["top20"]})
+    rules = sorted({key.split("/")[1] for r in op.values() for key in r if "/" in key})
+    if rules:
+        from fastdpr.reader.model import DEFAULT_SELECTION
+
+        lines += [markdown_table(table, floatfmt=".3f"), "",
+                  f"Answers above are chosen by `{DEFAULT_SELECTION}` (passage selection logit + span logit). "
+                  "The other rules on the same reads, EM (hybrid passages):", ""]
+        table = [{"set": dataset, "rule": rule, **{f"EM@{k}": r[f"hybrid@{k}/{rule}" if rule != DEFAULT_SELECTION
+                                                                 else f"hybrid@{k}"]["em"] for k in (1, 5, 20)}}
+                 for dataset, r in op.items() for rule in [DEFAULT_SELECTION] + rules]
     lines += [markdown_table(table, floatfmt=".3f"), "",
               f"### Reading speed (NQ test, top-{sp['top_k']} {sp['retriever']} passages, {sp['threads']} thread)", "",
               markdown_table([{k: r[k] for k in ("setting", "questions", "seconds", "qps", "speedup", "cpu_seconds",

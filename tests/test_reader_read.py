@@ -191,3 +191,20 @@ def test_train_reader_from_questions_and_the_reader_cache(tmp_path):
     assert cached is not None and cached.config.max_length == 64
     assert cached.read([q["question"] for q in questions], [passages, passages], top_k=3)[0]["answer"] == \
         reader.read([q["question"] for q in questions], [passages, passages], top_k=3)[0]["answer"]
+
+
+def test_selection_rules_pick_by_their_own_score():
+    passages = [{"id": "a"}, {"id": "b"}, {"id": "c"}]
+    scored = [
+        {"passage_score": 3.0, "span_score": 1.0, "start": 0, "end": 1, "answer": "from a"},
+        {"passage_score": 1.0, "span_score": 5.0, "start": 0, "end": 1, "answer": "from b"},
+        None,  # a passage with no span
+    ]
+    assert select_answer(scored, passages, select="passage")["answer"] == "from a"  # DPR: best passage first
+    assert select_answer(scored, passages, select="span")["answer"] == "from b"
+    joint = select_answer(scored, passages)  # default: passage + span logits, 4 vs 6
+    assert joint["answer"] == "from b" and joint["passage_id"] == "b" and joint["passage_rank"] == 1
+    assert select_answer(scored, passages, top_k=1, select="span")["answer"] == "from a"  # a prefix only
+    assert select_answer([None], passages[:1])["answer"] == ""
+    with pytest.raises(ValueError, match="select must be one of"):
+        select_answer(scored, passages, select="best")

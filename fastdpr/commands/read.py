@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="question-passage rows per forward pass")
     parser.add_argument("--precision", default="auto",
                         help="auto (fp32 on a CPU, fp16 on CUDA), fp32, bf16, fp16 (CUDA) or int8 (CPU)")
+    parser.add_argument("--select", choices=["joint", "passage", "span"], default="joint",
+                        help="how the answer is chosen among the passages: joint (selection + span logits), "
+                             "passage (DPR: best passage by selection logit, then its best span), span")
     parser.add_argument("--device", default=None)
     parser.add_argument("--quiet", action="store_true")
 
@@ -43,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     predictions = reader.read(
         [r["question"] for r in records], [r["ctxs"] for r in records], top_k=args.top_k,
         batch_size=args.batch_size, precision=args.precision, show_progress=None if not args.quiet else False,
+        select=args.select,
     )
     out = [{"question": r["question"], "answers": r.get("answers", []), **p} for r, p in zip(records, predictions)]
     metrics = evaluate_answers([p["answer"] for p in predictions], [r.get("answers", []) for r in records])

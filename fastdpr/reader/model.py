@@ -25,6 +25,19 @@ from fastdpr.models.loading import hf_quiet
 from fastdpr.reader.decode import best_spans
 from fastdpr.reader.features import ReaderInputs, Row, collate, encode_rows, tokenize_pairs
 
+#: how an answer is chosen among a question's passages (see :func:`select_answer`)
+SELECTIONS = {
+    # DPR: the passage with the highest selection logit, then its best span
+    "passage": lambda c: c["passage_score"],
+    # the best span over all passages (span logits are comparable across passages when the reader was trained
+    # with shared normalization, fastdpr's default)
+    "span": lambda c: c["span_score"],
+    # both: selection logit + span logit, a joint log-score of (passage, span) up to a constant
+    "joint": lambda c: c["passage_score"] + c["span_score"],
+}
+DEFAULT_SELECTION = "joint"
+
+
 CONFIG_NAME = "fastdpr_reader.json"
 HEADS_NAME = "reader_heads.safetensors"
 
@@ -237,17 +250,18 @@ class Reader(nn.Module):
         batch_size: int = 64,
         precision: str = "auto",
         show_progress: bool | None = False,
+        select: str = DEFAULT_SELECTION,
     ) -> list[dict]:
         """Answer each question from its top ``top_k`` retrieved passages.
 
-        As in DPR, the passage with the highest selection logit is chosen, then its best span (start ≤ end,
-        at most ``max_answer_length`` tokens, inside the passage tokens). Returns per question
+        Each passage's best span (start ≤ end, at most ``max_answer_length`` tokens, inside the passage tokens),
+        then the answer among them by ``select`` (see :func:`select_answer`; ``passage`` is DPR's rule). Returns per question
         ``{"answer", "passage_id", "passage_rank", "span_score", "passage_score", "start", "end"}`` with
         ``start``/``end`` character offsets into the passage text (answer "" and passage_id None when a question
         has no passages). Batching, length sorting and ``precision`` as in :meth:`score_passages`; the answers
         do not depend on ``batch_size`` or on which other questions are read alongside."""
         scored = self.score_passages(questions, retrieved_passages, top_k, batch_size, precision, show_progress)
-        return [select_answer(row, ctxs, top_k) for row, ctxs in zip(scored, retrieved_passages)]
+        return [select_answer(row, ctxs, top_k, select) for row, ctxs in zip(scored, retrieved_passages)]
 
     # ------------------------------------------------------------------------------------------------- training
 
@@ -270,16 +284,21 @@ class Reader(nn.Module):
         return self.fit(mode, **kwargs)
 
 
-def select_answer(scored: list[dict | None], passages: list[dict], top_k: int | None = None) -> dict:
-    """The answer from the first ``top_k`` scored passages of one question (:meth:`Reader.score_passages`): the
-    best passage by selection score, then its best span. Reading top-20 once gives the top-1 and top-5 answers
-    too, by selecting over a prefix."""
+def select_answer(scored: list[dict | None], passages: list[dict], top_k: int | None = None,
+                  select: str = DEFAULT_SELECTION) -> dict:
+    """The answer from the first ``top_k`` scored passages of one question (:meth:`Reader.score_passages`),
+    chosen by ``select``: ``joint`` (default: passage selection logit + span logit), ``passage`` (DPR: the best
+    passage by selection logit, then its best span) or ``span`` (the best span anywhere). Reading top-20 once gives
+    the top-1 and top-5 answers too, by selecting over a prefix."""
+    if select not in SELECTIONS:
+        raise ValueError(f"select must be one of {', '.join(SELECTIONS)}, got {select!r}")
     limit = len(scored) if top_k is None else min(top_k, len(scored))
     candidates = [(r, scored[r]) for r in range(limit) if scored[r] is not None]
     if not candidates:
         return {"answer": "", "passage_id": None, "passage_rank": None, "span_score": None, "passage_score": None,
                 "start": None, "end": None}
-    rank, best = max(candidates, key=lambda c: c[1]["passage_score"])
+    key = SELECTIONS[select]
+    rank, best = max(candidates, key=lambda c: key(c[1]))
     return {"answer": best["answer"], "passage_id": passages[rank].get("id"), "passage_rank": rank,
             "span_score": best["span_score"], "passage_score": best["passage_score"], "start": best["start"],
             "end": best["end"]}
