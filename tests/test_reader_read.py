@@ -200,9 +200,9 @@ def test_selection_rules_pick_by_their_own_score():
         {"passage_score": 1.0, "span_score": 5.0, "start": 0, "end": 1, "answer": "from b"},
         None,  # a passage with no span
     ]
-    assert select_answer(scored, passages, select="passage")["answer"] == "from a"  # DPR: best passage first
+    assert select_answer(scored, passages)["answer"] == "from a"  # the default, DPR: best passage first
     assert select_answer(scored, passages, select="span")["answer"] == "from b"
-    joint = select_answer(scored, passages)  # default: passage + span logits, 4 vs 6
+    joint = select_answer(scored, passages, select="joint")  # passage + span logits, 4 vs 6
     assert joint["answer"] == "from b" and joint["passage_id"] == "b" and joint["passage_rank"] == 1
     assert select_answer(scored, passages, top_k=1, select="span")["answer"] == "from a"  # a prefix only
     assert select_answer([None], passages[:1])["answer"] == ""

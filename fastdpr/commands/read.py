@@ -19,9 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="question-passage rows per forward pass")
     parser.add_argument("--precision", default="auto",
                         help="auto (fp32 on a CPU, fp16 on CUDA), fp32, bf16, fp16 (CUDA) or int8 (CPU)")
-    parser.add_argument("--select", choices=["joint", "passage", "span"], default="joint",
-                        help="how the answer is chosen among the passages: joint (selection + span logits), "
-                             "passage (DPR: best passage by selection logit, then its best span), span")
+    parser.add_argument("--select", choices=["passage", "joint", "span"], default="passage",
+                        help="how the answer is chosen among the passages: passage (DPR: best passage by selection "
+                             "logit, then its best span), joint (selection + span logits), span (best span anywhere)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--quiet", action="store_true")
 
