@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from fastdpr.train.recipe import DEFAULT_LR, DEFAULT_MIXTURE
+from fastdpr.train.recipe import DEFAULT_BATCH, DEFAULT_LR, DEFAULT_MIXTURE
 
 
 @dataclass
@@ -40,7 +40,7 @@ class QuickstartConfig:
     # 0.890 to 0.904 (benchmarks/results/quickstart.md; the quality benchmark shows the same for batch 128)
     train_examples: int = 2048
     dev_examples: int = 128
-    batch_size: int = 128
+    batch_size: int = DEFAULT_BATCH
     chunk_size: int = 32  # GradCache sub-batch: larger batches cost the memory of this many
     lr: float = DEFAULT_LR
     eval_times: int = 2  # validations during training (best checkpoint kept)
