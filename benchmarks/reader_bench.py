@@ -55,12 +55,15 @@ class Stages:
     def __init__(self, work: Path, settings: dict, wanted: set[str]):
         self.work, self.settings, self.wanted = work, settings, wanted
 
+    def fingerprint(self, keys: tuple[str, ...] | None = None) -> str:
+        settings = self.settings if keys is None else {k: self.settings[k] for k in keys}
+        return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+
     def run(self, name: str, fn, keys: tuple[str, ...] | None = None):
         """Run stage ``name`` unless it finished with the same settings (``keys`` of them, default all)."""
         from fastdpr.atomic import write_json
 
-        settings = self.settings if keys is None else {k: self.settings[k] for k in keys}
-        fingerprint = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+        fingerprint = self.fingerprint(keys)
         marker = self.work / "stages" / f"{name}.json"
         if marker.is_file():
             saved = json.loads(marker.read_text())
@@ -256,7 +259,8 @@ def main() -> int:
             examples, epochs=None, time_budget_s=args.train_minutes * 60, batch_size=args.batch_size,
             n_passages=args.passages, lr=args.lr, warmup_fraction=0.05, bf16=fast == "bf16", seed=args.seed,
             freeze_word_embeddings=True,
-            checkpoint_dir=work / "checkpoint", checkpoint_every_s=240, callback=checkpoint_eval,
+            # a checkpoint resumes only the run with the same settings (another run's state would not fit)
+            checkpoint_dir=work / "checkpoint" / stages.fingerprint(), checkpoint_every_s=240, callback=checkpoint_eval,
             callback_every=10 if args.quick else 60, log=log,
         )
         checkpoint_eval({"step": stats["steps"], "seen": stats["examples_seen"], "elapsed": stats["seconds"],

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from fastdpr.errors import InputError
 from fastdpr.reader import Reader
 from fastdpr.reader.model import select_answer
 from tiny_models import tiny_bert_dir
@@ -137,6 +138,18 @@ def test_interrupted_training_resumes_to_the_same_weights(tmp_path):
     assert stats["steps"] == 4
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_a_checkpoint_of_other_settings_is_refused_by_name(tmp_path):
+    model_dir = tiny_bert_dir(tmp_path / "m", dropout=0.0)
+    first = Reader.from_pretrained(model_dir, max_length=48)
+    first.fit(EXAMPLES, max_steps=1, batch_size=1, lr=1e-3, show_progress=False, checkpoint_dir=tmp_path / "ckpt")
+    other = Reader.from_pretrained(model_dir, max_length=48)
+    # frozen word embeddings: the optimizer has other parameter groups than the checkpoint's
+    with pytest.raises(InputError, match="not a state of the training asked for") as err:
+        other.fit(EXAMPLES, max_steps=2, batch_size=1, lr=1e-3, show_progress=False, freeze_word_embeddings=True,
+                  checkpoint_dir=tmp_path / "ckpt")
+    assert str(tmp_path / "ckpt") in str(err.value)
 
 
 def test_train_reader_retrieves_its_own_passages(tmp_path, capsys):

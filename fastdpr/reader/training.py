@@ -165,11 +165,17 @@ class _Checkpoint:
             if (path / "done.json").is_file():
                 from safetensors.torch import load_file
 
-                state = load_file(str(path / "model.safetensors"))
-                reader.load_state_dict(state)
-                extra = torch.load(path / "optimizer.pt", weights_only=False)
-                optimizer.load_state_dict(extra["optimizer"])
-                schedule.load_state_dict(extra["schedule"])
+                from fastdpr.errors import InputError
+
+                try:
+                    reader.load_state_dict(load_file(str(path / "model.safetensors")))
+                    extra = torch.load(path / "optimizer.pt", weights_only=False)
+                    optimizer.load_state_dict(extra["optimizer"])
+                    schedule.load_state_dict(extra["schedule"])
+                except (RuntimeError, ValueError, KeyError) as err:
+                    raise InputError(f"this checkpoint is not a state of the training asked for (another model or "
+                                     f"other settings: {err}); remove it or choose another checkpoint directory",
+                                     path=str(path)) from err
                 return extra["counters"]
         return None
 
