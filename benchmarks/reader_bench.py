@@ -55,15 +55,17 @@ class Stages:
     def __init__(self, work: Path, settings: dict, wanted: set[str]):
         self.work, self.settings, self.wanted = work, settings, wanted
 
-    def fingerprint(self, keys: tuple[str, ...] | None = None) -> str:
+    def fingerprint(self, keys: tuple[str, ...] | None = None, extra: dict | None = None) -> str:
         settings = self.settings if keys is None else {k: self.settings[k] for k in keys}
+        settings = {**settings, **(extra or {})}
         return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
-    def run(self, name: str, fn, keys: tuple[str, ...] | None = None):
-        """Run stage ``name`` unless it finished with the same settings (``keys`` of them, default all)."""
+    def run(self, name: str, fn, keys: tuple[str, ...] | None = None, extra: dict | None = None):
+        """Run stage ``name`` unless it finished with the same settings (``keys`` of them, default all, plus
+        ``extra``: what else the stage's output depends on, such as the layout of a file it writes)."""
         from fastdpr.atomic import write_json
 
-        fingerprint = self.fingerprint(keys)
+        fingerprint = self.fingerprint(keys, extra)
         marker = self.work / "stages" / f"{name}.json"
         if marker.is_file():
             saved = json.loads(marker.read_text())
@@ -373,7 +375,9 @@ def main() -> int:
         write_json(work / "runs.json", runs, indent=None)
         return out
 
-    retrieval_stage = stages.run("retrieval", stage_retrieval, keys=("quick", "open_questions", "pool", "seed"))
+    # runs_format 2: runs.json holds NQ dev's passages too (a retrieval cached before that is redone)
+    retrieval_stage = stages.run("retrieval", stage_retrieval, keys=("quick", "open_questions", "pool", "seed"),
+                                 extra={"runs_format": 2})
 
     # ------------------------------------------------------------------------------------------------ open
     def stage_open():
