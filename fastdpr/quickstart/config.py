@@ -44,7 +44,7 @@ class QuickstartConfig:
     chunk_size: int = 32  # GradCache sub-batch: larger batches cost the memory of this many
     lr: float = DEFAULT_LR
     eval_times: int = 2  # validations during training (best checkpoint kept)
-    mine_hard: int = 1
+    mine_hard: int = 1  # BM25 hard negatives mined per question, and used per question in training
     mine_depth: int = 30
     encode_batch_size: int = 64
     # encoders' precision for passages and questions: "fast" is bf16 where the hardware runs it natively (AMX /

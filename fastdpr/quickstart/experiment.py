@@ -305,7 +305,7 @@ def stage_train(ws: Workspace, name: str = "train", batch_size: int | None = Non
     args = recipe.training_arguments(
         output_dir=str(ws.out / name), examples=len(train), batch_size=batch_size or c.batch_size,
         lr=lr or c.lr, chunk_size=c.chunk_size, eval_times=c.eval_times, seed=c.seed,
-        show_progress=c.show_progress,
+        show_progress=c.show_progress, n_hard=c.mine_hard,
     )
     log = []
     trainer = Trainer(model, args, train, dev_examples=dev, callbacks=[lambda _t, record: log.append(record)])

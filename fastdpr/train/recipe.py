@@ -8,7 +8,8 @@ Why each choice (measured on 2 CPU cores: ``benchmarks/results/recipe_ablation.m
 
 * **A mixture of sources** (the target domain plus NQ and other Wikipedia questions): training on one domain's
   questions alone moves the model toward that domain and away from what it knew; the other sources keep it.
-* **One BM25 hard negative per question** (DPR): it teaches the lexical precision SQuAD-style questions need.
+* **One BM25 hard negative per question** (DPR): it teaches the lexical precision SQuAD-style questions need; two
+  cost 1.4x the training time for no difference beyond noise (benchmarks/results/quickstart_hard_negatives.md).
 * **Warm-up over 10% of the steps, then linear decay**, AdamW, clipping at 2.0 (DPR).
 * **bf16 autocast where the processor has native bf16** (AMX / AVX-512 BF16 on CPUs, any recent GPU): the same
   accuracy at a fraction of the time; fp32 elsewhere.
