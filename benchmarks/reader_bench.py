@@ -273,8 +273,8 @@ def main() -> int:
             from fastdpr.reader.pipeline import reader_cache_dir
 
             reader.save_pretrained(reader_cache_dir(args.name, cache))
-        return {**stats, "bf16": fast == "bf16", "frozen": "word embeddings", "batch_size": args.batch_size, "passages": args.passages,
-                "span_normalization": "shared across the question's passages",
+        return {**stats, "bf16": fast == "bf16", "frozen": "word embeddings", "batch_size": args.batch_size,
+                "passages": args.passages, "span_normalization": "shared across the question's passages",
                 "lr": args.lr, "train_length": args.train_length, "curve": curve}
 
     train_stage = stages.run("train", stage_train)

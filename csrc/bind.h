@@ -69,8 +69,8 @@ constexpr int64_t kMaxPaddedResultBytes = int64_t{1} << 30;
 // kMaxPaddedResultBytes. ValueError otherwise.
 void check_result_size(int64_t nq, int64_t k, int64_t size);
 
-// Checks k and the queries (float32 or float16: InputRows), allocates the (nq, k) score and id arrays (after check_result_size), releases the GIL
-// and lets `run` fill them.
+// Checks k and the queries (float32 or float16: InputRows), allocates the (nq, k) score and id arrays (after
+// check_result_size), releases the GIL and lets `run` fill them.
 py::tuple search_into(size_t dim, int64_t size, py::handle q, py::handle k,
                       const std::function<void(const float*, size_t, int64_t, float*, int64_t*)>& run);
 

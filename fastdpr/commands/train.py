@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 
+from fastdpr.train import recipe  # constants only: no torch at import
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("train_file", metavar="TRAIN_FILE", help="DPR biencoder JSON or Tevatron JSONL")
@@ -86,19 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # the settings each --recipe gives to options left out (see the module docstring for why)
-def _recipes() -> dict:
-    from fastdpr.train import recipe
-
-    return {
-        "finetune": dict(batch_size=recipe.DEFAULT_BATCH, epochs=1, lr=recipe.DEFAULT_LR, warmup=recipe.WARMUP,
-                         precision="auto", interpolate=recipe.INTERPOLATE, freeze_word_embeddings=True,
-                         attention_dropout=0.0, grad_cache="batch > chunk"),
-        "dpr": dict(batch_size=128, epochs=40, lr=2e-5, warmup=0.0, precision="fp32", interpolate=1.0,
-                    freeze_word_embeddings=False, attention_dropout=None, grad_cache=False),
-    }
-
-
-RECIPES = _recipes()
+RECIPES = {
+    "finetune": dict(batch_size=recipe.DEFAULT_BATCH, epochs=1, lr=recipe.DEFAULT_LR, warmup=recipe.WARMUP,
+                     precision="auto", interpolate=recipe.INTERPOLATE, freeze_word_embeddings=True,
+                     attention_dropout=0.0, grad_cache="batch > chunk"),
+    "dpr": dict(batch_size=128, epochs=40, lr=2e-5, warmup=0.0, precision="fp32", interpolate=1.0,
+                freeze_word_embeddings=False, attention_dropout=None, grad_cache=False),
+}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,10 +109,10 @@ def run(args: argparse.Namespace) -> int:
     if args.grad_cache == "batch > chunk":
         args.grad_cache = args.batch_size > args.chunk_size
     if args.precision == "auto":
-        from fastdpr.train.recipe import native_bf16
+        from fastdpr.models.inference import bf16_supported
 
         device = args.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
-        args.precision = "bf16" if native_bf16(device) else "fp32"
+        args.precision = "bf16" if bf16_supported(device) else "fp32"
     overrides = {
         name: getattr(args, name)
         for name in ("pooling", "similarity", "temperature", "shared", "max_question_length", "max_passage_length")

@@ -273,14 +273,13 @@ def onednn_int8_available() -> bool:
 
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights (symmetric, one scale per output row) and activations quantized per call
-    (one scale for the call's whole input, from its largest magnitude). torch's ``quantize_dynamic`` default keeps
-    weights per tensor and activations at 7 bits (for CPUs without VNNI), which costs MiniLM ~0.07 of cosine; this
-    costs ~0.005.
+    to 0..255 (one scale and zero point for the call's whole input, from its range). torch's ``quantize_dynamic``
+    default keeps weights per tensor and activations at 7 bits (for CPUs without VNNI), which costs MiniLM ~0.07 of
+    cosine; this costs ~0.005.
 
-    Two kernels: oneDNN's int8 linear with the weight pre-packed and the activation fused (``backend="onednn"``,
-    AMX-INT8 / VNNI), else fbgemm's dynamic linear (``"fbgemm"``, torch's quantized tensors). The integer
-    arithmetic is the same; fbgemm quantizes activations asymmetrically to 0..255, oneDNN here symmetrically to
-    −127..127."""
+    Two kernels with the same integer arithmetic: oneDNN's int8 linear with the weight pre-packed and the activation
+    fused (``backend="onednn"``, AMX-INT8 / VNNI), else fbgemm's dynamic linear (``"fbgemm"``, torch's quantized
+    tensors)."""
 
     def __init__(self, linear: nn.Module, backend: str | None = None):
         super().__init__()
@@ -447,6 +446,6 @@ def weights_state(module: nn.Module | Sequence[torch.Tensor]) -> tuple:
     return (len(params), sum(p._version for p in params), sum(p.data_ptr() for p in params))
 
 
-__all__ = ["PRECISIONS", "ALIASES", "resolve_precision", "bf16_supported", "Packed", "pack", "PackedBert", "PaddedTower", "FusedLinear",
-           "Int8Linear", "onednn_linear_available", "onednn_int8_available",
+__all__ = ["PRECISIONS", "ALIASES", "resolve_precision", "bf16_supported", "Packed", "pack", "PackedBert",
+           "PaddedTower", "FusedLinear", "Int8Linear", "onednn_linear_available", "onednn_int8_available",
            "pool_packed", "build_tower", "supports_packing", "weights_state"]

@@ -257,8 +257,8 @@ class Reader(nn.Module):
         """Answer each question from its top ``top_k`` retrieved passages.
 
         Each passage's best span (start ≤ end, at most ``max_answer_length`` tokens, inside the passage tokens),
-        then the answer among them by ``select`` (see :func:`select_answer`; ``passage`` is DPR's rule). Returns per question
-        ``{"answer", "passage_id", "passage_rank", "span_score", "passage_score", "start", "end"}`` with
+        then the answer among them by ``select`` (see :func:`select_answer`; ``passage`` is DPR's rule). Returns per
+        question ``{"answer", "passage_id", "passage_rank", "span_score", "passage_score", "start", "end"}`` with
         ``start``/``end`` character offsets into the passage text (answer "" and passage_id None when a question
         has no passages). Batching, length sorting and ``precision`` as in :meth:`score_passages`; the answers
         do not depend on ``batch_size`` or on which other questions are read alongside."""
@@ -290,8 +290,8 @@ def select_answer(scored: list[dict | None], passages: list[dict], top_k: int | 
                   select: str = DEFAULT_SELECTION) -> dict:
     """The answer from the first ``top_k`` scored passages of one question (:meth:`Reader.score_passages`),
     chosen by ``select``: ``passage`` (default, DPR's rule: the best passage by selection logit, then its best
-    span), ``joint`` (passage selection logit + span logit) or ``span`` (the best span anywhere). Reading top-20 once gives
-    the top-1 and top-5 answers too, by selecting over a prefix."""
+    span), ``joint`` (passage selection logit + span logit) or ``span`` (the best span anywhere). Reading top-20
+    once gives the top-1 and top-5 answers too, by selecting over a prefix."""
     if select not in SELECTIONS:
         raise ValueError(f"select must be one of {', '.join(SELECTIONS)}, got {select!r}")
     limit = len(scored) if top_k is None else min(top_k, len(scored))

@@ -56,13 +56,6 @@ def mixture_counts(mixture: dict[str, float], total: int) -> dict[str, int]:
     return counts
 
 
-def native_bf16(device: str = "cpu") -> bool:
-    """Whether bf16 matrix products run natively here (so that bf16 autocast is faster, not slower)."""
-    from fastdpr.models.inference import bf16_supported
-
-    return bf16_supported(device)
-
-
 def training_arguments(output_dir: str, examples: int, batch_size: int = DEFAULT_BATCH, lr: float = DEFAULT_LR,
                        chunk_size: int = 32, eval_times: int = 2, device: str | None = None, seed: int = 0,
                        show_progress: bool = True, **overrides) -> TrainingArguments:
@@ -70,13 +63,14 @@ def training_arguments(output_dir: str, examples: int, batch_size: int = DEFAULT
     batch_size), validating ``eval_times`` times, evenly spaced."""
     import torch
 
+    from fastdpr.models.inference import bf16_supported
     from fastdpr.train.trainer import TrainingArguments
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     steps = max(1, examples // batch_size)
     settings = dict(
         output_dir=output_dir, batch_size=batch_size, n_hard=1, epochs=1, max_steps=steps, lr=lr,
-        warmup_steps=WARMUP, max_grad_norm=2.0, precision="bf16" if native_bf16(device) else "fp32",
+        warmup_steps=WARMUP, max_grad_norm=2.0, precision="bf16" if bf16_supported(device) else "fp32",
         grad_cache=batch_size > chunk_size, chunk_size=chunk_size, seed=seed,
         eval_steps=max(1, steps // max(1, eval_times)), save_steps=10**9, save_total_limit=1,
         best_metric="avg_rank", logging_steps=max(1, steps // 10), show_progress=show_progress, device=device,
