@@ -214,6 +214,7 @@ def train_reader(
     bf16: bool = False,
     freeze_word_embeddings: bool = False,
     shared_normalization: bool = True,
+    attention_dropout: float | None = 0.0,
     seed: int = 0,
     device: str | torch.device | None = None,
     show_progress: bool | None = True,
@@ -234,7 +235,10 @@ def train_reader(
     steps, so a run of any speed ends with the rate decayed to zero. ``bf16`` trains under bfloat16 autocast
     (about 2× faster on CPUs with AMX); ``shared_normalization`` normalises span scores over all the passages of a
     question (see the module docstring); ``freeze_word_embeddings`` leaves the word embeddings as they are (a
-    third less work per step on MiniLM). ``checkpoint_dir`` saves the state every ``checkpoint_every_s`` seconds and
+    third less work per step on MiniLM). ``attention_dropout`` replaces the encoder's dropout on attention
+    probabilities (``None`` keeps it): at 0, the default, torch's fused CPU attention runs, 1.6× faster steps on
+    CPU (the fused kernel has no dropout, so with dropout every attention call takes the unfused path); hidden
+    dropout stays. ``checkpoint_dir`` saves the state every ``checkpoint_every_s`` seconds and
     resumes from it. ``callback(stats, reader)`` runs every ``callback_every`` steps (its time is not counted as
     training time)."""
     import time
@@ -244,6 +248,8 @@ def train_reader(
 
     if n_passages < 1 or batch_size < 1:
         raise ValueError("batch_size and n_passages must be >= 1")
+    if attention_dropout is not None and not 0.0 <= attention_dropout < 1.0:
+        raise ValueError(f"attention_dropout must be in [0, 1), got {attention_dropout!r}")
     if time_budget_s is not None and time_budget_s <= 0:
         raise ValueError(f"time_budget_s must be > 0, got {time_budget_s}")
     rng = random.Random(seed)
@@ -260,6 +266,14 @@ def train_reader(
         total = max(1, int(round(epochs * steps_per_epoch)))
     if device is not None:
         reader.to(device)
+    if attention_dropout is not None:
+        from fastdpr.train.trainer import set_attention_dropout
+
+        set_attention_dropout(reader.encoder, attention_dropout)
+    if bf16:
+        from fastdpr.models.attention import use_fp32_cpu_attention
+
+        use_fp32_cpu_attention(reader.encoder)  # bf16 attention backward is the slow part of a CPU step
     if freeze_word_embeddings:
         # half of a MiniLM's parameters are its word embeddings: freezing them halves the optimizer's work and
         # skips their (dense) gradient, at little cost to a short fine-tuning
