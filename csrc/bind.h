@@ -80,5 +80,7 @@ void bind_flat(py::module_& m);
 void bind_hnsw(py::module_& m);
 void bind_ivfpq(py::module_& m);
 void bind_kmeans(py::module_& m);
+void bind_pq4(py::module_& m);
+void bind_attention(py::module_& m);
 
 }  // namespace fastdpr::bind

@@ -1,6 +1,7 @@
 #include "ivfpq.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include "kmeans.h"
 #include "bounds.h"
 #include "parallel.h"
+#include "pq4.h"
 #include "simd.h"
 #include "topk.h"
 
@@ -51,15 +53,19 @@ void adc_scan(const uint8_t* codes, int64_t n, int64_t m, const float* lut, floa
 }  // namespace
 
 IVFPQ::IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage storage, bool assign_by_ip)
-    : d_(dim), nlist_(nlist), m_(m), dsub_(0), storage_(storage), assign_by_ip_(assign_by_ip) {
+    : d_(dim), nlist_(nlist), m_(m), dsub_(0), nbits_(nbits), ksub_(int64_t{1} << (nbits == 4 ? 4 : 8)),
+      storage_(storage), assign_by_ip_(assign_by_ip) {
     // checked before anything is allocated, with the ranges the loader accepts
     if (dim <= 0 || dim > kMaxDim) throw std::invalid_argument("ivfpq: dim must be in [1, 2^20], got " + str(dim));
     if (nlist <= 0 || nlist > kMaxNlist)
         throw std::invalid_argument("ivfpq: nlist must be in [1, 2^28], got " + str(nlist));
     if (m <= 0 || dim % m != 0)
         throw std::invalid_argument("ivfpq: m=" + str(m) + " must divide the dimension " + str(dim));
-    if (nbits != kNbits)
-        throw std::invalid_argument("ivfpq: nbits=" + str(nbits) + " is not supported (only 8-bit codes)");
+    if (nbits != 8 && nbits != 4)
+        throw std::invalid_argument("ivfpq: nbits=" + str(nbits) + " is not supported (8- or 4-bit codes)");
+    if (nbits == 4 && m > pq4::kMaxM)
+        throw std::invalid_argument("ivfpq: 4-bit codes take at most " + str(pq4::kMaxM) + " sub-quantizers, got m=" +
+                                    str(m));
     dsub_ = dim / m;
     list_codes_.resize(nlist);
     list_pos_.resize(nlist);
@@ -79,16 +85,22 @@ size_t IVFPQ::vector_bytes() const {
 
 size_t IVFPQ::memory_bytes() const {
     const size_t n = static_cast<size_t>(ntotal_);
-    return n * (static_cast<size_t>(m_) + sizeof(int64_t) + vector_bytes()) +
+    size_t codes = n * static_cast<size_t>(m_);
+    if (nbits_ == 4) {
+        codes = 0;
+        for (const auto& c : list_codes_) codes += c.size();
+    }
+    return codes + n * (sizeof(int64_t) + vector_bytes()) +
            sizeof(float) * (centroids_.size() + codebooks_.size());
 }
 
 void IVFPQ::prepare_tables() {
     centroids_T_ = pack_columns(centroids_.data(), nlist_, d_);
-    codebooks_T_.assign(codebooks_.size(), 0.f);  // 256 is a whole number of tiles: no padding
+    const size_t stride = packed_size(ksub_, dsub_);  // 256 is a whole number of tiles, 16 is padded to one
+    codebooks_T_.assign(stride * m_, 0.f);
     for (int64_t j = 0; j < m_; ++j) {
-        const std::vector<float> t = pack_columns(&codebooks_[j * kKsub * dsub_], kKsub, dsub_);
-        std::copy(t.begin(), t.end(), codebooks_T_.begin() + j * kKsub * dsub_);
+        const std::vector<float> t = pack_columns(&codebooks_[j * ksub_ * dsub_], ksub_, dsub_);
+        std::copy(t.begin(), t.end(), codebooks_T_.begin() + j * stride);
     }
 }
 
@@ -102,20 +114,21 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
     if (n < nlist_)
         throw std::invalid_argument("ivfpq: nlist=" + str(nlist_) + " needs at least that many training vectors, got " +
                                     str(n));
-    if (n < kKsub)
-        throw std::invalid_argument("ivfpq: 8-bit product quantization needs at least 256 training vectors, got " +
-                                    str(n));
+    if (n < ksub_)
+        throw std::invalid_argument("ivfpq: " + str(nbits_) + "-bit product quantization needs at least " +
+                                    str(ksub_) + " training vectors, got " + str(n));
     KMeansParams cp;
     cp.k = nlist_;
     cp.niter = p.niter;
     cp.seed = p.seed;
     cp.spherical = p.spherical;
+    cp.balance = p.balance;
     cp.max_points_per_centroid = p.max_points_per_centroid;
     centroids_ = kmeans(x, n, d_, cp).centroids;
 
     // The codebooks learn residuals of a seeded subsample.
     std::mt19937_64 rng(p.seed ^ 0x9e3779b97f4a7c15ULL);
-    const int64_t np = std::min(n, kKsub * p.pq_max_points_per_centroid);
+    const int64_t np = std::min(n, ksub_ * p.pq_max_points_per_centroid);
     std::vector<int64_t> pick(n);
     std::iota(pick.begin(), pick.end(), int64_t{0});
     for (int64_t i = 0; i < np; ++i) {
@@ -131,18 +144,18 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
     for (int64_t i = 0; i < np; ++i)
         for (int64_t t = 0; t < d_; ++t) sample[i * d_ + t] -= centroids_[lists[i] * d_ + t];
 
-    codebooks_.assign(static_cast<size_t>(m_) * kKsub * dsub_, 0.f);
+    codebooks_.assign(static_cast<size_t>(m_) * ksub_ * dsub_, 0.f);
     std::vector<float> sub(static_cast<size_t>(np) * dsub_);
     for (int64_t j = 0; j < m_; ++j) {
         for (int64_t i = 0; i < np; ++i)
             std::memcpy(&sub[i * dsub_], &sample[i * d_ + j * dsub_], sizeof(float) * dsub_);
         KMeansParams sp;
-        sp.k = kKsub;
+        sp.k = ksub_;
         sp.niter = p.pq_niter;
         sp.seed = p.seed + 1 + static_cast<uint64_t>(j);
         sp.max_points_per_centroid = p.pq_max_points_per_centroid;
         const std::vector<float> cb = kmeans(sub.data(), np, dsub_, sp).centroids;
-        std::copy(cb.begin(), cb.end(), codebooks_.begin() + j * kKsub * dsub_);
+        std::copy(cb.begin(), cb.end(), codebooks_.begin() + j * ksub_ * dsub_);
     }
     prepare_tables();
     trained_ = true;
@@ -152,7 +165,7 @@ void IVFPQ::set_trained(const float* centroids, const float* codebooks) {
     std::unique_lock<std::shared_mutex> lock(mu_);
     if (size() > 0) throw std::runtime_error("ivfpq: cannot replace the trained state of an index holding vectors");
     centroids_.assign(centroids, centroids + nlist_ * d_);
-    codebooks_.assign(codebooks, codebooks + m_ * kKsub * dsub_);
+    codebooks_.assign(codebooks, codebooks + m_ * ksub_ * dsub_);
     prepare_tables();
     trained_ = true;
 }
@@ -170,9 +183,107 @@ void IVFPQ::encode_residuals(const float* x, int64_t n, const int64_t* lists, ui
             const float* ci = &centroids_[lists[i] * d_ + j * dsub_];
             for (int64_t t = 0; t < dsub_; ++t) sub[i * dsub_ + t] = xi[t] - ci[t];
         }
-        assign_nearest(sub.data(), n, &codebooks_[j * kKsub * dsub_], kKsub, dsub_, false, lab.data(), nullptr);
+        assign_nearest(sub.data(), n, &codebooks_[j * ksub_ * dsub_], ksub_, dsub_, false, lab.data(), nullptr);
         for (int64_t i = 0; i < n; ++i) codes[i * m_ + j] = static_cast<uint8_t>(lab[i]);
     }
+    if (nbits_ == 4 && aniso_eta_ != 1.f) refine_anisotropic(x, n, lists, codes);
+}
+
+void IVFPQ::set_aniso_eta(float eta) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    if (!(eta > 0.f) || !std::isfinite(eta))
+        throw std::invalid_argument("ivfpq: aniso_eta must be a positive number, got " + std::to_string(eta));
+    if (nbits_ != 4 && eta != 1.f) throw std::invalid_argument("ivfpq: aniso_eta applies to 4-bit codes only");
+    if (size() > 0 && eta != aniso_eta_)
+        throw std::runtime_error("ivfpq: cannot change aniso_eta of an index holding vectors");
+    aniso_eta_ = eta;
+}
+
+// Coordinate descent on L(r) = ||r||^2 + (eta - 1) <r, u>^2 (u = x / ||x||, r = x - c - reconstruction): one
+// sub-space at a time, the codeword that minimises L with the others fixed. Each step cannot raise L, so two
+// sweeps from the nearest-codeword codes keep what the L2 start got right. fastdpr/index/pq4.py (training) takes
+// the same steps.
+void IVFPQ::refine_anisotropic(const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const {
+    constexpr int kSweeps = 2;
+    constexpr int64_t kMaxDsub = 64;  // wider sub-vectors keep their nearest codeword
+    if (dsub_ > kMaxDsub) return;
+    const float w = aniso_eta_ - 1.f;
+    ParallelErrors errors;
+#pragma omp parallel for schedule(dynamic, 256) if (n >= 1024)
+    for (int64_t i = 0; i < n; ++i) {
+        errors.run([&] {
+            thread_local std::vector<float> r, u;
+            r.resize(d_);
+            u.resize(d_);
+            const float* xi = x + i * d_;
+            const float* ci = &centroids_[lists[i] * d_];
+            double nrm = 0;
+            for (int64_t t = 0; t < d_; ++t) nrm += static_cast<double>(xi[t]) * xi[t];
+            if (!(nrm > 0) || !std::isfinite(nrm)) return;
+            const float inv = static_cast<float>(1.0 / std::sqrt(nrm));
+            uint8_t* code = codes + i * m_;
+            float s = 0;  // <r, u>
+            for (int64_t j = 0; j < m_; ++j) {
+                const float* cw = &codebooks_[(j * ksub_ + code[j]) * dsub_];
+                for (int64_t t = 0; t < dsub_; ++t) {
+                    const int64_t k = j * dsub_ + t;
+                    u[k] = xi[k] * inv;
+                    r[k] = xi[k] - ci[k] - cw[t];
+                    s += r[k] * u[k];
+                }
+            }
+            for (int sweep = 0; sweep < kSweeps; ++sweep) {
+                for (int64_t j = 0; j < m_; ++j) {
+                    float* rj = &r[j * dsub_];
+                    const float* uj = &u[j * dsub_];
+                    const float* cb = &codebooks_[j * ksub_ * dsub_];
+                    // e = r_j + current codeword (the part to quantise), s0 = <r, u> without this sub-space's code
+                    float e[kMaxDsub];
+                    float s0 = s;
+                    const float* cur = cb + code[j] * dsub_;
+                    const int64_t ds = dsub_;
+                    float best = std::numeric_limits<float>::infinity();
+                    int64_t arg = code[j];
+                    for (int64_t t = 0; t < ds; ++t) {
+                        e[t] = rj[t] + cur[t];
+                        s0 += cur[t] * uj[t];
+                    }
+                    for (int64_t c = 0; c < ksub_; ++c) {
+                        const float* cw = cb + c * ds;
+                        float l2 = 0, proj = 0;
+                        for (int64_t t = 0; t < ds; ++t) {
+                            const float dlt = e[t] - cw[t];
+                            l2 += dlt * dlt;
+                            proj += uj[t] * cw[t];
+                        }
+                        const float par = s0 - proj;
+                        const float loss = l2 + w * par * par;
+                        if (loss < best) best = loss, arg = c;
+                    }
+                    const float* nw = cb + arg * ds;
+                    float pj = 0;
+                    for (int64_t t = 0; t < ds; ++t) {
+                        rj[t] = e[t] - nw[t];
+                        pj += uj[t] * nw[t];
+                    }
+                    s = s0 - pj;
+                    code[j] = static_cast<uint8_t>(arg);
+                }
+            }
+        });
+    }
+    errors.rethrow();
+}
+
+void IVFPQ::append_codes(int64_t l, const uint8_t* row) {
+    std::vector<uint8_t>& dst = list_codes_[l];
+    if (nbits_ == 8) {
+        dst.insert(dst.end(), row, row + m_);
+        return;
+    }
+    const int64_t len = static_cast<int64_t>(list_pos_[l].size());  // the row goes at this index
+    if (len % pq4::kBlock == 0) dst.resize(dst.size() + pq4::block_bytes(m_), 0);
+    for (int64_t j = 0; j < m_; ++j) pq4::set_code(dst.data(), m_, len, j, row[j]);
 }
 
 void IVFPQ::encode(const float* x, int64_t n, int64_t* lists, uint8_t* codes) const {
@@ -214,7 +325,7 @@ void IVFPQ::add(const float* x, int64_t n) {
         const int64_t pos0 = size();
         for (int64_t i = 0; i < nc; ++i) {
             const int64_t l = lists[i];
-            list_codes_[l].insert(list_codes_[l].end(), &codes[i * m_], &codes[i * m_] + m_);
+            append_codes(l, &codes[i * m_]);
             list_pos_[l].push_back(pos0 + i);
         }
         ntotal_ += nc;
@@ -246,12 +357,16 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
     const int64_t kf = std::min(k, ntotal_);
     const int64_t kc = rerank > 0 ? std::min(std::max(k, rerank), ntotal_) : kf;
     const simd::Kernels& K = simd::kernels();
+    const pq4::ScanFn scan4 = pq4::scan_kernel();
+    const size_t cb_stride = packed_size(ksub_, dsub_);
     constexpr int64_t G = 8;  // queries per coarse-product call: each centroid tile load feeds 8 queries
     const int64_t ngroups = (nq + G - 1) / G;
     const float ninf = -std::numeric_limits<float>::infinity();
 
     struct Scratch {
         std::vector<float> qc, lut, buf;
+        std::vector<uint16_t> sums;  // 4-bit: integer scores of a list
+        pq4::QuantizedLUT qlut;
         TopK probe, heap, best;
     };
     std::vector<Scratch> scratch(static_cast<size_t>(nthreads));  // one per thread, filled inside
@@ -278,14 +393,44 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 probe.reset(nprobe);
                 probe.push_run(qcr, nlist_, 0);
                 const std::vector<Scored> lists = probe.take_sorted();
-                for (int64_t j = 0; j < m_; ++j)
-                    inner_products_T(qv + j * dsub_, 1, &codebooks_T_[j * kKsub * dsub_], kKsub, dsub_,
-                                     &lut[j * kKsub]);
+                if (nbits_ == 4) {
+                    // m x 16 products of d/m-dimensional sub-vectors: too small for the panel kernel's tiles
+                    for (int64_t j = 0; j < m_; ++j)
+                        for (int64_t c = 0; c < ksub_; ++c) {
+                            const float* cw = &codebooks_[(j * ksub_ + c) * dsub_];
+                            const float* qj = qv + j * dsub_;
+                            float ip = 0;
+                            for (int64_t t = 0; t < dsub_; ++t) ip += qj[t] * cw[t];
+                            lut[j * ksub_ + c] = ip;
+                        }
+                    pq4::quantize_lut(lut.data(), m_, sc.qlut);
+                } else {
+                    for (int64_t j = 0; j < m_; ++j)
+                        inner_products_T(qv + j * dsub_, 1, &codebooks_T_[j * cb_stride], kKsub, dsub_,
+                                         &lut[j * kKsub]);
+                }
                 heap.reset(kc);
                 for (const Scored& ls : lists) {
                     const int64_t l = ls.id;
                     const int64_t len = static_cast<int64_t>(list_pos_[l].size());
                     if (len == 0) continue;
+                    if (nbits_ == 4) {
+                        const int64_t nb = pq4::nblocks(len);
+                        sc.sums.resize(static_cast<size_t>(nb * pq4::kBlock));
+                        scan4(list_codes_[l].data(), nb, m_, sc.qlut.table.data(), sc.sums.data());
+                        const float base = ls.score + sc.qlut.bias, delta = sc.qlut.delta;
+                        const uint16_t* sums = sc.sums.data();
+                        const int64_t* pos = list_pos_[l].data();
+                        float thr = heap.threshold();
+                        for (int64_t i = 0; i < len; ++i) {
+                            const float v = base + delta * static_cast<float>(sums[i]);
+                            if (v >= thr) {
+                                heap.push(v, pos[i]);
+                                thr = heap.threshold();
+                            }
+                        }
+                        continue;
+                    }
                     buf.resize(len);
                     adc_scan(list_codes_[l].data(), len, m_, lut.data(), ls.score, buf.data());
                     const int64_t* pos = list_pos_[l].data();
@@ -332,7 +477,8 @@ void IVFPQ::save(io::Writer& w) const {
     w.meta("dim", d_);
     w.meta("nlist", nlist_);
     w.meta("m", m_);
-    w.meta("nbits", int64_t{kNbits});
+    w.meta("nbits", int64_t{nbits_});
+    if (nbits_ == 4) w.meta_float("aniso_eta", aniso_eta_);
     w.meta("storage", static_cast<int64_t>(storage_));
     w.meta("assign_by_ip", int64_t{assign_by_ip_ ? 1 : 0});
     w.meta("trained", int64_t{trained_ ? 1 : 0});
@@ -345,7 +491,8 @@ void IVFPQ::save(io::Writer& w) const {
     for (int64_t l = 0; l < nlist_; ++l) offsets[l + 1] = offsets[l] + static_cast<int64_t>(list_pos_[l].size());
     std::vector<uint8_t> codes;
     std::vector<int64_t> pos;
-    codes.reserve(static_cast<size_t>(ntotal_) * m_);
+    codes.reserve(nbits_ == 4 ? pq4::packed_bytes(ntotal_, m_) + nlist_ * pq4::block_bytes(m_)
+                              : static_cast<size_t>(ntotal_) * m_);
     pos.reserve(ntotal_);
     for (int64_t l = 0; l < nlist_; ++l) {
         codes.insert(codes.end(), list_codes_[l].begin(), list_codes_[l].end());
@@ -363,7 +510,15 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
     const int64_t nlist = rd.meta_int("nlist", 1, kMaxNlist);
     const int64_t m = rd.meta_int("m", 1, d);
     if (d % m != 0) rd.fail("m does not divide dim");
-    rd.meta_int("nbits", kNbits, kNbits);
+    const int nbits = static_cast<int>(rd.meta_int("nbits", 4, 8));
+    if (nbits != 4 && nbits != 8) rd.fail("nbits must be 4 or 8");
+    if (nbits == 4 && m > pq4::kMaxM) rd.fail("m is too large for 4-bit codes");
+    const int64_t ksub = int64_t{1} << nbits;
+    float eta = 1.f;
+    if (nbits == 4 && rd.has_meta("aniso_eta")) {
+        eta = static_cast<float>(rd.meta_float("aniso_eta"));
+        if (!(eta > 0.f) || !std::isfinite(eta)) rd.fail("aniso_eta must be a positive number");
+    }
     const auto storage = static_cast<VectorStorage>(rd.meta_int("storage", 0, 2));
     const bool by_ip = rd.meta_int("assign_by_ip", 0, 1) == 1;
     const bool trained = rd.meta_int("trained", 0, 1) == 1;
@@ -373,12 +528,18 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
     // Every section's size is checked against the metadata before anything is allocated: the metadata alone (a
     // huge nlist, say) must not make the loader allocate what the file does not hold.
     const float* c = trained ? rd.array<float>("centroids", static_cast<size_t>(nlist * d)) : nullptr;
-    const float* cb = trained ? rd.array<float>("codebooks", static_cast<size_t>(m * kKsub * (d / m))) : nullptr;
+    const float* cb = trained ? rd.array<float>("codebooks", static_cast<size_t>(m * ksub * (d / m))) : nullptr;
     const int64_t* off = rd.array<int64_t>("list_offsets", static_cast<size_t>(nlist + 1));
     if (off[0] != 0 || off[nlist] != n) rd.fail("list offsets do not cover the vectors");
     for (int64_t l = 0; l < nlist; ++l)
         if (off[l + 1] < off[l]) rd.fail("list offsets are not increasing");
-    const uint8_t* codes = rd.array<uint8_t>("codes", static_cast<size_t>(n * m));
+    // 8-bit: (n, m) codes; 4-bit: each list's pq4 blocks, one list after the other
+    size_t code_bytes = static_cast<size_t>(n * m);
+    if (nbits == 4) {
+        code_bytes = 0;
+        for (int64_t l = 0; l < nlist; ++l) code_bytes += pq4::packed_bytes(off[l + 1] - off[l], m);
+    }
+    const uint8_t* codes = rd.array<uint8_t>("codes", code_bytes);
     const int64_t* pos = rd.array<int64_t>("list_pos", static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i)
         if (pos[i] < 0 || pos[i] >= n) rd.fail("list position out of range");
@@ -393,10 +554,14 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
                           (storage == VectorStorage::F32 ? 4 : storage == VectorStorage::F16 ? 2 : 0);
     const uint8_t* v = storage != VectorStorage::None ? rd.array<uint8_t>("vectors", vbytes) : nullptr;
 
-    auto idx = std::make_unique<IVFPQ>(d, nlist, m, kNbits, storage, by_ip);
+    auto idx = std::make_unique<IVFPQ>(d, nlist, m, nbits, storage, by_ip);
     if (trained) idx->set_trained(c, cb);
+    idx->aniso_eta_ = eta;
+    size_t at = 0;
     for (int64_t l = 0; l < nlist; ++l) {
-        idx->list_codes_[l].assign(codes + off[l] * m, codes + off[l + 1] * m);
+        const size_t bytes = nbits == 4 ? pq4::packed_bytes(off[l + 1] - off[l], m) : (off[l + 1] - off[l]) * m;
+        idx->list_codes_[l].assign(codes + at, codes + at + bytes);
+        at += bytes;
         idx->list_pos_[l].assign(pos + off[l], pos + off[l + 1]);
     }
     idx->ntotal_ = n;

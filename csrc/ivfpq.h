@@ -9,6 +9,12 @@
 // and for inner product the table does not depend on the list (unlike L2), so one m x 256 table per query serves
 // every probed list. Lists are probed in order of <q, c>. The top `rerank` candidates can be re-scored exactly
 // from the stored full vectors (fp16 or fp32, memory-mappable on load).
+//
+// nbits = 4: 16 codewords per sub-space, codes packed in blocks of 32 vectors per list and scored with uint8
+// tables in SIMD registers (pq4.h), then re-ranked exactly. With aniso_eta > 1 a vector's codes are chosen for the
+// score-aware loss ||r_perp||^2 + eta ||r_par||^2 of its quantization error r = x - x_hat (r_par: along x), by
+// coordinate descent over the sub-spaces from the nearest-codeword start (fastdpr/index/pq4.py trains the
+// codebooks for the same loss and explains eta).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +38,7 @@ struct IVFPQTrainParams {
     int64_t max_points_per_centroid = 64;
     int64_t pq_max_points_per_centroid = 256;
     bool spherical = false;      // spherical coarse k-means (unit-norm centroids)
+    double balance = 0;          // coarse k-means re-seeds lists under balance x the mean size (KMeansParams)
 };
 
 class IVFPQ {
@@ -40,13 +47,19 @@ public:
     static constexpr int64_t kKsub = 256;
 
     // assign_by_ip: file vectors under the centroid of largest inner product instead of the nearest in L2.
+    // nbits: 8 (256 codewords, one byte per code) or 4 (16 codewords, fast scan; m <= pq4::kMaxM).
     IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage storage, bool assign_by_ip = false);
 
     int64_t dim() const { return d_; }
     int64_t nlist() const { return nlist_; }
     int64_t m() const { return m_; }
     int64_t dsub() const { return dsub_; }
-    int nbits() const { return kNbits; }
+    int nbits() const { return nbits_; }
+    int64_t ksub() const { return ksub_; }  // codewords per sub-quantizer: 2^nbits
+    float aniso_eta() const { return aniso_eta_; }
+    // Weight of the quantization error parallel to the vector (1: plain nearest codeword). 4-bit codes only;
+    // only on an empty index (the codes already stored were chosen with the old weight).
+    void set_aniso_eta(float eta);
     int64_t size() const { return ntotal_; }
     bool is_trained() const { return trained_; }
     bool assign_by_ip() const { return assign_by_ip_; }
@@ -55,7 +68,7 @@ public:
 
     // Trains the coarse centroids and the codebooks on x (n, d). Needs n >= nlist and n >= 256.
     void train(const float* x, int64_t n, const IVFPQTrainParams& params);
-    // Installs a trained state: centroids (nlist, d) and codebooks (m, 256, dsub). Only on an empty index.
+    // Installs a trained state: centroids (nlist, d) and codebooks (m, ksub, dsub). Only on an empty index.
     void set_trained(const float* centroids, const float* codebooks);
 
     // Appends rows; they are known by their positions size() .. size()+n-1 (external ids are mapped outside).
@@ -72,6 +85,7 @@ public:
     const std::vector<float>& centroids() const { return centroids_; }
     const std::vector<float>& codebooks() const { return codebooks_; }
     int64_t list_size(int64_t l) const { return static_cast<int64_t>(list_pos_.at(l).size()); }
+    // 8-bit: (len, m) codes; 4-bit: pq4 blocks (pq4::unpack gives the (len, m) codes).
     const std::vector<uint8_t>& list_codes(int64_t l) const { return list_codes_.at(l); }
     const std::vector<int64_t>& list_positions(int64_t l) const { return list_pos_.at(l); }
     // Stored full vectors (size() x dim): fp32 or raw IEEE half bits; null when storage is None.
@@ -90,19 +104,24 @@ private:
     void prepare_tables();  // packed copies (kmeans.h pack_columns) the search kernels stream
     void assign_lists(const float* x, int64_t n, int64_t* lists) const;
     void encode_residuals(const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const;
+    void refine_anisotropic(const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const;
+    void append_codes(int64_t list, const uint8_t* code_row);
     void own_vectors();  // copy memory-mapped vectors into owned memory before appending
 
     // Searches share it; train/add/set_trained take it alone, so a search never sees lists being reallocated.
     mutable std::shared_mutex mu_;
     int64_t d_, nlist_, m_, dsub_;
+    int nbits_;
+    int64_t ksub_;
+    float aniso_eta_ = 1.f;
     VectorStorage storage_;
     bool assign_by_ip_;
     bool trained_ = false;
     std::vector<float> centroids_;    // (nlist, d)
     std::vector<float> centroids_T_;  // centroids packed for inner_products_T
-    std::vector<float> codebooks_;    // (m, 256, dsub)
-    std::vector<float> codebooks_T_;  // per sub-quantizer: its 256 codewords packed
-    std::vector<std::vector<uint8_t>> list_codes_;  // per list: (len, m)
+    std::vector<float> codebooks_;    // (m, ksub, dsub)
+    std::vector<float> codebooks_T_;  // per sub-quantizer: its ksub codewords packed (packed_size(ksub, dsub))
+    std::vector<std::vector<uint8_t>> list_codes_;  // per list: (len, m), or pq4 blocks for 4-bit codes
     std::vector<std::vector<int64_t>> list_pos_;    // per list: positions (row numbers in the order added)
     int64_t ntotal_ = 0;
     std::vector<uint8_t> vec_owned_;

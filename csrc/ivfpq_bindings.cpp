@@ -7,6 +7,7 @@
 #include "bind.h"
 #include "ivfpq.h"
 #include "bounds.h"
+#include "pq4.h"
 
 namespace fastdpr::bind {
 namespace {
@@ -46,6 +47,8 @@ void bind_ivfpq(py::module_& m) {
         .def_property_readonly("m", &IVFPQ::m)
         .def_property_readonly("dsub", &IVFPQ::dsub)
         .def_property_readonly("nbits", &IVFPQ::nbits)
+        .def_property("aniso_eta", &IVFPQ::aniso_eta, &IVFPQ::set_aniso_eta,
+                      "4-bit codes: weight of the error parallel to a vector when its codes are chosen (1: none)")
         .def_property_readonly("is_trained", &IVFPQ::is_trained)
         .def_property_readonly("assign_by_ip", &IVFPQ::assign_by_ip)
         .def_property_readonly("store", [](const IVFPQ& s) { return storage_label(s.storage()); })
@@ -55,7 +58,8 @@ void bind_ivfpq(py::module_& m) {
         .def(
             "train",
             [](IVFPQ& s, const FloatArray& x, py::handle niter, py::handle pq_niter, py::handle seed,
-               py::handle max_points_per_centroid, py::handle pq_max_points_per_centroid, bool spherical) {
+               py::handle max_points_per_centroid, py::handle pq_max_points_per_centroid, bool spherical,
+               double balance) {
                 auto [n, xp] = rows_of(x, static_cast<size_t>(s.dim()), "training vectors");
                 IVFPQTrainParams p;
                 p.niter = static_cast<int>(arg_int(niter, "niter", 1, 1 << 20));
@@ -65,17 +69,19 @@ void bind_ivfpq(py::module_& m) {
                 p.pq_max_points_per_centroid =
                     arg_int(pq_max_points_per_centroid, "pq_max_points_per_centroid", 1, 1 << 30);
                 p.spherical = spherical;
+                p.balance = balance;
                 py::gil_scoped_release release;
                 s.train(xp, static_cast<int64_t>(n), p);
             },
             py::arg("x"), py::arg("niter") = 20, py::arg("pq_niter") = 20, py::arg("seed") = 1234,
             py::arg("max_points_per_centroid") = 64, py::arg("pq_max_points_per_centroid") = 256,
-            py::arg("spherical") = false)
+            py::arg("spherical") = false, py::arg("balance") = 0.0)
         .def(
             "set_trained",
             [](IVFPQ& s, const FloatArray& centroids, const FloatArray& codebooks) {
-                if (centroids.size() != s.nlist() * s.dim() || codebooks.size() != s.m() * IVFPQ::kKsub * s.dsub())
-                    throw std::invalid_argument("ivfpq: centroids must be (nlist, dim), codebooks (m, 256, dim/m)");
+                if (centroids.size() != s.nlist() * s.dim() || codebooks.size() != s.m() * s.ksub() * s.dsub())
+                    throw std::invalid_argument("ivfpq: centroids must be (nlist, dim), codebooks (m, " +
+                                                std::to_string(s.ksub()) + ", dim/m)");
                 s.set_trained(centroids.data(), codebooks.data());
             },
             py::arg("centroids"), py::arg("codebooks"))
@@ -124,7 +130,7 @@ void bind_ivfpq(py::module_& m) {
              })
         .def("codebooks",
              [](const IVFPQ& s) {
-                 py::array_t<float> a({static_cast<py::ssize_t>(s.m()), static_cast<py::ssize_t>(IVFPQ::kKsub),
+                 py::array_t<float> a({static_cast<py::ssize_t>(s.m()), static_cast<py::ssize_t>(s.ksub()),
                                        static_cast<py::ssize_t>(s.dsub())});
                  if (s.is_trained()) std::copy(s.codebooks().begin(), s.codebooks().end(), a.mutable_data());
                  return a;
@@ -135,7 +141,10 @@ void bind_ivfpq(py::module_& m) {
                 const int64_t l = list_index(s, list);
                 const auto& c = s.list_codes(l);
                 py::array_t<uint8_t> a({static_cast<py::ssize_t>(s.list_size(l)), static_cast<py::ssize_t>(s.m())});
-                std::copy(c.begin(), c.end(), a.mutable_data());
+                if (s.nbits() == 4)
+                    pq4::unpack(c.data(), s.list_size(l), s.m(), a.mutable_data());
+                else
+                    std::copy(c.begin(), c.end(), a.mutable_data());
                 return a;
             },
             py::arg("list"))

@@ -340,7 +340,7 @@ def test_one_checked_integer_conversion_at_the_boundary():
         C.HNSWIndex(8, seed=-1)
     s = C.IVFPQ(8, np.int64(4), np.int64(2), np.int64(8), "none")
     with pytest.raises(ValueError, match="nbits"):
-        C.IVFPQ(8, 4, 2, 4, "none")
+        C.IVFPQ(8, 4, 2, 5, "none")
     with pytest.raises(IndexError):
         s.list_codes(np.int64(4))
     with pytest.raises(IndexError):

@@ -385,8 +385,8 @@ def test_bad_params_have_clear_messages(small):
         build_index(x, "ivfpq,nlist=5000,m=8")
     with pytest.raises(InputError, match="at least 256"):
         build_index(x[:100], "ivfpq,nlist=4,m=8")
-    with pytest.raises(InputError, match="nbits=4 is not supported"):
-        build_index(x, "ivfpq,nlist=8,m=8,nbits=4")
+    with pytest.raises(InputError, match="nbits=5 is not supported"):
+        build_index(x, "ivfpq,nlist=8,m=8,nbits=5")
     with pytest.raises(InputError, match="unknown parameter"):
         build_index(x, "ivfpq,nlist=8,m=8,efc=3")
     with pytest.raises(InputError, match="spherical must be true or false"):

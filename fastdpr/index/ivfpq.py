@@ -18,7 +18,16 @@ Example::
     index = build_index(vectors, "ivfpq,nlist=1024,m=48,store=fp16")
     scores, ids = index.search(queries, k=100, nprobe=32, rerank=400)
 
-Spec parameters: ``nlist`` (0: about 4 sqrt(n), a power of two), ``m`` (0: d/8 sub-quantizers), ``nbits`` (8),
+4-bit codes (``nbits=4``, compiled backend only): 16 codewords per sub-space, stored in blocks of 32 vectors and
+scored with uint8 tables inside SIMD registers (csrc/pq4.h), with codebooks trained for the score-aware
+(anisotropic) loss of ScaNN's paper (fastdpr/index/pq4.py, threshold ``aniso``; 0: plain k-means) and codes chosen
+for the same loss; the best ``rerank`` candidates are then re-scored exactly from the stored vectors::
+
+    index = build_index(vectors, "ivfpq,nbits=4,nlist=1024,store=fp16")   # m: d/2 two-dimensional sub-spaces
+    scores, ids = index.search(queries, k=100, nprobe=32, rerank=400)
+
+Spec parameters: ``nlist`` (0: about 4 sqrt(n), a power of two), ``m`` (0: d/8 sub-quantizers, d/2 for 4-bit
+codes), ``nbits`` (8 or 4), ``aniso`` (4-bit: the anisotropic threshold T, 0.2) and ``aniso_niter`` (8),
 ``store`` (none|fp16|fp32; bare ``fp16``/``fp32`` flags work too), ``nprobe`` and ``rerank`` (search defaults),
 ``assign`` (l2|ip: how vectors are filed under centroids), ``niter``, ``pq_niter``, ``seed``,
 ``max_points_per_centroid`` (coarse k-means subsample, 64), ``pq_max_points_per_centroid`` (256), ``spherical``
@@ -46,6 +55,7 @@ from fastdpr.index.base import Index, check_matrix, take_params
 from fastdpr.index.kmeans import kmeans, nearest  # noqa: F401  (kmeans: re-exported, it used to live here)
 
 KSUB = 256  # codewords per sub-quantizer (8-bit codes)
+MAX_M4 = 2048  # 4-bit codes: most sub-quantizers (csrc/pq4.h kMaxM)
 
 SPEC_PARAMS: dict[str, Any] = {
     "nlist": 0,
@@ -61,9 +71,15 @@ SPEC_PARAMS: dict[str, Any] = {
     "seed": 1234,
     "max_points_per_centroid": 64,
     "pq_max_points_per_centroid": 256,
-    "spherical": True,
+    "spherical": False,
+    "balance": 0.5,
     "backend": "auto",
+    "aniso": 0.2,
+    "aniso_niter": 8,
 }
+NBITS = (4, 8)
+# 4-bit codes: points the anisotropic refinement of the codebooks learns from (subsampled above)
+ANISO_TRAIN_POINTS = 16384
 STORE_CODES = {"none": 0, "fp16": 1, "fp32": 2}
 
 RERANK_AUTO = "auto"  # re-rank 4 k candidates when the full vectors are stored, else none
@@ -92,9 +108,9 @@ def default_nlist(n: int) -> int:
     return int(max(1, min(nlist, n // 39 if n >= 39 else 1)))
 
 
-def default_m(dim: int) -> int:
-    """The divisor of ``dim`` closest to dim / 8 (8-dimensional sub-vectors)."""
-    target = max(1.0, dim / 8)
+def default_m(dim: int, dims_per_code: int = 8) -> int:
+    """The divisor of ``dim`` closest to dim / 8 (8-dimensional sub-vectors; 4-bit codes: dim / 2)."""
+    target = max(1.0, dim / dims_per_code)
     divisors = [m for m in range(1, dim + 1) if dim % m == 0]
     return min(divisors, key=lambda m: (abs(m - target), m))
 
@@ -108,13 +124,20 @@ class IVFPQIndex(Index):
     def __init__(self, dim: int, nlist: int = 0, m: int = 0, nbits: int = 8, store: str = "none", nprobe: int = 16,
                  rerank: int | str = RERANK_AUTO, assign: str = "l2", niter: int = 20, pq_niter: int = 20,
                  seed: int = 1234,
-                 max_points_per_centroid: int = 64, pq_max_points_per_centroid: int = 256, spherical: bool = True,
-                 backend: str = "auto"):
+                 max_points_per_centroid: int = 64, pq_max_points_per_centroid: int = 256, spherical: bool = False,
+                 balance: float = 0.5, backend: str = "auto", aniso: float = 0.2, aniso_niter: int = 8):
         super().__init__(dim)
         where = "ivfpq"
-        if nbits != 8:
-            raise InputError(f"{where}: nbits={nbits} is not supported; codes are 8-bit (nbits=8)")
-        m = default_m(self.dim) if m == 0 else m
+        if nbits not in NBITS:
+            raise InputError(f"{where}: nbits={nbits} is not supported; codes are 8-bit (nbits=8) or 4-bit (nbits=4)")
+        if isinstance(aniso, bool) or not isinstance(aniso, (int, float)) or not 0 <= aniso < 1:
+            raise InputError(f"{where}: aniso (the anisotropic threshold) must be in [0, 1), got {aniso!r}")
+        if aniso_niter < 0:
+            raise InputError(f"{where}: aniso_niter must be >= 0, got {aniso_niter}")
+        if m == 0:
+            m = default_m(self.dim, 2) if nbits == 4 else default_m(self.dim)
+            if nbits == 4 and m > MAX_M4:
+                m = max(d for d in range(1, MAX_M4 + 1) if self.dim % d == 0)
         if m < 1 or self.dim % m != 0:
             raise InputError(f"{where}: m={m} must divide the dimension {self.dim} "
                              f"(e.g. m={default_m(self.dim)})")
@@ -136,13 +159,20 @@ class IVFPQIndex(Index):
                 raise InputError(f"{where}: {name} must be >= 1, got {value}")
         if backend not in ("auto", "compiled", "numpy"):
             raise InputError(f"{where}: backend must be auto, compiled or numpy, got {backend!r}")
+        if isinstance(balance, bool) or not isinstance(balance, (int, float, np.floating)) or not 0 <= balance < 1:
+            raise InputError(f"{where}: balance must be in [0, 1) (0: lists of any size), got {balance!r}")
+        if nbits == 4 and m > MAX_M4:
+            raise InputError(f"{where}: 4-bit codes take at most {MAX_M4} sub-quantizers, got m={m}")
         self.backend = backend
+        self.nbits, self.aniso, self.aniso_niter = int(nbits), float(aniso), int(aniso_niter)
+        self.train_losses: list[float] = []  # 4-bit: the anisotropic loss before and after each refinement sweep
         self._native()  # backend=compiled without the compiled core: say so now
         self.nlist, self.m, self.store, self.assign = int(nlist), int(m), store, assign
         self.nprobe, self.rerank = int(nprobe), rerank
         self.train_params = dict(niter=int(niter), pq_niter=int(pq_niter), seed=int(seed),
                                  max_points_per_centroid=int(max_points_per_centroid),
-                                 pq_max_points_per_centroid=int(pq_max_points_per_centroid), spherical=bool(spherical))
+                                 pq_max_points_per_centroid=int(pq_max_points_per_centroid), spherical=bool(spherical),
+                                 balance=float(balance))
         self._impl: Any = None  # created by train() (nlist may depend on the training set) or on load
         if self.nlist > 0:
             self._impl = self._make_impl(self.nlist)
@@ -165,16 +195,17 @@ class IVFPQIndex(Index):
     def _native(self):
         """The compiled module this index uses, or None for the numpy backend."""
         C = native() if self.backend != "numpy" else None
-        if C is None and self.backend == "compiled":
+        if C is None and (self.backend == "compiled" or self.nbits == 4):
             why = ("is disabled (FASTDPR_NO_NATIVE / force_fallback)" if fallback_forced() else
                    "is not available (reinstall fastdpr with a C++ compiler, or use backend=numpy)")
-            raise MissingDependency(f"ivfpq: backend=compiled, but the compiled extension fastdpr._C {why}")
+            what = "backend=compiled" if self.backend == "compiled" else "nbits=4 (fast-scan codes, compiled only)"
+            raise MissingDependency(f"ivfpq: {what}, but the compiled extension fastdpr._C {why}")
         return C
 
     def _make_impl(self, nlist: int):
         C = self._native()
         if C is not None:
-            return C.IVFPQ(self.dim, nlist, self.m, 8, self.store, self.assign == "ip")
+            return C.IVFPQ(self.dim, nlist, self.m, self.nbits, self.store, self.assign == "ip")
         return NumpyIVFPQ(self.dim, nlist, self.m, 8, self.store, self.assign == "ip")
 
     @property
@@ -196,8 +227,9 @@ class IVFPQIndex(Index):
             raise InputError(f"ivfpq: training vectors must have shape (n, {self.dim}), got {x.shape}")
         n = x.shape[0]
         nlist = self.nlist or default_nlist(n)
-        if n < KSUB:
-            raise InputError(f"ivfpq: training needs at least {KSUB} vectors for 8-bit codes, got {n}")
+        ksub = 2 ** self.nbits
+        if n < ksub:
+            raise InputError(f"ivfpq: training needs at least {ksub} vectors for {self.nbits}-bit codes, got {n}")
         if nlist > n:
             raise InputError(f"ivfpq: nlist={nlist} exceeds the {n} training vectors; use nlist <= {n} "
                              f"(ideally n >= 39 * nlist)")
@@ -212,14 +244,33 @@ class IVFPQIndex(Index):
             self._impl = self._make_impl(nlist)
         self.nlist = nlist
         self._impl.train(x, **self.train_params)
+        if self.nbits == 4 and self.aniso > 0:
+            self._train_anisotropic(x)
+
+    def _train_anisotropic(self, x: np.ndarray) -> None:
+        """Refine the k-means codebooks of a 4-bit index for the score-aware loss (fastdpr/index/pq4.py) and make
+        add() choose codes for the same loss."""
+        from fastdpr.index import pq4
+
+        if x.shape[0] > ANISO_TRAIN_POINTS:
+            rng = np.random.default_rng(self.train_params["seed"] + 2)
+            x = x[np.sort(rng.choice(x.shape[0], ANISO_TRAIN_POINTS, replace=False))]
+        eta = pq4.anisotropic_eta(self.dim, self.aniso)
+        centroids = self._impl.centroids()
+        lists, _ = self._impl.encode(x)
+        codebooks, _, self.train_losses = pq4.train_anisotropic(x, x - centroids[lists], self._impl.codebooks(), eta,
+                                                                self.aniso_niter)
+        self._impl.set_trained(centroids, codebooks)
+        self._impl.aniso_eta = eta
 
     def set_trained(self, centroids: np.ndarray, codebooks: np.ndarray) -> None:
-        """Install a trained state: centroids (nlist, dim) and codebooks (m, 256, dim/m), e.g. from another index."""
+        """Install a trained state: centroids (nlist, dim) and codebooks (m, 2^nbits, dim/m), e.g. from another
+        index."""
         centroids = np.ascontiguousarray(centroids, dtype=np.float32)
         codebooks = np.ascontiguousarray(codebooks, dtype=np.float32)
         if centroids.ndim != 2 or centroids.shape[1] != self.dim:
             raise InputError(f"ivfpq: centroids must have shape (nlist, {self.dim}), got {centroids.shape}")
-        want = (self.m, KSUB, self.dim // self.m)
+        want = (self.m, 2 ** self.nbits, self.dim // self.m)
         if codebooks.shape != want:
             raise InputError(f"ivfpq: codebooks must have shape {want}, got {codebooks.shape}")
         if self._impl is None or self._impl.nlist != centroids.shape[0]:
@@ -303,7 +354,7 @@ class IVFPQIndex(Index):
         rerank = rerank_setting(rerank)
         if store == "none" and rerank != RERANK_AUTO and rerank > 0:
             rerank = 0
-        index = cls(impl.dim, nlist=impl.nlist, m=impl.m, store=store, nprobe=nprobe, rerank=rerank,
+        index = cls(impl.dim, nlist=impl.nlist, m=impl.m, nbits=impl.nbits, store=store, nprobe=nprobe, rerank=rerank,
                     assign="ip" if impl.assign_by_ip else "l2",
                     backend="numpy" if isinstance(impl, NumpyIVFPQ) else "compiled")
         index._impl = impl
@@ -365,11 +416,11 @@ class NumpyIVFPQ:
 
     def train(self, x: np.ndarray, niter: int = 20, pq_niter: int = 20, seed: int = 1234,
               max_points_per_centroid: int = 64, pq_max_points_per_centroid: int = 256,
-              spherical: bool = True) -> None:
+              spherical: bool = False, balance: float = 0.0) -> None:
         n = x.shape[0]
         if n < self.nlist or n < KSUB:
             raise InputError(f"ivfpq: training needs at least max(nlist={self.nlist}, 256) vectors, got {n}")
-        self._centroids = kmeans(x, self.nlist, niter, seed, spherical, max_points_per_centroid)
+        self._centroids = kmeans(x, self.nlist, niter, seed, spherical, max_points_per_centroid, balance=balance)
         rng = np.random.default_rng(seed + 1)
         sample = x[np.sort(rng.choice(n, min(n, KSUB * pq_max_points_per_centroid), replace=False))]
         resid = sample - self._centroids[nearest(sample, self._centroids, self.assign_by_ip)]
@@ -480,7 +531,8 @@ class NumpyIVFPQ:
         m = reader.meta_int("m", 1, d)
         if d % m:
             reader.fail("m does not divide dim")
-        reader.meta_int("nbits", 8, 8)
+        if reader.meta_int("nbits", 4, 8) != 8:
+            reader.fail("it holds 4-bit codes, which need the compiled extension fastdpr._C")
         store = {v: k for k, v in STORE_CODES.items()}[reader.meta_int("storage", 0, 2)]
         by_ip = reader.meta_int("assign_by_ip", 0, 1) == 1
         trained = reader.meta_int("trained", 0, 1) == 1

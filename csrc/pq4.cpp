@@ -1,0 +1,251 @@
+// 4-bit fast-scan kernels (see pq4.h): scalar reference, AVX2 and AVX-512BW, picked at run time like simd.cpp.
+#include "pq4.h"
+
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "topk.h"
+
+namespace fastdpr::pq4 {
+
+void pack(const uint8_t* codes, int64_t n, int64_t m, uint8_t* blocks) {
+    std::memset(blocks, 0, packed_bytes(n, m));
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j) {
+            const uint8_t c = codes[i * m + j];
+            if (c >= kKsub)
+                throw std::invalid_argument("pq4: code " + std::to_string(c) + " of row " + std::to_string(i) +
+                                            " is not a 4-bit code (< 16)");
+            set_code(blocks, m, i, j, c);
+        }
+}
+
+void unpack(const uint8_t* blocks, int64_t n, int64_t m, uint8_t* codes) {
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j) codes[i * m + j] = get_code(blocks, m, i, j);
+}
+
+void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out) {
+    const int64_t mp = padded_m(m);
+    out.table.assign(static_cast<size_t>(mp) * kKsub, 0);
+    double bias = 0, sum_range = 0;
+    float max_range = 0;
+    bool finite = true;
+    for (int64_t j = 0; j < m; ++j) {
+        const float* row = lut + j * kKsub;
+        float lo = row[0], hi = row[0];
+        for (int64_t t = 0; t < kKsub; ++t) {
+            finite = finite && std::isfinite(row[t]);
+            lo = std::min(lo, row[t]);
+            hi = std::max(hi, row[t]);
+        }
+        bias += lo;
+        sum_range += static_cast<double>(hi) - lo;
+        max_range = std::max(max_range, hi - lo);
+    }
+    if (!finite) {
+        out.bias = std::nanf("");
+        out.delta = 0.f;
+        return;
+    }
+    double delta = std::max(static_cast<double>(max_range) / 255.0, sum_range / static_cast<double>(65535 - m));
+    if (!(delta > 0)) delta = 1.0;  // every row constant: all entries are 0 whatever the scale
+    const float inv = static_cast<float>(1.0 / delta);
+    for (int64_t j = 0; j < m; ++j) {
+        const float* row = lut + j * kKsub;
+        float lo = row[0];
+        for (int64_t t = 1; t < kKsub; ++t) lo = std::min(lo, row[t]);
+        for (int64_t t = 0; t < kKsub; ++t) {
+            const float v = std::nearbyint((row[t] - lo) * inv);
+            out.table[j * kKsub + t] = static_cast<uint8_t>(std::min(255.f, std::max(0.f, v)));
+        }
+    }
+    out.bias = static_cast<float>(bias);
+    out.delta = static_cast<float>(delta);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// scalar: the reference every wide kernel must match bit for bit
+
+namespace scalar {
+
+void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, uint16_t* out) {
+    const size_t bb = block_bytes(m);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = blocks + b * bb;
+        uint32_t acc[kBlock] = {};
+        for (int64_t j = 0; j < m; ++j) {
+            const uint8_t* c = blk + j * 16;
+            const uint8_t* t = table + j * kKsub;
+            for (int r = 0; r < 16; ++r) {
+                acc[r] += t[c[r] & 0x0f];
+                acc[r + 16] += t[c[r] >> 4];
+            }
+        }
+        for (int r = 0; r < kBlock; ++r) out[b * kBlock + r] = static_cast<uint16_t>(acc[r]);
+    }
+}
+
+}  // namespace scalar
+
+// ---------------------------------------------------------------------------------------------------------------
+// AVX2: two sub-spaces per 32-byte register (lane 0: sub-space j, lane 1: j + 1).
+//
+// A shuffle returns one byte per vector; the bytes are widened for free by accumulating the register as 16-bit
+// words twice: (w & 0xff) holds the even vectors, (w >> 8) the odd ones. The two lanes (two sub-spaces) are added
+// and the even/odd words interleaved back once per block.
+
+#define FASTDPR_PQ4_AVX2 __attribute__((target("avx2")))
+
+namespace avx2 {
+
+FASTDPR_PQ4_AVX2 static inline void finish(__m256i even, __m256i odd, uint16_t* out) {
+    const __m128i e = _mm_add_epi16(_mm256_castsi256_si128(even), _mm256_extracti128_si256(even, 1));
+    const __m128i o = _mm_add_epi16(_mm256_castsi256_si128(odd), _mm256_extracti128_si256(odd, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi16(e, o));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8), _mm_unpackhi_epi16(e, o));
+}
+
+// Adds the scores of one pair of sub-spaces (codes c, tables lut) to the four accumulators.
+FASTDPR_PQ4_AVX2 static inline void step(__m256i c, __m256i lut, __m256i& lo_e, __m256i& lo_o, __m256i& hi_e,
+                                         __m256i& hi_o) {
+    const __m256i nib = _mm256_set1_epi8(0x0f), byte = _mm256_set1_epi16(0x00ff);
+    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(c, nib));
+    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(c, 4), nib));
+    lo_e = _mm256_add_epi16(lo_e, _mm256_and_si256(lo, byte));
+    lo_o = _mm256_add_epi16(lo_o, _mm256_srli_epi16(lo, 8));
+    hi_e = _mm256_add_epi16(hi_e, _mm256_and_si256(hi, byte));
+    hi_o = _mm256_add_epi16(hi_o, _mm256_srli_epi16(hi, 8));
+}
+
+FASTDPR_PQ4_AVX2 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, uint16_t* out) {
+    const int64_t pairs = padded_m(m) / 2;
+    const size_t bb = block_bytes(m);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = blocks + b * bb;
+        if (b + 1 < nb) simd::prefetch(blk + bb, bb);
+        __m256i lo_e = _mm256_setzero_si256(), lo_o = _mm256_setzero_si256();
+        __m256i hi_e = _mm256_setzero_si256(), hi_o = _mm256_setzero_si256();
+        for (int64_t p = 0; p < pairs; ++p) {
+            const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + p * 32));
+            const __m256i lut = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(table + p * 32));
+            step(c, lut, lo_e, lo_o, hi_e, hi_o);
+        }
+        finish(lo_e, lo_o, out + b * kBlock);
+        finish(hi_e, hi_o, out + b * kBlock + 16);
+    }
+}
+
+}  // namespace avx2
+
+// ---------------------------------------------------------------------------------------------------------------
+// AVX-512BW: four sub-spaces per 64-byte register, the same widening; a remaining pair goes through the AVX2 step.
+
+#define FASTDPR_PQ4_AVX512 __attribute__((target("avx512f,avx512bw,avx2")))
+
+namespace avx512 {
+
+FASTDPR_PQ4_AVX512 static inline __m256i fold(__m512i v) {
+    return _mm256_add_epi16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+FASTDPR_PQ4_AVX512 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, uint16_t* out) {
+    const int64_t mp = padded_m(m);
+    const int64_t quads = mp / 4;
+    const bool pair = (mp % 4) != 0;
+    const size_t bb = block_bytes(m);
+    const __m512i nib = _mm512_set1_epi8(0x0f), byte = _mm512_set1_epi16(0x00ff);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = blocks + b * bb;
+        if (b + 1 < nb) simd::prefetch(blk + bb, bb);
+        __m512i lo_e = _mm512_setzero_si512(), lo_o = _mm512_setzero_si512();
+        __m512i hi_e = _mm512_setzero_si512(), hi_o = _mm512_setzero_si512();
+        for (int64_t p = 0; p < quads; ++p) {
+            const __m512i c = _mm512_loadu_si512(blk + p * 64);
+            const __m512i lut = _mm512_loadu_si512(table + p * 64);
+            const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(c, nib));
+            const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(c, 4), nib));
+            lo_e = _mm512_add_epi16(lo_e, _mm512_and_si512(lo, byte));
+            lo_o = _mm512_add_epi16(lo_o, _mm512_srli_epi16(lo, 8));
+            hi_e = _mm512_add_epi16(hi_e, _mm512_and_si512(hi, byte));
+            hi_o = _mm512_add_epi16(hi_o, _mm512_srli_epi16(hi, 8));
+        }
+        __m256i le = fold(lo_e), lodd = fold(lo_o), he = fold(hi_e), hodd = fold(hi_o);
+        if (pair) {
+            const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + quads * 64));
+            const __m256i lut = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(table + quads * 64));
+            avx2::step(c, lut, le, lodd, he, hodd);
+        }
+        avx2::finish(le, lodd, out + b * kBlock);
+        avx2::finish(he, hodd, out + b * kBlock + 16);
+    }
+}
+
+}  // namespace avx512
+
+// ---------------------------------------------------------------------------------------------------------------
+// dispatch: the level simd.h chose (or a test forced); AVX-512 scanning also needs the BW byte instructions
+
+static bool has_avx512bw() { return __builtin_cpu_supports("avx512bw"); }
+
+ScanFn scan_kernel(simd::Level level) {
+    if (!simd::supported(level))
+        throw std::invalid_argument(std::string("this CPU does not support ") + simd::level_name(level));
+    switch (level) {
+        case simd::Level::AVX512:
+            return has_avx512bw() ? avx512::scan : avx2::scan;
+        case simd::Level::AVX2:
+            return avx2::scan;
+        default:
+            return scalar::scan;
+    }
+}
+
+ScanFn scan_kernel() { return scan_kernel(simd::current()); }
+
+const char* kernel_name(simd::Level level) {
+    switch (level) {
+        case simd::Level::AVX512:
+            return has_avx512bw() ? "avx512bw" : "avx2";
+        case simd::Level::AVX2:
+            return "avx2";
+        default:
+            return "scalar";
+    }
+}
+
+void topk(const uint8_t* blocks, int64_t n, int64_t m, const uint8_t* table, int64_t k, ScanFn scan,
+          std::vector<uint16_t>& scores, std::vector<int64_t>& ids) {
+    scores.clear();
+    ids.clear();
+    if (n <= 0 || k <= 0) return;
+    constexpr int64_t kChunk = 64;  // blocks scanned per call: a small buffer that stays in L1
+    std::vector<uint16_t> buf(static_cast<size_t>(kChunk * kBlock));
+    TopK heap(static_cast<size_t>(std::min(k, n)));
+    const int64_t nb = nblocks(n);
+    for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
+        const int64_t cb = std::min(kChunk, nb - b0);
+        scan(blocks + b0 * block_bytes(m), cb, m, table, buf.data());
+        const int64_t i0 = b0 * kBlock, cn = std::min(cb * kBlock, n - i0);
+        float thr = heap.threshold();
+        for (int64_t i = 0; i < cn; ++i) {
+            if (buf[i] >= thr) {
+                heap.push(static_cast<float>(buf[i]), i0 + i);
+                thr = heap.threshold();
+            }
+        }
+    }
+    for (const Scored& s : heap.take_sorted()) {
+        scores.push_back(static_cast<uint16_t>(s.score));
+        ids.push_back(s.id);
+    }
+}
+
+}  // namespace fastdpr::pq4

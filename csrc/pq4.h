@@ -1,0 +1,88 @@
+// 4-bit product-quantization codes scored with in-register look-up tables ("fast scan").
+//
+// With 16 codewords per sub-space a sub-space's table of scores for one query is 16 bytes once quantized to uint8:
+// exactly one 128-bit lane, so one byte shuffle (pshufb: _mm256_shuffle_epi8 / _mm512_shuffle_epi8) looks up 16 or
+// 32 codes at once, where an 8-bit code needs a gather or a load per code.
+//
+// Code layout: vectors go in blocks of 32; a block holds, sub-space after sub-space, 16 bytes per sub-space whose
+// byte i carries the code of vector i in its low nibble and the code of vector i + 16 in its high nibble. The number
+// of sub-spaces is padded to an even count (padded_m) with zero codes and zero tables, so AVX2 always takes two
+// sub-spaces (one 32-byte load) at a time. The last block of a list is padded with zero codes; its extra scores are
+// computed and ignored.
+//
+// Scores are sums of uint8 table entries, accumulated in uint16: quantize_lut picks a scale that keeps every
+// possible sum below 2^16, so the sums never wrap and every SIMD level gives bit-identical integers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "simd.h"
+
+namespace fastdpr::pq4 {
+
+constexpr int64_t kKsub = 16;        // codewords per sub-space
+constexpr int64_t kBlock = 32;       // vectors per block
+constexpr int64_t kMaxM = 2048;      // sub-spaces; keeps the uint16 sum bound of quantize_lut meaningful
+
+inline int64_t padded_m(int64_t m) { return (m + 1) & ~int64_t{1}; }
+inline int64_t nblocks(int64_t n) { return (n + kBlock - 1) / kBlock; }
+inline size_t block_bytes(int64_t m) { return static_cast<size_t>(padded_m(m)) * 16; }
+inline size_t packed_bytes(int64_t n, int64_t m) { return static_cast<size_t>(nblocks(n)) * block_bytes(m); }
+
+// Code of vector i (counted from the start of `blocks`) in sub-space j. `blocks` must span vector i's block.
+inline void set_code(uint8_t* blocks, int64_t m, int64_t i, int64_t j, uint8_t code) {
+    uint8_t* b = blocks + static_cast<size_t>(i / kBlock) * block_bytes(m) + j * 16;
+    const int64_t r = i % kBlock;
+    if (r < 16)
+        b[r] = static_cast<uint8_t>((b[r] & 0xf0) | (code & 0x0f));
+    else
+        b[r - 16] = static_cast<uint8_t>((b[r - 16] & 0x0f) | ((code & 0x0f) << 4));
+}
+inline uint8_t get_code(const uint8_t* blocks, int64_t m, int64_t i, int64_t j) {
+    const uint8_t* b = blocks + static_cast<size_t>(i / kBlock) * block_bytes(m) + j * 16;
+    const int64_t r = i % kBlock;
+    return r < 16 ? (b[r] & 0x0f) : (b[r - 16] >> 4);
+}
+
+// codes (n, m) row-major, values < 16 -> packed_bytes(n, m) bytes of blocks (padding zero). Throws
+// std::invalid_argument on a code >= 16.
+void pack(const uint8_t* codes, int64_t n, int64_t m, uint8_t* blocks);
+// The inverse: blocks -> codes (n, m).
+void unpack(const uint8_t* blocks, int64_t n, int64_t m, uint8_t* codes);
+
+// A query's table quantized to uint8: table (padded_m, 16); the float score of a code row c is approximated by
+//     bias + delta * S,   S = sum_j table[j][c_j]   (an integer < 2^16).
+// Entry (j, t) is round((lut[j][t] - min_j) / delta) with min_j the smallest entry of row j (the per-table
+// offset; their sum is `bias`) and one scale shared by all rows,
+//     delta = max(max_j range_j / 255, sum_j range_j / (65535 - m)),   range_j = max_j - min_j,
+// so that every entry fits a byte and every sum fits 16 bits: S <= sum_j (range_j / delta + 1/2) <= 65535 - m/2.
+// Error bound: each looked-up entry is off by at most delta / 2 from (lut - min_j) / delta * delta, so for every
+// code row
+//     |bias + delta * S - sum_j lut[j][c_j]| <= m * delta / 2      (plus float32 rounding of the sums).
+// A table with a non-finite entry gives delta = 0, an all-zero table and bias = NaN (every score NaN).
+struct QuantizedLUT {
+    std::vector<uint8_t> table;
+    float bias = 0.f;
+    float delta = 0.f;
+    // The bound above: the largest difference between a dequantized score and the float table's sum.
+    float error_bound(int64_t m) const { return 0.5f * static_cast<float>(m) * delta; }
+};
+void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out);
+
+// out[i] = sum_j table[j][code(i, j)] for every vector of `nblocks` blocks (out holds nblocks * 32 values).
+using ScanFn = void (*)(const uint8_t* blocks, int64_t nblocks, int64_t m, const uint8_t* table, uint16_t* out);
+
+// The scan kernel of a SIMD level (the AVX-512 one needs AVX-512BW; without it that level scans with AVX2), and
+// the one of the active level (simd::current()). Throws std::invalid_argument when the CPU lacks the level.
+ScanFn scan_kernel(simd::Level level);
+ScanFn scan_kernel();
+// Which kernel a level runs: "scalar", "avx2" or "avx512bw".
+const char* kernel_name(simd::Level level);
+
+// The k largest sums of n packed vectors (ties: smaller index first), best first, through `scan`.
+void topk(const uint8_t* blocks, int64_t n, int64_t m, const uint8_t* table, int64_t k, ScanFn scan,
+          std::vector<uint16_t>& scores, std::vector<int64_t>& ids);
+
+}  // namespace fastdpr::pq4
