@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import logging
 import warnings
@@ -248,8 +249,16 @@ class _PackedLayer(nn.Module):
 
     def _attention_grouped(self, qkv: torch.Tensor, groups: list[tuple[int, int]]) -> torch.Tensor:
         """Exact attention per group of equal-length sequences, no mask and no padding (the CPU path: a
-        length-sorted batch has few groups, and each costs only its own tokens)."""
+        length-sorted batch has few groups, and each costs only its own tokens). bf16 on CPUs with AVX512-BF16
+        goes through the compiled kernel (csrc/attention.h: AMX or AVX512-BF16), everything else through ``scaled_dot_product_attention``."""
         heads, head_dim = self.heads, self.hidden // self.heads
+        kernel = _bf16_attention_kernel() if qkv.dtype == torch.bfloat16 and qkv.device.type == "cpu" else None
+        if kernel is not None and head_dim % 16 == 0:
+            qkv = qkv.contiguous()
+            out = torch.empty(qkv.shape[0], self.hidden, dtype=qkv.dtype)
+            kernel.attention_bf16(_bits(qkv), _bits(out), np.asarray(groups, dtype=np.int64).reshape(-1, 2), heads,
+                                  "", torch.get_num_threads())
+            return out
         ctx = torch.empty(qkv.shape[0], self.hidden, dtype=qkv.dtype, device=qkv.device) if len(groups) > 1 else None
         start = 0
         for n, length in groups:
@@ -263,6 +272,22 @@ class _PackedLayer(nn.Module):
                 ctx[start:start + rows] = o
             start += rows
         return ctx
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    """A 16-bit tensor's bits as a numpy uint16 array sharing its memory (numpy has no bfloat16)."""
+    return t.view(torch.int16).numpy().view(np.uint16)
+
+
+@functools.lru_cache(maxsize=None)
+def _bf16_attention_kernel():
+    """``fastdpr._C`` when its bf16 attention kernel runs on this CPU (AMX or AVX512-BF16), else None; like every
+    compiled path it is off under ``FASTDPR_NO_NATIVE=1``."""
+    from fastdpr.index._native import native
+
+    module = native()
+    return module if module is not None and hasattr(module, "attention_paths") and \
+        module.attention_paths()[0] != "scalar" else None
 
 
 def onednn_int8_available() -> bool:

@@ -1,0 +1,431 @@
+// Exact softmax attention, bf16 in and out (see attention.h for the math and why it is written by hand).
+#include "attention.h"
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which its uninitialised-use analysis reports
+// once they are inlined; the values are always overwritten
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cpuid.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "parallel.h"
+#include "simd.h"
+
+namespace fastdpr::attention {
+namespace {
+
+inline float bf16_to_float(uint16_t h) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// Round to nearest even, as vcvtneps2bf16 does (NaN never occurs here: softmax weights are in [0, 1]).
+inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return static_cast<uint16_t>(bits >> 16);
+}
+
+// One (sequence, head): rows `q`, `k`, `v` of `length` tokens with row stride `ld`; output rows of stride `ldo`.
+struct Task {
+    int64_t first_row, length, head;
+};
+
+// Per-thread scratch, grown as needed and reused across tasks.
+struct Scratch {
+    std::vector<uint32_t> kp, vp;
+    std::vector<float> s, o;
+    std::vector<uint16_t> p, q;
+};
+
+// Key pairs, lane-major: kp[p * lp + j] = (k_j[2p], k_j[2p+1]), zero for j >= length. Value pairs: vp[t * D + d] =
+// (v_{2t}[d], v_{2t+1}[d]), v_length = 0. Shared by both paths so their operands are the same bits.
+void lay_out(const uint16_t* k, const uint16_t* v, size_t ld, int64_t length, int64_t lp, int64_t D, Scratch& w) {
+    const int64_t pairs = D / 2, tpairs = (length + 1) / 2;
+    w.kp.assign(static_cast<size_t>(pairs * lp), 0u);
+    for (int64_t j = 0; j < length; ++j) {
+        const uint16_t* row = k + j * ld;
+        for (int64_t p = 0; p < pairs; ++p) {
+            uint32_t pair;
+            std::memcpy(&pair, row + 2 * p, sizeof pair);
+            w.kp[p * lp + j] = pair;
+        }
+    }
+    w.vp.resize(static_cast<size_t>(tpairs * D));
+    for (int64_t t = 0; t < tpairs; ++t) {
+        const uint16_t* v0 = v + 2 * t * ld;
+        const uint16_t* v1 = 2 * t + 1 < length ? v0 + ld : nullptr;
+        for (int64_t d = 0; d < D; ++d)
+            w.vp[t * D + d] = static_cast<uint32_t>(v0[d]) | (v1 ? static_cast<uint32_t>(v1[d]) << 16 : 0u);
+    }
+    w.s.resize(static_cast<size_t>(lp));
+    w.p.assign(static_cast<size_t>(lp), 0);
+}
+
+void head_scalar(const uint16_t* qkv, size_t ld, const Task& task, int64_t H, int64_t D, float scale,
+                 uint16_t* out, size_t ldo, Scratch& w) {
+    const int64_t L = task.length, lp = (L + 15) / 16 * 16, pairs = D / 2, tpairs = (L + 1) / 2;
+    const uint16_t* base = qkv + task.first_row * ld;
+    lay_out(base + (H + task.head) * D, base + (2 * H + task.head) * D, ld, L, lp, D, w);
+    for (int64_t i = 0; i < L; ++i) {
+        const uint16_t* q = base + i * ld + task.head * D;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < L; ++j) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < pairs; ++p) {  // the odd element of a pair first, as vdpbf16ps adds them
+                const uint32_t kk = w.kp[p * lp + j];
+                acc += bf16_to_float(q[2 * p + 1]) * bf16_to_float(static_cast<uint16_t>(kk >> 16));
+                acc += bf16_to_float(q[2 * p]) * bf16_to_float(static_cast<uint16_t>(kk & 0xFFFFu));
+            }
+            w.s[j] = acc * scale;
+            top = std::max(top, w.s[j]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < L; ++j) {
+            const float e = std::exp(w.s[j] - top);
+            sum += e;
+            w.p[j] = float_to_bf16(e);
+        }
+        const float inv = 1.0f / sum;
+        uint16_t* o = out + (task.first_row + i) * ldo + task.head * D;
+        for (int64_t d = 0; d < D; ++d) {
+            float acc = 0.0f;
+            for (int64_t t = 0; t < tpairs; ++t) {
+                const uint32_t vv = w.vp[t * D + d];
+                const float p0 = bf16_to_float(w.p[2 * t]), p1 = 2 * t + 1 < L ? bf16_to_float(w.p[2 * t + 1]) : 0.0f;
+                acc += p1 * bf16_to_float(static_cast<uint16_t>(vv >> 16));
+                acc += p0 * bf16_to_float(static_cast<uint16_t>(vv & 0xFFFFu));
+            }
+            o[d] = float_to_bf16(acc * inv);
+        }
+    }
+}
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define FASTDPR_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// e^x for x <= 0: x = n·ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (relative error below
+// 2e-7 there), scaled by 2^n; inputs below -87 (e^x under fp32's normal range) give 0 after the scaling.
+FASTDPR_AVX512BF16 inline __m512 exp_nonpositive(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+// R query rows at once: each key (or value) vector loaded once serves R rows, and the R accumulators are
+// independent chains, which the instruction's latency needs; each row's sums keep the scalar path's order.
+template <int R>
+FASTDPR_AVX512BF16 void rows_avx512(const uint16_t* const* q, uint16_t* const* o, int64_t L, int64_t lp, int64_t D,
+                                    float scale, Scratch& w) {
+    const int64_t pairs = D / 2, tpairs = (L + 1) / 2;
+    const uint32_t* kp = w.kp.data();
+    const uint32_t* vp = w.vp.data();
+    float* s = w.s.data();  // R rows of lp scores
+    uint16_t* pw = w.p.data();  // R rows of lp weights
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __m512 vmax[R];
+    for (int r = 0; r < R; ++r) vmax[r] = neg_inf;
+    for (int64_t jb = 0; jb < lp; jb += 16) {
+        __m512 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        for (int64_t p = 0; p < pairs; ++p) {
+            const __m512bh kv = (__m512bh)_mm512_loadu_si512(kp + p * lp + jb);
+            for (int r = 0; r < R; ++r) {
+                uint32_t qq;
+                std::memcpy(&qq, q[r] + 2 * p, sizeof qq);
+                acc[r] = _mm512_dpbf16_ps(acc[r], kv, (__m512bh)_mm512_set1_epi32(static_cast<int>(qq)));
+            }
+        }
+        const int64_t valid = std::min<int64_t>(16, L - jb);
+        const __mmask16 m = static_cast<__mmask16>((1u << valid) - 1u);
+        for (int r = 0; r < R; ++r) {
+            const __m512 sc = _mm512_mask_blend_ps(m, neg_inf, _mm512_mul_ps(acc[r], vscale));  // padding: -inf
+            _mm512_storeu_ps(s + r * lp + jb, sc);
+            vmax[r] = _mm512_max_ps(vmax[r], sc);
+        }
+    }
+    __m512 inv[R];
+    for (int r = 0; r < R; ++r) {
+        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[r]));
+        __m512 vsum = _mm512_setzero_ps();
+        for (int64_t jb = 0; jb < lp; jb += 16) {
+            const int64_t valid = std::min<int64_t>(16, L - jb);
+            const __m512 e = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << valid) - 1u),
+                                                 exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + r * lp + jb), top)));
+            vsum = _mm512_add_ps(vsum, e);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(pw + r * lp + jb), (__m256i)_mm512_cvtneps_pbh(e));
+        }
+        inv[r] = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+    }
+    for (int64_t db = 0; db < D; db += 16) {
+        __m512 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < tpairs; ++t) {
+            const __m512bh vv = (__m512bh)_mm512_loadu_si512(vp + t * D + db);
+            for (int r = 0; r < R; ++r) {
+                uint32_t pp;
+                std::memcpy(&pp, pw + r * lp + 2 * t, sizeof pp);
+                acc[r] = _mm512_dpbf16_ps(acc[r], vv, (__m512bh)_mm512_set1_epi32(static_cast<int>(pp)));
+            }
+        }
+        for (int r = 0; r < R; ++r)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(o[r] + db),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[r], inv[r])));
+    }
+}
+
+constexpr int kRows = 8;
+
+FASTDPR_AVX512BF16 void head_avx512(const uint16_t* qkv, size_t ld, const Task& task, int64_t H, int64_t D,
+                                    float scale, uint16_t* out, size_t ldo, Scratch& w) {
+    const int64_t L = task.length, lp = (L + 15) / 16 * 16;
+    const uint16_t* base = qkv + task.first_row * ld;
+    lay_out(base + (H + task.head) * D, base + (2 * H + task.head) * D, ld, L, lp, D, w);
+    w.s.resize(static_cast<size_t>(kRows * lp));
+    w.p.assign(static_cast<size_t>(kRows * lp), 0);
+    for (int64_t i = 0; i < L; i += kRows) {
+        const uint16_t* q[kRows];
+        uint16_t* o[kRows];
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, L - i));
+        for (int r = 0; r < rows; ++r) {
+            q[r] = base + (i + r) * ld + task.head * D;
+            o[r] = out + (task.first_row + i + r) * ldo + task.head * D;
+        }
+        switch (rows) {
+            case 8: rows_avx512<8>(q, o, L, lp, D, scale, w); break;
+            case 7: rows_avx512<7>(q, o, L, lp, D, scale, w); break;
+            case 6: rows_avx512<6>(q, o, L, lp, D, scale, w); break;
+            case 5: rows_avx512<5>(q, o, L, lp, D, scale, w); break;
+            case 4: rows_avx512<4>(q, o, L, lp, D, scale, w); break;
+            case 3: rows_avx512<3>(q, o, L, lp, D, scale, w); break;
+            case 2: rows_avx512<2>(q, o, L, lp, D, scale, w); break;
+            default: rows_avx512<1>(q, o, L, lp, D, scale, w); break;
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------ AMX
+// The same attention on AMX tiles: one TDPBF16PS multiplies a 16×32 bf16 tile by a 32×16 one (in pairs of rows,
+// the layout `lay_out` already makes) into a 16×16 fp32 tile, so a 16×16 block of scores at head dimension 32 is
+// one instruction where AVX512-BF16 needs 16 per row. Q is copied into a zero-padded block so tail rows read
+// zeros; padded keys score 0 and are masked to -inf before the softmax, padded weights are 0.
+#define FASTDPR_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+
+struct alignas(64) TileConfig {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+// tiles 0 (accumulator), 1 (left operand), 2 (right operand): 16 rows of 64 bytes each. A constant in memory:
+// _tile_loadconfig's asm names only the first 8 bytes as its operand, so the stores that fill a local
+// configuration could be dropped as dead
+constexpr TileConfig kTileConfig = {1, 0, {}, {64, 64, 64}, {16, 16, 16}};
+
+FASTDPR_AMX void amx_configure() { _tile_loadconfig(&kTileConfig); }
+
+// the tile intrinsics are asm statements without memory operands: keep the compiler from moving buffer writes
+// past them
+inline void compiler_barrier() { __asm__ __volatile__("" ::: "memory"); }
+
+FASTDPR_AMX void head_amx(const uint16_t* qkv, size_t ld, const Task& task, int64_t H, int64_t D, float scale,
+                          uint16_t* out, size_t ldo, Scratch& w) {
+    const int64_t L = task.length, lp = (L + 15) / 16 * 16, lk = (L + 31) / 32 * 32;  // rows, keys (mult. of 32)
+    const uint16_t* base = qkv + task.first_row * ld;
+    // keys padded to lk so the second product's 32-key steps read zeros past L
+    lay_out(base + (H + task.head) * D, base + (2 * H + task.head) * D, ld, L, lk, D, w);
+    w.vp.resize(static_cast<size_t>(lk / 2 * D), 0u);
+    std::fill(w.vp.begin() + (L + 1) / 2 * D, w.vp.end(), 0u);
+    w.q.assign(static_cast<size_t>(lp * D), 0);
+    for (int64_t i = 0; i < L; ++i) std::memcpy(&w.q[i * D], base + i * ld + task.head * D, D * sizeof(uint16_t));
+    w.s.resize(static_cast<size_t>(16 * lk));
+    w.p.assign(static_cast<size_t>(16 * lk), 0);
+    w.o.resize(static_cast<size_t>(16 * D));
+    float* s = w.s.data();
+    uint16_t* pw = w.p.data();
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    const long kstride = static_cast<long>(lk * sizeof(uint32_t));
+    compiler_barrier();
+    for (int64_t ib = 0; ib < lp; ib += 16) {
+        const int rows = static_cast<int>(std::min<int64_t>(16, L - ib));
+        for (int64_t jb = 0; jb < lp; jb += 16) {
+            _tile_zero(0);
+            for (int64_t ks = 0; ks < D; ks += 32) {
+                _tile_loadd(1, &w.q[ib * D + ks], static_cast<long>(D * sizeof(uint16_t)));
+                _tile_loadd(2, w.kp.data() + (ks / 2) * lk + jb, kstride);
+                _tile_dpbf16ps(0, 1, 2);
+            }
+            _tile_stored(0, s + jb, static_cast<long>(lk * sizeof(float)));
+        }
+        compiler_barrier();
+        float inv[16];
+        for (int r = 0; r < rows; ++r) {
+            float* srow = s + r * lk;
+            uint16_t* prow = pw + r * lk;
+            __m512 vmax = neg_inf;
+            for (int64_t jb = 0; jb < lp; jb += 16) {
+                const int64_t valid = std::min<int64_t>(16, L - jb);
+                const __m512 sc = _mm512_mask_blend_ps(static_cast<__mmask16>((1u << valid) - 1u), neg_inf,
+                                                       _mm512_mul_ps(_mm512_loadu_ps(srow + jb), vscale));
+                _mm512_storeu_ps(srow + jb, sc);
+                vmax = _mm512_max_ps(vmax, sc);
+            }
+            const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+            __m512 vsum = _mm512_setzero_ps();
+            for (int64_t jb = 0; jb < lp; jb += 16) {
+                const int64_t valid = std::min<int64_t>(16, L - jb);
+                const __m512 e = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << valid) - 1u),
+                                                     exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(srow + jb), top)));
+                vsum = _mm512_add_ps(vsum, e);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + jb), (__m256i)_mm512_cvtneps_pbh(e));
+            }
+            inv[r] = 1.0f / _mm512_reduce_add_ps(vsum);
+        }
+        for (int r = rows; r < 16; ++r) std::memset(pw + r * lk, 0, lk * sizeof(uint16_t));
+        compiler_barrier();
+        for (int64_t db = 0; db < D; db += 16) {
+            _tile_zero(0);
+            for (int64_t kb = 0; kb < lk; kb += 32) {
+                _tile_loadd(1, pw + kb, static_cast<long>(lk * sizeof(uint16_t)));
+                _tile_loadd(2, w.vp.data() + (kb / 2) * D + db, static_cast<long>(D * sizeof(uint32_t)));
+                _tile_dpbf16ps(0, 1, 2);
+            }
+            _tile_stored(0, w.o.data() + db, static_cast<long>(D * sizeof(float)));
+        }
+        compiler_barrier();
+        for (int r = 0; r < rows; ++r) {
+            uint16_t* o = out + (task.first_row + ib + r) * ldo + task.head * D;
+            const __m512 vinv = _mm512_set1_ps(inv[r]);
+            for (int64_t db = 0; db < D; db += 16)
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + db),
+                                    (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(&w.o[r * D + db]),
+                                                                              vinv)));
+        }
+    }
+}
+
+FASTDPR_AMX void amx_release() { _tile_release(); }
+
+bool amx_permitted() {
+    // Linux hands out the AMX register state only on request (once per process); torch's oneDNN asks too
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+}
+#endif
+
+}  // namespace
+
+bool supported(Path path) {
+#if defined(__x86_64__) || defined(_M_X64)
+    static const bool avx512 = simd::supported(simd::Level::AVX512) && __builtin_cpu_supports("avx512bw") &&
+                               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+    static const bool amx = avx512 && [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        // CPUID.(7,0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE
+        return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1u) && (d >> 24 & 1u) && amx_permitted();
+    }();
+    switch (path) {
+        case Path::Scalar: return true;
+        case Path::AVX512BF16: return avx512;
+        case Path::AMX: return amx;
+    }
+    return false;
+#else
+    return path == Path::Scalar;
+#endif
+}
+
+Path best_path(int64_t head_dim) {
+    if (head_dim % 32 == 0 && supported(Path::AMX)) return Path::AMX;
+    if (supported(Path::AVX512BF16)) return Path::AVX512BF16;
+    return Path::Scalar;
+}
+
+const char* path_name(Path path) {
+    switch (path) {
+        case Path::Scalar: return "scalar";
+        case Path::AVX512BF16: return "avx512bf16";
+        case Path::AMX: return "amx";
+    }
+    return "?";
+}
+
+void attention_bf16(const uint16_t* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
+                    int64_t n_groups, uint16_t* out, Path path, int threads) {
+    if (heads <= 0 || head_dim <= 0 || head_dim % 16 != 0)
+        throw std::invalid_argument("attention: heads must be > 0 and head_dim a positive multiple of 16, got heads=" +
+                                    std::to_string(heads) + ", head_dim=" + std::to_string(head_dim));
+    if (!supported(path))
+        throw std::invalid_argument(std::string("attention: this CPU cannot run the ") + path_name(path) + " path");
+    if (path == Path::AMX && head_dim % 32 != 0)
+        throw std::invalid_argument("attention: the amx path needs head_dim a multiple of 32, got " +
+                                    std::to_string(head_dim));
+    std::vector<Task> tasks;
+    int64_t row = 0;
+    for (int64_t g = 0; g < n_groups; ++g) {
+        const int64_t count = groups[2 * g], length = groups[2 * g + 1];
+        if (count < 0 || length <= 0)
+            throw std::invalid_argument("attention: group " + std::to_string(g) + " has count " +
+                                        std::to_string(count) + " and length " + std::to_string(length));
+        for (int64_t c = 0; c < count; ++c, row += length)
+            for (int64_t h = 0; h < heads; ++h) tasks.push_back({row, length, h});
+    }
+    if (row != T)
+        throw std::invalid_argument("attention: the groups cover " + std::to_string(row) + " rows, qkv has " +
+                                    std::to_string(T));
+    const size_t ld = static_cast<size_t>(3 * heads * head_dim), ldo = static_cast<size_t>(heads * head_dim);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const int nt = resolve_threads(threads);
+    const int64_t n = static_cast<int64_t>(tasks.size());
+    ParallelErrors errors;
+#pragma omp parallel num_threads(nt) if (nt > 1 && n > 1)
+    {
+        Scratch w;
+#if defined(__x86_64__) || defined(_M_X64)
+        if (path == Path::AMX) amx_configure();  // tile configuration is per thread
+#endif
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t t = 0; t < n; ++t)
+            errors.run([&] {
+#if defined(__x86_64__) || defined(_M_X64)
+                if (path == Path::AMX) return head_amx(qkv, ld, tasks[t], heads, head_dim, scale, out, ldo, w);
+                if (path == Path::AVX512BF16)
+                    return head_avx512(qkv, ld, tasks[t], heads, head_dim, scale, out, ldo, w);
+#endif
+                head_scalar(qkv, ld, tasks[t], heads, head_dim, scale, out, ldo, w);
+            });
+#if defined(__x86_64__) || defined(_M_X64)
+        if (path == Path::AMX) amx_release();
+#endif
+    }
+    errors.rethrow();
+}
+
+}  // namespace fastdpr::attention

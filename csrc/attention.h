@@ -1,0 +1,39 @@
+// Exact softmax attention for inference on CPUs: bf16 in, bf16 out, over packed sequences without padding.
+//
+// Why by hand: at the head dimensions of small encoders (32) torch's CPU flash attention runs bf16 no faster than
+// fp32 (about 70 GFLOP/s on one core), and attention took a third of a bf16 MiniLM passage encoding while the
+// oneDNN/AMX linear layers around it took the rest. AVX512-BF16's dot-product instruction (vdpbf16ps: 16 fp32
+// lanes, each accumulating two bf16 products) computes both matrix products of attention with no conversions:
+//
+//   S = Q Kᵀ · scale   16 keys at a time; lane j holds the dimension pair (k_j[2p], k_j[2p+1]), the query's pair p
+//                      is broadcast;
+//   O = P V / Σ P      16 output dimensions at a time; lane d holds (v_{2t}[d], v_{2t+1}[d]), the weight pair
+//                      (P[2t], P[2t+1]) is broadcast.
+//
+// Softmax runs in fp32: P = exp(S − max S), rounded to bf16 for the second product, and O is divided by the fp32
+// sum of the unrounded weights afterwards (flash attention's order). The scalar path computes the same quantities
+// with the same roundings (fp32 sums of exact bf16 products, bf16 weights), so the two agree to fp32 rounding.
+#pragma once
+
+#include <cstdint>
+
+namespace fastdpr::attention {
+
+// The three implementations: AMX tiles (head_dim a multiple of 32), AVX512-BF16 dot products, and the scalar
+// reference the tests compare them with.
+enum class Path : int { Scalar = 0, AVX512BF16 = 1, AMX = 2 };
+
+// Whether `path` runs on this CPU (and OS: AMX needs the kernel's permission, requested on first use).
+bool supported(Path path);
+// The fastest path for this head dimension.
+Path best_path(int64_t head_dim);
+const char* path_name(Path path);
+
+// qkv: T rows of 3·heads·head_dim bf16 bit patterns (all query heads, then keys, then values); the sequences lie
+// one after another, `groups` = n_groups (count, length) pairs of runs of equal-length sequences (Σ count·length =
+// T). out: T rows of heads·head_dim bf16. head_dim must be a positive multiple of 16; threads as elsewhere (0:
+// OpenMP's default).
+void attention_bf16(const uint16_t* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
+                    int64_t n_groups, uint16_t* out, Path path, int threads);
+
+}  // namespace fastdpr::attention

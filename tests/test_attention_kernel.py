@@ -1,0 +1,119 @@
+"""The compiled bf16 attention kernel (csrc/attention.h): every path against the scalar path and against torch's
+attention in fp32, on random packed batches of odd lengths; its argument checks; the inference tower with and
+without it."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+C = pytest.importorskip("fastdpr._C")
+if not hasattr(C, "attention_bf16"):
+    pytest.skip("this build of fastdpr._C has no attention kernel", allow_module_level=True)
+
+
+def _bits(t):
+    return t.view(torch.int16).numpy().view(np.uint16)
+
+
+def _reference(qkv, groups, heads, head_dim):
+    out, start = [], 0
+    for n, length in groups:
+        g = qkv[start:start + n * length].view(n, length, 3, heads, head_dim)
+        q, k, v = (g[:, :, i].transpose(1, 2).float() for i in range(3))
+        out.append(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n * length, heads * head_dim))
+        start += n * length
+    return torch.cat(out)
+
+
+def _run(qkv, groups, heads, path, threads=1):
+    out = torch.empty(qkv.shape[0], qkv.shape[1] // 3, dtype=torch.bfloat16)
+    C.attention_bf16(_bits(qkv), _bits(out), np.asarray(groups, dtype=np.int64).reshape(-1, 2), heads, path,
+                     threads)
+    return out.float()
+
+
+CASES = [  # (heads, head_dim, groups)
+    (12, 32, [(1, 1)]),
+    (12, 32, [(2, 7), (1, 17), (3, 33)]),
+    (3, 32, [(1, 15), (1, 16), (1, 31), (1, 32), (1, 33)]),
+    (2, 64, [(4, 9), (1, 130)]),
+    (5, 16, [(2, 11), (1, 50)]),
+    (1, 96, [(1, 257)]),
+]
+
+
+@pytest.mark.parametrize("heads,head_dim,groups", CASES)
+def test_every_path_matches_fp32_attention_and_the_scalar_path(heads, head_dim, groups):
+    seed = int(np.random.SeedSequence().generate_state(1)[0])
+    g = torch.Generator().manual_seed(seed)
+    rows = sum(n * length for n, length in groups)
+    qkv = (torch.randn(rows, 3 * heads * head_dim, generator=g) * 2).bfloat16()
+    want = _reference(qkv, groups, heads, head_dim)
+    scalar = _run(qkv, groups, heads, "scalar")
+    # bf16 output: a rounding of at most one bf16 step (2^-8 relative) of values up to |v| ~ 8
+    torch.testing.assert_close(scalar, want, rtol=2 ** -7, atol=2 ** -6, msg=f"seed {seed}")
+    for path in C.attention_paths():
+        if path == "amx" and head_dim % 32:
+            with pytest.raises(ValueError, match="multiple of 32"):
+                _run(qkv, groups, heads, path)
+            continue
+        got = _run(qkv, groups, heads, path)
+        # the same roundings as the scalar path, sums in another order: within one bf16 step of it
+        torch.testing.assert_close(got, scalar, rtol=2 ** -7, atol=2 ** -6, msg=f"{path}, seed {seed}")
+        torch.testing.assert_close(_run(qkv, groups, heads, path, threads=2), got, rtol=0, atol=0)
+
+
+def test_large_scores_and_a_single_key():
+    # scores far apart (softmax saturates) and a one-token sequence (weight 1 on itself): output = its value
+    heads, head_dim = 2, 32
+    qkv = torch.zeros(1 + 40, 3 * heads * head_dim)
+    qkv[:, : heads * head_dim] = 30.0
+    qkv[:, heads * head_dim : 2 * heads * head_dim] = torch.linspace(-30, 30, 41)[:, None]
+    qkv[:, 2 * heads * head_dim :] = torch.arange(41, dtype=torch.float32)[:, None]
+    qkv = qkv.bfloat16()
+    groups = [(1, 1), (1, 40)]
+    want = _reference(qkv, groups, heads, head_dim)
+    for path in C.attention_paths():
+        got = _run(qkv, groups, heads, path)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=2 ** -7, atol=2 ** -6)
+    assert float(got[0, 0]) == 0.0  # the first sequence's value row is 0
+
+
+def test_bad_arguments_are_refused():
+    qkv = torch.zeros(10, 3 * 2 * 32, dtype=torch.bfloat16)
+    out = torch.zeros(10, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="cover 9 rows"):
+        C.attention_bf16(_bits(qkv), _bits(out), np.array([[1, 9]]), 2, "", 1)
+    with pytest.raises(ValueError, match="length 0"):
+        C.attention_bf16(_bits(qkv), _bits(out), np.array([[1, 10], [1, 0]]), 2, "", 1)
+    with pytest.raises(ValueError, match="out must be"):
+        C.attention_bf16(_bits(qkv), _bits(torch.zeros(10, 32, dtype=torch.bfloat16)), np.array([[1, 10]]), 2, "",
+                         1)
+    with pytest.raises(ValueError, match="unknown path"):
+        C.attention_bf16(_bits(qkv), _bits(out), np.array([[1, 10]]), 2, "gpu", 1)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        C.attention_bf16(_bits(qkv), _bits(torch.zeros(10, 64, dtype=torch.bfloat16)), np.array([[1, 10]]), 8,
+                         "", 1)
+    # out is written in place: a float array or a strided view is refused, never converted into a copy
+    with pytest.raises(TypeError):
+        C.attention_bf16(_bits(qkv), out.float().numpy(), np.array([[1, 10]]), 2, "", 1)
+    with pytest.raises(TypeError):
+        C.attention_bf16(_bits(qkv), _bits(torch.zeros(10, 128, dtype=torch.bfloat16))[:, ::2], np.array([[1, 10]]),
+                         2, "", 1)
+
+
+def test_tower_with_the_kernel_equals_the_tower_without(tmp_path, monkeypatch):
+    from tiny_models import tiny_biencoder
+
+    import fastdpr.models.inference as inference
+
+    if inference._bf16_attention_kernel() is None:
+        pytest.skip("no AMX/AVX512-BF16 on this CPU: the tower uses torch's attention")
+    model = tiny_biencoder(tmp_path, hidden=64, layers=2)  # 2 heads of 32
+    texts = ["a short one", "a somewhat longer passage about the history of the thing", "x " * 40]
+    with_kernel = model.encode_passages(texts, precision="bf16", show_progress=False)
+    monkeypatch.setattr(inference, "_bf16_attention_kernel", lambda: None)
+    without = model.encode_passages(texts, precision="bf16", show_progress=False)
+    cos = (with_kernel * without).sum(1) / np.linalg.norm(with_kernel, axis=1) / np.linalg.norm(without, axis=1)
+    assert cos.min() > 0.999
