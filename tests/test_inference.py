@@ -284,3 +284,26 @@ def test_int8_linear_kernels_agree_with_the_dequantized_product(seed, activation
     if backends == ["fbgemm", "onednn"]:
         a, b = (inference.Int8Linear(fused, backend=k)(x) for k in backends)
         assert (a - b).abs().max() < 0.02 * exact.abs().max()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_int8_linear_with_bf16_activations_agrees_with_its_fp32_output(seed):
+    if not inference.onednn_int8_available():
+        pytest.skip("no oneDNN int8 linear in this torch build")
+    g = torch.Generator().manual_seed(seed)
+    rows, fan_in, fan_out = [5, 131][seed], [32, 96][seed], [48, 37][seed]
+    linear = torch.nn.Linear(fan_in, fan_out)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(fan_out, fan_in, generator=g) * 0.1)
+        linear.bias.copy_(torch.randn(fan_out, generator=g))
+    x = torch.randn(rows, fan_in, generator=g)
+    fp32 = inference.Int8Linear(inference.FusedLinear.from_linear(linear, "gelu"), backend="onednn")
+    bf16 = inference.Int8Linear(inference.FusedLinear.from_linear(linear, "gelu"), backend="onednn",
+                                out_dtype=torch.bfloat16)
+    want = fp32(x)
+    got = bf16(x.bfloat16())
+    assert got.dtype == torch.bfloat16
+    # the same integer product; the bf16 input rounds x first (a step of 2^-8) and the output is rounded to bf16
+    torch.testing.assert_close(got.float(), want, rtol=2 ** -6, atol=0.02 * float(want.abs().max()))
+    with pytest.raises(ValueError, match="onednn"):
+        inference.Int8Linear(linear, backend="fbgemm", out_dtype=torch.bfloat16)

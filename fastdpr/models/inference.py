@@ -298,7 +298,8 @@ def onednn_int8_available() -> bool:
 
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights (symmetric, one scale per output row) and activations quantized per call
-    to 0..255 (one scale and zero point for the call's whole input, from its range). torch's ``quantize_dynamic``
+    to 0..255 (one scale and zero point for the call's whole input, from its range); the output in ``out_dtype``
+    (float32, or bfloat16 with oneDNN). torch's ``quantize_dynamic``
     default keeps weights per tensor and activations at 7 bits (for CPUs without VNNI), which costs MiniLM ~0.07 of
     cosine; this costs ~0.005.
 
@@ -306,7 +307,7 @@ class Int8Linear(nn.Module):
     fused (``backend="onednn"``, AMX-INT8 / VNNI), else fbgemm's dynamic linear (``"fbgemm"``, torch's quantized
     tensors)."""
 
-    def __init__(self, linear: nn.Module, backend: str | None = None):
+    def __init__(self, linear: nn.Module, backend: str | None = None, out_dtype: torch.dtype = torch.float32):
         super().__init__()
         self.activation = getattr(linear, "activation", None)
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -314,6 +315,9 @@ class Int8Linear(nn.Module):
         scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
         bias = linear.bias.detach().float() if linear.bias is not None else None
         self.backend = backend or ("onednn" if onednn_int8_available() else "fbgemm")
+        if out_dtype != torch.float32 and self.backend != "onednn":
+            raise ValueError(f"Int8Linear: output dtype {out_dtype} needs the onednn backend")
+        self.out_dtype = out_dtype
         if self.backend == "onednn":
             qweight = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
             self.packed = torch.ops.onednn.qlinear_prepack(qweight, None)
@@ -334,16 +338,28 @@ class Int8Linear(nn.Module):
             lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
             step = (hi - lo) / 255.0 or 1.0
             zero = int(round(-lo / step))
-            xq = torch.round(x * (1.0 / step)).add_(zero).clamp_(0, 255).to(torch.uint8)
+            xq = _quantize_u8(x, step, zero)
             attr, algorithm = _ONEDNN_ACTIVATIONS[self.activation]
             y = torch.ops.onednn.qlinear_pointwise(xq, step, zero, self.packed, self.weight_scale, self.weight_zero,
-                                                   self.bias, 1.0, 0, torch.float32, attr,
+                                                   self.bias, 1.0, 0, self.out_dtype, attr,
                                                    [None] if attr == "none" else [], algorithm)
         else:
             y = torch.ops.quantized.linear_dynamic(x, self.packed, False)
             if self.activation is not None:
                 y = _ACTIVATIONS[self.activation](y)
         return y.add_(residual) if residual is not None else y
+
+
+def _quantize_u8(x: torch.Tensor, step: float, zero: int) -> torch.Tensor:
+    """round(x / step) + zero, clamped to 0..255, as uint8, computed in float32 (bf16 cannot hold the integers
+    above 256 it passes through). torch's quantize kernel does it in one pass (2x the elementwise chain); the chain
+    is the fallback for torch builds that no longer have quantized tensors."""
+    x = x.float()
+    if hasattr(torch, "quantize_per_tensor"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the deprecation notice of quantized tensor types
+            return torch.quantize_per_tensor(x, step, zero, torch.quint8).int_repr()
+    return torch.round(x * (1.0 / step)).add_(zero).clamp_(0, 255).to(torch.uint8)
 
 
 def quantize_linears(module: nn.Module) -> None:
@@ -380,12 +396,18 @@ class PackedBert(nn.Module):
             self.layers.to(DTYPES[precision])
             self.compute_dtype = DTYPES[precision]
         elif precision == "int8":
-            # the feed-forward output layer stays float32: its input (after GELU) has outlier features that one
-            # 8-bit scale per call clips; quantizing it too lowers MiniLM's minimum cosine from 0.995 to 0.990 on
-            # SQuAD passages for no measurable speed (benchmarks/results/encode.md)
+            # The feed-forward output layer stays in floating point: its input (after GELU) has outlier features
+            # that one 8-bit scale per call clips; quantizing it too lowers MiniLM's minimum cosine from 0.995 to
+            # 0.990 on SQuAD passages. Where the CPU computes bf16 natively (AMX / AVX512-BF16) everything that is
+            # not int8 runs in bf16 as in the bf16 tower (activations, attention, that layer): in fp32 it took
+            # half of the int8 tower's time.
+            activations = torch.bfloat16 if onednn_int8_available() and bf16_supported() else torch.float32
             for layer in self.layers:
                 for name in ("qkv", "attn_out", "inter"):
-                    setattr(layer, name, Int8Linear(getattr(layer, name)))
+                    setattr(layer, name, Int8Linear(getattr(layer, name), out_dtype=activations))
+            if activations == torch.bfloat16:
+                self.layers.to(torch.bfloat16)
+                self.compute_dtype = torch.bfloat16
         for module in self.layers.modules():
             if isinstance(module, FusedLinear):
                 module.prepack()
