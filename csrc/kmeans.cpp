@@ -164,6 +164,11 @@ void check_positive(int64_t v, const char* what) {
     if (v <= 0) throw std::invalid_argument(std::string("k-means: ") + what + " must be positive, got " + std::to_string(v));
 }
 
+// Fewest points a cluster may keep with balance b: floor(b * n / k), computed as fastdpr/index/kmeans.py does.
+int64_t small_cluster_floor(double balance, int64_t n, int64_t k) {
+    return static_cast<int64_t>(balance * static_cast<double>(n) / static_cast<double>(k));
+}
+
 }  // namespace
 
 size_t packed_size(int64_t n, int64_t d) {
@@ -237,6 +242,8 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
     check_positive(d, "dimension");
     check_positive(p.niter, "niter");
     check_positive(p.max_points_per_centroid, "max_points_per_centroid");
+    if (!(p.balance >= 0 && p.balance < 1))  // also refuses NaN
+        throw std::invalid_argument("k-means: balance must be in [0, 1), got " + std::to_string(p.balance));
     const int64_t k = p.k;
     if (n < k)
         throw std::invalid_argument("k-means: need at least k=" + std::to_string(k) + " training points, got " +
@@ -387,11 +394,14 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
             const double inv = 1.0 / static_cast<double>(counts[j]);
             for (int64_t t = 0; t < d; ++t) c[j * d + t] = static_cast<float>(sums[j * d + t] * inv);
         }
-        // Empty clusters: split the currently largest cluster in two by symmetric perturbation of its centroid.
+        // Empty clusters (and, with balance, clusters under the floor, except after the last update, whose
+        // centroids are the result): split the currently largest cluster in two by symmetric perturbation of its
+        // centroid; the small cluster's points go to their next-nearest centroids at the next assignment.
+        const int64_t floor = it + 1 < p.niter ? std::max<int64_t>(1, small_cluster_floor(p.balance, nt, k)) : 1;
         for (int64_t j = 0; j < k; ++j) {
-            if (counts[j] != 0) continue;
+            if (counts[j] >= floor) continue;
             const int64_t big = std::max_element(counts.begin(), counts.end()) - counts.begin();
-            if (counts[big] < 2) break;  // nothing left to split (fewer distinct points than clusters)
+            if (counts[big] < 2 * floor) break;  // nothing left to split (fewer distinct points than clusters)
             constexpr float eps = 1.0f / 1024.0f;
             float* cj = &c[j * d];
             float* cb = &c[big * d];

@@ -37,13 +37,18 @@ struct KMeansParams {
     int64_t max_points_per_centroid = 256;
     // Greedy k-means++ seeding (on a subsample of max(4 k, 2048) points); otherwise k distinct random points.
     bool kmeanspp = true;
+    // Balanced clusters: after each update but the last, a cluster holding fewer than balance x (mean cluster size)
+    // points is re-seeded by splitting the largest one (0: only empty clusters are). For inner-product search
+    // over lists probed in order of <q, c>, lists of even size rank their members more evenly (measured in
+    // fastdpr/index/ivfpq.py's docstring).
+    double balance = 0;
 };
 
 struct KMeansResult {
     std::vector<float> centroids;  // (k, d)
     std::vector<double> objective;  // per iteration: mean squared distance (L2) or mean inner product (spherical)
     int64_t n_train = 0;            // points actually used after subsampling
-    int64_t empty_splits = 0;       // empty clusters re-seeded by splitting a large one
+    int64_t empty_splits = 0;       // empty (or, with balance, undersized) clusters re-seeded by splitting
 };
 
 // Throws std::invalid_argument (with the numbers in the message) when n < k or a size is not positive.

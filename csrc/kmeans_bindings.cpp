@@ -11,7 +11,7 @@ void bind_kmeans(py::module_& m) {
     m.def(
         "kmeans",
         [](const FloatArray& x, py::handle k_arg, py::handle niter, py::handle seed, bool spherical,
-           py::handle max_points_per_centroid, bool kmeanspp) {
+           py::handle max_points_per_centroid, bool kmeanspp, double balance) {
             if (x.ndim() != 2) throw std::invalid_argument("kmeans: x must be a 2-D array");
             const int64_t n = x.shape(0), d = x.shape(1);
             KMeansParams p;
@@ -21,6 +21,7 @@ void bind_kmeans(py::module_& m) {
             p.spherical = spherical;
             p.max_points_per_centroid = arg_int(max_points_per_centroid, "max_points_per_centroid", 1, 1 << 30);
             p.kmeanspp = kmeanspp;
+            p.balance = balance;
             if (p.k > n)  // before the (k, d) result is allocated
                 throw std::invalid_argument("k-means: need at least k=" + std::to_string(p.k) +
                                             " training points, got " + std::to_string(n));
@@ -38,8 +39,9 @@ void bind_kmeans(py::module_& m) {
             return py::make_tuple(c, info);
         },
         py::arg("x"), py::arg("k"), py::arg("niter") = 20, py::arg("seed") = 1234, py::arg("spherical") = false,
-        py::arg("max_points_per_centroid") = 256, py::arg("kmeanspp") = true,
-        "k-means (Lloyd, k-means++ seeding, empty-cluster splitting): (centroids (k, d), info dict)");
+        py::arg("max_points_per_centroid") = 256, py::arg("kmeanspp") = true, py::arg("balance") = 0.0,
+        "k-means (Lloyd, k-means++ seeding, empty-cluster splitting; balance: clusters under balance x the mean "
+        "size are split off the largest too): (centroids (k, d), info dict)");
     m.def(
         "inner_products",
         [](const FloatArray& x, const FloatArray& y) {

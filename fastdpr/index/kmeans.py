@@ -25,15 +25,25 @@ def nearest(x: np.ndarray, centroids: np.ndarray, max_inner_product: bool, block
     return out
 
 
+def small_cluster_floor(balance: float, n: int, k: int) -> int:
+    """Fewest points a cluster may keep with ``balance`` (csrc/kmeans.cpp computes it the same way)."""
+    return int(float(balance) * float(n) / float(k))
+
+
 def kmeans(x: np.ndarray, k: int, niter: int = 20, seed: int = 1234, spherical: bool = False,
-           max_points_per_centroid: int = 256, kmeanspp: bool = True) -> np.ndarray:
+           max_points_per_centroid: int = 256, kmeanspp: bool = True, balance: float = 0.0) -> np.ndarray:
     """Lloyd's k-means with k-means++ seeding and empty-cluster splitting (numpy twin of csrc/kmeans.cpp; the
-    random streams differ, so the centroids are equally good rather than identical)."""
+    random streams differ, so the centroids are equally good rather than identical).
+
+    ``balance`` (in [0, 1)): after every update but the last, a cluster holding fewer than balance x the mean
+    cluster size is re-seeded by splitting the largest one, as empty clusters always are."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     n, d = x.shape
     for name, value in (("k", k), ("niter", niter), ("max_points_per_centroid", max_points_per_centroid)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise InputError(f"k-means: {name} must be a positive integer, got {value!r}")
+    if isinstance(balance, bool) or not isinstance(balance, (int, float, np.floating)) or not 0 <= balance < 1:
+        raise InputError(f"k-means: balance must be in [0, 1), got {balance!r}")
     if n < k:
         raise InputError(f"k-means: need at least k={k} training points, got {n}")
     rng = np.random.default_rng(seed)
@@ -70,15 +80,18 @@ def kmeans(x: np.ndarray, k: int, niter: int = 20, seed: int = 1234, spherical: 
     if spherical:
         normalise()
     eps = np.where(np.arange(d) % 2 == 0, 1.0 / 1024, -1.0 / 1024).astype(np.float32)
-    for _ in range(niter):
+    for it in range(niter):
         labels = nearest(x, c, spherical)
         counts = np.bincount(labels, minlength=k)
         sums = np.stack([np.bincount(labels, weights=x[:, t], minlength=k) for t in range(d)], axis=1)
         filled = counts > 0
         c[filled] = (sums[filled] / counts[filled, None]).astype(np.float32)
-        for j in np.flatnonzero(~filled):
+        floor = max(1, small_cluster_floor(balance, n, k)) if it + 1 < niter else 1
+        for j in range(k):
+            if counts[j] >= floor:
+                continue
             big = int(np.argmax(counts))
-            if counts[big] < 2:
+            if counts[big] < 2 * floor:
                 break
             c[j] = c[big] * (1 + eps)
             c[big] = c[big] * (1 - eps)
