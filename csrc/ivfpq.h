@@ -1,8 +1,9 @@
 // IVF-PQ for maximum inner product.
 //
-// Coarse level: nlist k-means centroids (spherical k-means -- unit-norm directions -- ranks better for MIPS on
-// non-normalised vectors and is what fastdpr/index/ivfpq.py asks for by default). A vector is filed under its
-// nearest centroid in L2 (with unit centroids: the largest inner product; assign_by_ip forces the latter) and
+// Coarse level: nlist k-means centroids (fastdpr/index/ivfpq.py asks for L2 k-means with balanced lists by default:
+// it ranks a query's top-100 into far fewer vectors scanned than spherical lists on non-normalised vectors). A vector
+// is filed under its nearest centroid in L2 (with unit centroids: the largest inner product; assign_by_ip forces
+// the latter) and
 // its residual r = x - c is product-quantised: m sub-vectors of d/m dimensions, each replaced by the index of the nearest of 256 codewords.
 // Inner products decompose exactly over that split:
 //     <q, x> ~= <q, c> + <q, r_hat> = <q, c> + sum_j LUT_j[code_j],   LUT_j[t] = <q_j, codeword_j,t>

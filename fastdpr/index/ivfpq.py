@@ -1,16 +1,23 @@
 """IVF-PQ for maximum inner product: k-means coarse lists + residual product quantization, with an exact re-rank.
 
-The coarse centroids are unit-norm directions (spherical k-means, the default): a vector x is filed under the
-centroid c of largest <x, c> (with unit centroids that is also the nearest in L2) and its residual r = x - c is
-stored as m one-byte codes. Since <q, x> = <q, c> + <q, r>, a query scores a code row as <q, c> + sum_j LUT_j[code_j]
+The coarse centroids come from L2 k-means with balanced lists (the default): a vector x is filed under its nearest
+centroid c in L2 and its residual r = x - c is stored as m one-byte codes. Since <q, x> = <q, c> + <q, r>, a query scores a code row as <q, c> + sum_j LUT_j[code_j]
 with one m x 256 table per query (for inner product the table does not depend on the list). Lists are probed in
 order of <q, c>. Optionally the full vectors are kept (fp16/fp32, memory-mappable) and the best ``rerank``
 candidates are re-scored exactly, which lifts recall@10 to nearly that of exact search.
 
-Why spherical: on non-normalised DPR-like vectors (benchmarks/datasets.py, 100k x 768, nlist 1024, m 48, nprobe
-16) grouping by direction ranks better than plain L2 k-means although its reconstruction error is a little higher:
-recall@100 0.835 vs 0.747 without re-rank, 0.962 vs 0.948 with rerank=200. Plain L2 lists (``spherical=false``)
-with IP filing (``assign=ip``) leave half the lists empty (measured: 130 of 256), so they are not the default.
+Why balanced L2 lists (``balance=0.5``: during k-means a list under half the mean size is re-seeded by splitting
+the largest one, as ScaNN's partitioner does with its minimum partition size): on real MiniLM passages with
+unnormalised mean pooling (norms 1.1 to 8.3; benchmarks/ann_calibrate.py, 23,582 passages, 1,000 NQ questions),
+an ideal IVF (exact scores inside the probed lists) must scan a median 19% of the vectors to hold 95% of a
+query's top-100 with spherical lists, 3.6% with L2 lists and 3.3% with balanced L2 lists. Spherical lists group by
+direction only, so a list mixes hubs and low-norm passages and <q, c> (c of unit norm) cannot rank lists by the
+norms MIPS rewards; L2 lists separate norms, and the high-norm lists come first in order of <q, c>. Without
+balance, L2 lists are very uneven (largest 10x the mean): few vectors are scanned, but over many small lists
+(a median 95 of 512), so nprobe must be large and stops being a measure of work; balance keeps the same scan at
+a median 20 of 512 lists. Measured with this index (nlist 512, m 48, rerank 400): recall@100 0.57 / 0.54 / 0.95
+at nprobe 32 (spherical / L2 / balanced L2). Spherical lists (``spherical=true,balance=0``, the default before)
+remain an option; plain L2 lists with IP filing (``assign=ip``) leave half the lists empty (130 of 256).
 
 Example::
 
@@ -31,7 +38,7 @@ codes), ``nbits`` (8 or 4), ``aniso`` (4-bit: the anisotropic threshold T, 0.2) 
 ``store`` (none|fp16|fp32; bare ``fp16``/``fp32`` flags work too), ``nprobe`` and ``rerank`` (search defaults),
 ``assign`` (l2|ip: how vectors are filed under centroids), ``niter``, ``pq_niter``, ``seed``,
 ``max_points_per_centroid`` (coarse k-means subsample, 64), ``pq_max_points_per_centroid`` (256), ``spherical``
-(true), ``backend`` (auto|compiled|numpy).
+(false), ``balance`` (0.5; 0: lists of any size), ``backend`` (auto|compiled|numpy).
 
 ``rerank`` is a number of candidates re-scored exactly, or ``"auto"`` (the default): 4 k when the full vectors are
 stored, else none. ``search(..., rerank=None, nprobe=None)`` (the defaults) use the index's own settings. The older
