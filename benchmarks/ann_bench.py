@@ -97,12 +97,16 @@ def fastdpr_methods(cfg: dict) -> list[Method]:
 
     hnsw_spec = f"hnsw,M={cfg['M']},efc={cfg['efc']}"
     ivf_spec = f"ivfpq,nlist={cfg['nlist']},m={cfg['m']},fp16"
+    # 4-bit fast-scan codes with score-aware codebooks (csrc/pq4.h, fastdpr/index/pq4.py)
+    ivf4_spec = f"ivfpq,nbits=4,nlist={cfg['nlist']},m={cfg['m4']},fp16"
     return [
         Method("fastdpr-flat", "exact", build("flat"), search, size, [{}], {"spec": "flat"}),
         Method("fastdpr-hnsw", "hnsw", build(hnsw_spec), search, size,
                [{"ef": ef} for ef in cfg["ef"]], {"spec": hnsw_spec}),
         Method("fastdpr-ivfpq", "ivfpq", build(ivf_spec), search, size,
                [{"nprobe": p, "rerank": r} for r in cfg["rerank"] for p in cfg["nprobe"]], {"spec": ivf_spec}),
+        Method("fastdpr-ivfpq4", "ivfpq", build(ivf4_spec), search, size,
+               [{"nprobe": p, "rerank": r} for r in cfg["rerank"] for p in cfg["nprobe"]], {"spec": ivf4_spec}),
     ]
 
 
@@ -414,7 +418,7 @@ def plot(rows: list[dict], threads_list: list[int], title: str, path: Path) -> N
 
 def configs(args, ds: Dataset) -> dict:
     n, d = ds.n, ds.dim
-    from fastdpr.index.ivfpq import default_nlist
+    from fastdpr.index.ivfpq import default_m, default_nlist
 
     # m = d/16 (16-dimensional sub-vectors): with an exact re-rank behind it, a coarser code is as good at
     # recall@100 = 0.95 as d/8 and scans twice as fast (measured on the 100k x 768 mixture).
@@ -425,11 +429,11 @@ def configs(args, ds: Dataset) -> dict:
            # ScaNN: about 2 sqrt(n) leaves (its documented starting point); fast scan: 2 dimensions per 4-bit code,
            # the same code size as ScaNN's AH
            "leaves_total": max(1, round(2 * math.sqrt(n))), "leaves": [4, 8, 16, 32, 64, 128],
-           "reorder": [200, 400, 1000], "m_fs": max(1, d // 2)}
+           "reorder": [200, 400, 1000], "m_fs": max(1, d // 2), "m4": default_m(d, 2)}
     if args.quick:
         cfg.update(M=16, efc=64, ef=[100, 200], nprobe=[4, 16], rerank=[0, 300], k_factor=[3.0], leaves=[4, 16],
                    reorder=[300])
-    for key in ("M", "efc", "nlist", "m", "leaves_total", "m_fs"):
+    for key in ("M", "efc", "nlist", "m", "leaves_total", "m_fs", "m4"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     for key, cast in (("ef", int), ("nprobe", int), ("rerank", int), ("k_factor", float), ("leaves", int),
@@ -463,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leaves", help="comma-separated leaves_to_search sweep (ScaNN)")
     ap.add_argument("--reorder", help="comma-separated pre-reorder candidates sweep (ScaNN)")
     ap.add_argument("--m-fs", dest="m_fs", type=int, help="faiss fast-scan sub-quantizers (default dim / 2)")
+    ap.add_argument("--m4", type=int, help="fastdpr 4-bit IVF-PQ (fastdpr-ivfpq4) sub-quantizers (default dim / 2)")
     ap.add_argument("--real-pool", dest="real_pool",
                     help="mean, cls or mean,cls: the packaged MiniLM over the real passage pool with NQ questions "
                          "(benchmarks/ann_data.py); two poolings go to one results file, ann_<--name or real>")
