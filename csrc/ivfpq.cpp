@@ -367,6 +367,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
         std::vector<float> qc, lut, buf;
         std::vector<uint16_t> sums;  // 4-bit: integer scores of a list
         pq4::QuantizedLUT qlut;
+        std::vector<Scored> cand;  // 4-bit: candidates at or above the running threshold
         TopK probe, heap, best;
     };
     std::vector<Scratch> scratch(static_cast<size_t>(nthreads));  // one per thread, filled inside
@@ -410,6 +411,17 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                                          &lut[j * kKsub]);
                 }
                 heap.reset(kc);
+                // 4-bit lists are scanned so fast that a heap push per candidate would cost more than the scan:
+                // candidates at or above a threshold go into a buffer, cut back to the kc best (the order of
+                // `better`, so the same set as the heap) whenever it holds 2 kc
+                std::vector<Scored>& cand = sc.cand;
+                cand.clear();
+                float thr4 = -std::numeric_limits<float>::infinity();
+                const auto cut = [&](size_t keep) {
+                    if (cand.size() <= keep) return;
+                    std::nth_element(cand.begin(), cand.begin() + (keep - 1), cand.end(), better);
+                    cand.resize(keep);
+                };
                 for (const Scored& ls : lists) {
                     const int64_t l = ls.id;
                     const int64_t len = static_cast<int64_t>(list_pos_[l].size());
@@ -421,12 +433,14 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                         const float base = ls.score + sc.qlut.bias, delta = sc.qlut.delta;
                         const uint16_t* sums = sc.sums.data();
                         const int64_t* pos = list_pos_[l].data();
-                        float thr = heap.threshold();
                         for (int64_t i = 0; i < len; ++i) {
                             const float v = base + delta * static_cast<float>(sums[i]);
-                            if (v >= thr) {
-                                heap.push(v, pos[i]);
-                                thr = heap.threshold();
+                            if (v >= thr4) {
+                                cand.push_back({v, pos[i]});
+                                if (cand.size() >= 2 * static_cast<size_t>(kc)) {
+                                    cut(static_cast<size_t>(kc));
+                                    thr4 = cand[static_cast<size_t>(kc) - 1].score;
+                                }
                             }
                         }
                         continue;
@@ -442,7 +456,14 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                         }
                     }
                 }
-                std::vector<Scored> found = heap.take_sorted();
+                std::vector<Scored> found;
+                if (nbits_ == 4) {
+                    cut(static_cast<size_t>(kc));
+                    if (rerank == 0) std::sort(cand.begin(), cand.end(), better);  // re-ranking re-sorts anyway
+                    found.assign(cand.begin(), cand.end());
+                } else {
+                    found = heap.take_sorted();
+                }
                 if (rerank > 0) {
                     best.reset(static_cast<size_t>(kf));
                     const size_t vb = vector_bytes();

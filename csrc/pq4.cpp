@@ -35,17 +35,21 @@ void unpack(const uint8_t* blocks, int64_t n, int64_t m, uint8_t* codes) {
 void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out) {
     const int64_t mp = padded_m(m);
     out.table.assign(static_cast<size_t>(mp) * kKsub, 0);
+    thread_local std::vector<float> lows;
+    lows.resize(static_cast<size_t>(m));
     double bias = 0, sum_range = 0;
     float max_range = 0;
     bool finite = true;
     for (int64_t j = 0; j < m; ++j) {
         const float* row = lut + j * kKsub;
         float lo = row[0], hi = row[0];
-        for (int64_t t = 0; t < kKsub; ++t) {
-            finite = finite && std::isfinite(row[t]);
+        for (int64_t t = 1; t < kKsub; ++t) {
             lo = std::min(lo, row[t]);
             hi = std::max(hi, row[t]);
         }
+        finite = finite && std::isfinite(lo) && std::isfinite(hi);  // min/max pass a NaN on only sometimes
+        for (int64_t t = 0; t < kKsub; ++t) finite = finite && row[t] == row[t];
+        lows[j] = lo;
         bias += lo;
         sum_range += static_cast<double>(hi) - lo;
         max_range = std::max(max_range, hi - lo);
@@ -60,12 +64,11 @@ void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out) {
     const float inv = static_cast<float>(1.0 / delta);
     for (int64_t j = 0; j < m; ++j) {
         const float* row = lut + j * kKsub;
-        float lo = row[0];
-        for (int64_t t = 1; t < kKsub; ++t) lo = std::min(lo, row[t]);
-        for (int64_t t = 0; t < kKsub; ++t) {
-            const float v = std::nearbyint((row[t] - lo) * inv);
-            out.table[j * kKsub + t] = static_cast<uint8_t>(std::min(255.f, std::max(0.f, v)));
-        }
+        uint8_t* q = &out.table[j * kKsub];
+        const float lo = lows[j];
+        // (row - lo) * inv is in [0, 255 (1 + a few ulps)]: + 0.5 and truncation round it (halves up)
+        for (int64_t t = 0; t < kKsub; ++t)
+            q[t] = static_cast<uint8_t>(std::min(255.f, (row[t] - lo) * inv + 0.5f));
     }
     out.bias = static_cast<float>(bias);
     out.delta = static_cast<float>(delta);
