@@ -9,13 +9,13 @@ candidates are re-scored exactly, which lifts recall@10 to nearly that of exact 
 Why balanced L2 lists (``balance=0.5``: during k-means a list under half the mean size is re-seeded by splitting
 the largest one, as ScaNN's partitioner does with its minimum partition size): on real MiniLM passages with
 unnormalised mean pooling (norms 1.1 to 8.3; benchmarks/ann_calibrate.py, 23,582 passages, 1,000 NQ questions),
-an ideal IVF (exact scores inside the probed lists) must scan a median 19% of the vectors to hold 95% of a
-query's top-100 with spherical lists, 3.6% with L2 lists and 3.3% with balanced L2 lists. Spherical lists group by
+an ideal IVF (exact scores inside the probed lists, nlist 512) must scan a median 21.6% of the vectors to hold
+95% of a query's top-100 with spherical lists, 3.3% with L2 lists and 3.6% with balanced L2 lists. Spherical lists group by
 direction only, so a list mixes hubs and low-norm passages and <q, c> (c of unit norm) cannot rank lists by the
 norms MIPS rewards; L2 lists separate norms, and the high-norm lists come first in order of <q, c>. Without
-balance, L2 lists are very uneven (largest 10x the mean): few vectors are scanned, but over many small lists
-(a median 95 of 512), so nprobe must be large and stops being a measure of work; balance keeps the same scan at
-a median 20 of 512 lists. Measured with this index (nlist 512, m 48, rerank 400): recall@100 0.57 / 0.54 / 0.95
+balance, L2 lists are very uneven (largest 12x the mean): few vectors are scanned, but over many small lists
+(a median 114 of 512), so nprobe must be large and stops being a measure of work; balance keeps about the same
+scan at a median 22 of 512 lists. Measured with this index (nlist 512, m 48, rerank 400): recall@100 0.57 / 0.54 / 0.95
 at nprobe 32 (spherical / L2 / balanced L2). Spherical lists (``spherical=true,balance=0``, the default before)
 remain an option; plain L2 lists with IP filing (``assign=ip``) leave half the lists empty (130 of 256).
 
