@@ -7,10 +7,20 @@ mixture of ``datasets.synthetic`` at the same n, d and query count) it reports:
   meets as high-norm hubs;
 - anisotropy: the length of the mean passage over the mean passage length (0: directions spread evenly; near 1:
   every vector shares one direction), and how many principal components hold 90% of the passage variance;
-- partition spread: k-means over the passages (IVF's coarse quantizer, nlist lists, L2 assignment as fastdpr's
-  IVF-PQ does by default); for each query, how many distinct lists hold its exact top-100, and how many lists an
-  ideal IVF must probe (lists in order of <query, centroid>) to see 95% of the top-100 -- the nprobe below which
-  no code, however exact, reaches recall@100 = 0.95.
+- partition spread, for several ways of building IVF lists over the passages (plain L2 k-means, spherical k-means,
+  L2 k-means with balanced lists as fastdpr's IVF-PQ trains them, the same with SOAR-style spilling, and ScaNN's
+  own k-means tree read back from its serialized files): for each query, how many distinct lists hold its exact
+  top-100, and how many lists -- and what share of the passages -- an ideal IVF must probe (lists in order of
+  <query, centroid>) to see 95% of the top-100: the work below which no code, however exact, reaches
+  recall@100 = 0.95.
+
+Measured (mean pooling, 1,000 NQ questions): the share of passages to scan, not the list count, is the cost that
+matters. Spherical lists (fastdpr's default before) needed a median 21.6% of the passages at 512 lists, L2 lists
+3.3%, balanced L2 lists 3.6%, ScaNN's tree 4.4-4.6% (at 307 leaves; its partition changes from run to run). L2
+lists without balancing are very uneven, so their 3.3% is spread over 114 of 512 lists; balanced lists need 22
+(16 of 307, about as many as ScaNN's 13-16: its partitioner re-seeds partitions under a minimum size). SOAR-style spilling halves the lists to probe but not the
+passages to scan. On [CLS] vectors (norms within 1.26x of each other) every partition needs 25-30% of the
+passages (spherical: 48%).
 
     python benchmarks/ann_calibrate.py                 # writes benchmarks/results/ann_calibration.{json,md}
 """
@@ -32,15 +42,81 @@ K = 100
 COVER = 0.95
 
 
-def centroids_of(base: np.ndarray, nlist: int, seed: int = 1234) -> np.ndarray:
+# Partitions compared (name -> k-means settings as fastdpr's IVF-PQ trains its lists: 20 iterations, k-means++
+# seeding, at most 64 training points per list). "l2" is what this calibration measured first (plain k-means, every
+# point used), "spherical" the index's default until the lists were balanced, "l2-balanced" the default now.
+SCHEMES = {
+    "l2": dict(spherical=False, balance=0.0, max_points_per_centroid=256),
+    "spherical": dict(spherical=True, balance=0.0, max_points_per_centroid=64),
+    "l2-balanced": dict(spherical=False, balance=0.5, max_points_per_centroid=64),
+}
+SOAR_LAMBDA = 1.0
+
+
+def centroids_of(base: np.ndarray, nlist: int, spherical: bool = False, balance: float = 0.0,
+                 max_points_per_centroid: int = 256, seed: int = 1234) -> np.ndarray:
     from fastdpr.index._native import native
 
     C = native()
+    x = np.ascontiguousarray(base, dtype=np.float32)
     if C is not None:
-        return C.kmeans(np.ascontiguousarray(base, dtype=np.float32), nlist, niter=20, seed=seed)[0]
+        return C.kmeans(x, nlist, niter=20, seed=seed, spherical=spherical, balance=balance,
+                        max_points_per_centroid=max_points_per_centroid)[0]
     from fastdpr.index.kmeans import kmeans
 
-    return kmeans(base, nlist, niter=20, seed=seed)
+    return kmeans(x, nlist, niter=20, seed=seed, spherical=spherical, balance=balance,
+                  max_points_per_centroid=max_points_per_centroid)
+
+
+def scann_partition(base: np.ndarray, nlist: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """ScaNN's k-means tree as benchmarks/ann_bench.py builds it (dot product, nlist leaves, every point used for
+    training), read back from its serialized form: (leaf centroids, each passage's leaf)."""
+    try:
+        import scann
+        from scann.partitioning import partitioner_pb2
+    except ImportError:
+        print("scann not installed: its partition is not measured", file=sys.stderr)
+        return None
+    import tempfile
+
+    x = np.ascontiguousarray(base, dtype=np.float32)
+    builder = (scann.scann_ops_pybind.builder(x, K, "dot_product")
+               .tree(num_leaves=nlist, num_leaves_to_search=max(1, nlist // 10), training_sample_size=len(x))
+               .score_ah(2, anisotropic_quantization_threshold=0.2).reorder(400))
+    builder.set_n_training_threads(1)
+    searcher = builder.build()
+    with tempfile.TemporaryDirectory() as d:
+        searcher.serialize(d)
+        part = partitioner_pb2.SerializedPartitioner()
+        part.ParseFromString((Path(d) / "serialized_partitioner.pb").read_bytes())
+        root = part.kmeans.kmeans_tree.root
+        cent = np.array([list(c.dimension) for c in root.centers], dtype=np.float32)
+        leaf_of_child = np.array([c.leaf_id for c in root.children])
+        tokens = np.load(Path(d) / "datapoint_to_token.npy")
+    if len(cent) != nlist or len(tokens) != len(x) or (leaf_of_child != np.arange(nlist)).any():
+        print("scann: unexpected serialized partition layout; not measured", file=sys.stderr)
+        return None
+    return cent, tokens.astype(np.int64)
+
+
+def soar_spill(base: np.ndarray, cent: np.ndarray, lists: np.ndarray, lam: float = SOAR_LAMBDA) -> np.ndarray:
+    """A second list for every passage in the manner of SOAR (Sun et al., 2023): the list c' != c minimising
+    ||x - c'||^2 + lam * <r, x - c'>^2 / ||r||^2, r = x - c, so the copy is filed where its residual is nearly
+    orthogonal to the first one's (a query the first list scores badly is then scored well by the second)."""
+    x = np.asarray(base, dtype=np.float32)
+    out = np.empty(len(x), dtype=np.int64)
+    csq = np.einsum("ij,ij->i", cent, cent)
+    for s in range(0, len(x), 2048):
+        xb, lb = x[s:s + 2048], lists[s:s + 2048]
+        r = xb - cent[lb]
+        rn = r / np.maximum(np.linalg.norm(r, axis=1, keepdims=True), 1e-12)
+        xc = xb @ cent.T
+        d2 = np.einsum("ij,ij->i", xb, xb)[:, None] - 2 * xc + csq[None, :]
+        proj = np.einsum("ij,ij->i", rn, xb)[:, None] - rn @ cent.T  # <r/|r|, x - c'>
+        loss = d2 + lam * proj ** 2
+        loss[np.arange(len(xb)), lb] = np.inf
+        out[s:s + 2048] = np.argmin(loss, axis=1)
+    return out
 
 
 def norms(x: np.ndarray) -> dict:
@@ -60,39 +136,61 @@ def anisotropy(x: np.ndarray) -> dict:
             "pcs_for_90pct_variance": int(np.searchsorted(share, 0.90) + 1)}
 
 
-def partition_spread(ds: Dataset, gt: np.ndarray, nlist: int) -> dict:
+def partition_spread(ds: Dataset, gt: np.ndarray, nlist: int, scheme: str) -> dict | None:
+    """How well lists probed in order of <query, centroid> hold a query's exact top-100 (ideal IVF: exact scores
+    inside the probed lists): lists and share of the passages scanned to see 95 of them."""
     from fastdpr.index.kmeans import nearest
 
     base = np.ascontiguousarray(ds.base, dtype=np.float32)
-    cent = centroids_of(base, nlist)
-    lists = nearest(base, cent, max_inner_product=False)
-    sizes = np.bincount(lists, minlength=nlist)
+    spill = None
+    if scheme == "scann":
+        got = scann_partition(base, nlist)
+        if got is None:
+            return None
+        cent, lists = got
+    else:
+        settings = SCHEMES[scheme.removesuffix("+soar")]
+        cent = centroids_of(base, nlist, **settings)
+        lists = nearest(base, cent, max_inner_product=settings["spherical"])
+        if scheme.endswith("+soar"):
+            spill = soar_spill(base, cent, lists)
+    sizes = np.bincount(lists, minlength=nlist) + (0 if spill is None else np.bincount(spill, minlength=nlist))
     q = np.ascontiguousarray(ds.queries, dtype=np.float32)
     order = np.argsort(-(q @ cent.T), axis=1, kind="stable")  # the probe order of an IVF search
     rank_of = np.empty_like(order)
     rank_of[np.arange(len(q))[:, None], order] = np.arange(nlist)[None, :]
-    distinct, needed = [], []
+    distinct, needed, scanned = [], [], []
     need_hits = int(np.ceil(COVER * K))
     for i in range(len(q)):
         holder = lists[gt[i, :K]]
         distinct.append(len(np.unique(holder)))
-        ranks = np.sort(rank_of[i, holder])
-        needed.append(int(ranks[need_hits - 1]) + 1)  # probing this many lists covers 95% of the top-100
-    distinct, needed = np.array(distinct), np.array(needed)
+        first = rank_of[i, holder]
+        if spill is not None:  # a passage is found in whichever of its two lists is probed first
+            first = np.minimum(first, rank_of[i, spill[gt[i, :K]]])
+        probe = int(np.sort(first)[need_hits - 1]) + 1  # probing this many lists covers 95% of the top-100
+        needed.append(probe)
+        scanned.append(sizes[order[i, :probe]].sum() / len(base))
+    distinct, needed, scanned = np.array(distinct), np.array(needed), np.array(scanned)
     pct = lambda a, p: float(np.percentile(a, p))  # noqa: E731
-    return {"nlist": nlist, "list_size_max/mean": float(sizes.max() / sizes.mean()),
-            "empty_lists": int((sizes == 0).sum()),
+    base_sizes = np.bincount(lists, minlength=nlist)
+    return {"nlist": nlist, "scheme": scheme, "list_size_max/mean": float(base_sizes.max() / base_sizes.mean()),
+            "empty_lists": int((base_sizes == 0).sum()), "copies_per_passage": 1 if spill is None else 2,
             "lists_holding_top100_median": pct(distinct, 50), "lists_holding_top100_p90": pct(distinct, 90),
             "nprobe_for_95pct_median": pct(needed, 50), "nprobe_for_95pct_p90": pct(needed, 90),
-            "nprobe_for_95pct_mean": float(needed.mean())}
+            "nprobe_for_95pct_mean": float(needed.mean()),
+            "scanned_for_95pct_median": pct(scanned, 50), "scanned_for_95pct_p90": pct(scanned, 90),
+            "scanned_for_95pct_mean": float(scanned.mean())}
 
 
-def measure(ds: Dataset, nlists: list[int]) -> dict:
+def measure(ds: Dataset, nlists: list[int], scann_nlist: int) -> dict:
     t0 = time.perf_counter()
     gt = ground_truth(ds, K)
+    parts = [partition_spread(ds, gt, nlist, scheme) for nlist in nlists
+             for scheme in ("l2", "spherical", "l2-balanced", "l2-balanced+soar")]
+    parts.append(partition_spread(ds, gt, scann_nlist, "scann"))
     out = {"dataset": ds.name, "n": ds.n, "dim": ds.dim, "queries": len(ds.queries), "description": ds.description,
            "passage_norms": norms(ds.base), "query_norms": norms(ds.queries), "anisotropy": anisotropy(ds.base),
-           "partitions": [partition_spread(ds, gt, nlist) for nlist in nlists]}
+           "partitions": [p for p in parts if p is not None]}
     print(f"{ds.name}: {time.perf_counter() - t0:.0f} s", flush=True)
     return out
 
@@ -111,33 +209,46 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     real = [real_pool(p, args.queries) for p in ("mean", "cls")]
     n, d = real[0].n, real[0].dim
-    nlists = ([default_nlist(n), round(2 * np.sqrt(n))] if args.nlist == "auto"
+    scann_nlist = round(2 * np.sqrt(n))  # what benchmarks/ann_bench.py gives ScaNN
+    nlists = ([default_nlist(n), scann_nlist] if args.nlist == "auto"
               else [int(v) for v in args.nlist.split(",")])
     sets = real + [synthetic(n, d, args.queries)]
-    results = [measure(ds, nlists) for ds in sets]
+    results = [measure(ds, nlists, scann_nlist) for ds in sets]
 
-    rows = []
+    data_rows, part_rows = [], []
     for r in results:
         pn, qn, an = r["passage_norms"], r["query_norms"], r["anisotropy"]
+        data_rows.append({"data": r["dataset"],
+                          "passage norm p5/median/p95 (max/median)":
+                              f"{pn['p5']:.2f}/{pn['median']:.2f}/{pn['p95']:.2f} ({pn['max/median']:.2f})",
+                          "query norm p5/median/p95": f"{qn['p5']:.2f}/{qn['median']:.2f}/{qn['p95']:.2f}",
+                          "mean length / mean norm": an["mean_length/mean_norm"],
+                          "PCs for 90% variance": an["pcs_for_90pct_variance"]})
         for part in r["partitions"]:
-            rows.append({"data": r["dataset"],
-                         "passage norm p5/median/p95 (max/median)":
-                             f"{pn['p5']:.2f}/{pn['median']:.2f}/{pn['p95']:.2f} ({pn['max/median']:.2f})",
-                         "query norm p5/median/p95": f"{qn['p5']:.2f}/{qn['median']:.2f}/{qn['p95']:.2f}",
-                         "mean length / mean norm": an["mean_length/mean_norm"],
-                         "PCs for 90% variance": an["pcs_for_90pct_variance"],
-                         "nlist": part["nlist"],
-                         "lists holding top-100 (median / p90)":
-                             f"{part['lists_holding_top100_median']:.0f} / {part['lists_holding_top100_p90']:.0f}",
-                         "nprobe to cover 95% of top-100 (median / p90 / mean)":
-                             f"{part['nprobe_for_95pct_median']:.0f} / {part['nprobe_for_95pct_p90']:.0f} / "
-                             f"{part['nprobe_for_95pct_mean']:.1f}",
-                         "largest list / mean": part["list_size_max/mean"]})
-    body = (f"{n} x {d}, {args.queries} queries each; exact top-{K} by inner product. Partitions: k-means "
-            f"(20 iterations) over all passages, passages assigned to the nearest centroid (L2), lists probed in "
-            f"order of <query, centroid>. 'nprobe to cover 95%': the number of lists an ideal IVF (exact scores "
-            f"inside the lists) must probe before 95 of a query's true top-100 are among the candidates.\n\n"
-            + markdown_table(rows, list(rows[0])) + "\n")
+            part_rows.append({
+                "data": r["dataset"], "nlist": part["nlist"], "partition": part["scheme"],
+                "lists holding top-100 (median / p90)":
+                    f"{part['lists_holding_top100_median']:.0f} / {part['lists_holding_top100_p90']:.0f}",
+                "nprobe to cover 95% of top-100 (median / p90 / mean)":
+                    f"{part['nprobe_for_95pct_median']:.0f} / {part['nprobe_for_95pct_p90']:.0f} / "
+                    f"{part['nprobe_for_95pct_mean']:.1f}",
+                "% of passages scanned for 95% (median / p90 / mean)":
+                    f"{100 * part['scanned_for_95pct_median']:.1f} / {100 * part['scanned_for_95pct_p90']:.1f} / "
+                    f"{100 * part['scanned_for_95pct_mean']:.1f}",
+                "largest list / mean": part["list_size_max/mean"]})
+    body = (f"{n} x {d}, {args.queries} queries each; exact top-{K} by inner product.\n\n"
+            + markdown_table(data_rows, list(data_rows[0])) + "\n\n"
+            "Partitions: lists probed in order of <query, centroid>; an ideal IVF (exact scores inside the probed "
+            "lists) probes lists until 95 of a query's true top-100 are among the candidates. 'nprobe' counts the "
+            "lists it needs, '% scanned' the passages in them (the work a list scan does). "
+            "l2: k-means (20 iterations, k-means++ seeding, every passage), passages filed under the nearest "
+            "centroid; spherical: unit-norm centroids, filed by largest inner product (fastdpr IVF-PQ's default "
+            "before balanced lists); l2-balanced: L2 k-means re-seeding lists under half the mean size (balance "
+            "0.5, fastdpr IVF-PQ's default; both of these with the index's 64 training points per list); "
+            f"+soar: each passage also filed under a second list chosen as in SOAR (lambda {SOAR_LAMBDA}; "
+            "two copies, so twice the passages to scan per list); scann: the partition of ScaNN's k-means tree as "
+            "benchmarks/ann_bench.py builds it (read from its serialized files).\n\n"
+            + markdown_table(part_rows, list(part_rows[0])) + "\n")
     write_results("ann_calibration", args.out, {"results": results, "wall_s": round(time.perf_counter() - t0, 1)},
                   body)
     print(body)
