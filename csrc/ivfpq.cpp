@@ -417,9 +417,11 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 std::vector<Scored>& cand = sc.cand;
                 cand.clear();
                 float thr4 = -std::numeric_limits<float>::infinity();
+                // a lambda, not the function itself, so that the comparison is inlined into the selection
+                const auto order = [](const Scored& a, const Scored& b) { return better(a, b); };
                 const auto cut = [&](size_t keep) {
                     if (cand.size() <= keep) return;
-                    std::nth_element(cand.begin(), cand.begin() + (keep - 1), cand.end(), better);
+                    std::nth_element(cand.begin(), cand.begin() + (keep - 1), cand.end(), order);
                     cand.resize(keep);
                 };
                 for (const Scored& ls : lists) {
@@ -459,7 +461,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 std::vector<Scored> found;
                 if (nbits_ == 4) {
                     cut(static_cast<size_t>(kc));
-                    if (rerank == 0) std::sort(cand.begin(), cand.end(), better);  // re-ranking re-sorts anyway
+                    if (rerank == 0) std::sort(cand.begin(), cand.end(), order);  // re-ranking re-sorts anyway
                     found.assign(cand.begin(), cand.end());
                 } else {
                     found = heap.take_sorted();

@@ -131,9 +131,10 @@ FASTDPR_PQ4_AVX2 static inline void step(__m256i c, __m256i lut, __m256i& lo_e, 
 FASTDPR_PQ4_AVX2 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, uint16_t* out) {
     const int64_t pairs = padded_m(m) / 2;
     const size_t bb = block_bytes(m);
+    // no software prefetch: blocks are read in order, which the hardware prefetcher follows (issuing one
+    // prefetch per cache line of the next block cost more than it saved)
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = blocks + b * bb;
-        if (b + 1 < nb) simd::prefetch(blk + bb, bb);
         __m256i lo_e = _mm256_setzero_si256(), lo_o = _mm256_setzero_si256();
         __m256i hi_e = _mm256_setzero_si256(), hi_o = _mm256_setzero_si256();
         for (int64_t p = 0; p < pairs; ++p) {
@@ -167,7 +168,6 @@ FASTDPR_PQ4_AVX512 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const
     const __m512i nib = _mm512_set1_epi8(0x0f), byte = _mm512_set1_epi16(0x00ff);
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = blocks + b * bb;
-        if (b + 1 < nb) simd::prefetch(blk + bb, bb);
         __m512i lo_e = _mm512_setzero_si512(), lo_o = _mm512_setzero_si512();
         __m512i hi_e = _mm512_setzero_si512(), hi_o = _mm512_setzero_si512();
         for (int64_t p = 0; p < quads; ++p) {
