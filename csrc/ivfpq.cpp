@@ -395,15 +395,18 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 probe.push_run(qcr, nlist_, 0);
                 const std::vector<Scored> lists = probe.take_sorted();
                 if (nbits_ == 4) {
-                    // m x 16 products of d/m-dimensional sub-vectors: too small for the panel kernel's tiles
-                    for (int64_t j = 0; j < m_; ++j)
-                        for (int64_t c = 0; c < ksub_; ++c) {
-                            const float* cw = &codebooks_[(j * ksub_ + c) * dsub_];
-                            const float* qj = qv + j * dsub_;
-                            float ip = 0;
-                            for (int64_t t = 0; t < dsub_; ++t) ip += qj[t] * cw[t];
-                            lut[j * ksub_ + c] = ip;
-                        }
+                    // m x 16 products of d/m-dimensional sub-vectors, too small for the panel kernel: read from
+                    // the packed codebooks (pack_columns: per sub-space a (dsub, 32) tile, codeword c in column c),
+                    // so that the 16 products of a sub-space are one contiguous, vectorisable row per dimension
+                    constexpr int64_t kTile = 32;
+                    for (int64_t j = 0; j < m_; ++j) {
+                        const float* p = &codebooks_T_[j * cb_stride];
+                        const float* qj = qv + j * dsub_;
+                        float acc[pq4::kKsub] = {};
+                        for (int64_t t = 0; t < dsub_; ++t)
+                            for (int64_t c = 0; c < pq4::kKsub; ++c) acc[c] += qj[t] * p[t * kTile + c];
+                        std::copy(acc, acc + pq4::kKsub, &lut[j * pq4::kKsub]);
+                    }
                     pq4::quantize_lut(lut.data(), m_, sc.qlut);
                 } else {
                     for (int64_t j = 0; j < m_; ++j)
