@@ -333,5 +333,9 @@ def test_ivf4_bad_settings(data):
         build_index(x, "ivfpq,nbits=5,nlist=8")
     with pytest.raises(ValueError, match="at most 2048"):
         _C.IVFPQ(4096, 4, 4096, 4, "none")
+    from fastdpr.errors import MissingDependency
+
+    with pytest.raises(MissingDependency, match="nbits=4"):
+        build_index(x, "ivfpq,nbits=4,nlist=8,backend=numpy")
     with pytest.raises(ValueError, match="aniso_eta applies to 4-bit"):
         _C.IVFPQ(8, 4, 2, 8, "none").aniso_eta = 4.0

@@ -204,6 +204,7 @@ class IVFPQIndex(Index):
         C = native() if self.backend != "numpy" else None
         if C is None and (self.backend == "compiled" or self.nbits == 4):
             why = ("is disabled (FASTDPR_NO_NATIVE / force_fallback)" if fallback_forced() else
+                   "is not used with backend=numpy" if self.backend == "numpy" else
                    "is not available (reinstall fastdpr with a C++ compiler, or use backend=numpy)")
             what = "backend=compiled" if self.backend == "compiled" else "nbits=4 (fast-scan codes, compiled only)"
             raise MissingDependency(f"ivfpq: {what}, but the compiled extension fastdpr._C {why}")
