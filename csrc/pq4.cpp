@@ -101,17 +101,20 @@ void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, ui
 // ---------------------------------------------------------------------------------------------------------------
 // AVX2: two sub-spaces per 32-byte register (lane 0: sub-space j, lane 1: j + 1).
 //
-// A shuffle returns one byte per vector; the bytes are widened for free by accumulating the register as 16-bit
-// words twice: (w & 0xff) holds the even vectors, (w >> 8) the odd ones. The two lanes (two sub-spaces) are added
-// and the even/odd words interleaved back once per block.
+// A shuffle returns one byte per vector; the bytes are widened without unpacking by accumulating the register as
+// 16-bit words twice: `whole` sums the words as they are (even vector + 256 x odd vector, modulo 2^16) and `odd`
+// sums w >> 8 (the odd vectors). Once per block the even sums are recovered as whole - (odd << 8): exact, since
+// arithmetic modulo 2^16 is consistent and every true sum is below 2^16 (quantize_lut's bound). The two lanes (two
+// sub-spaces) are added and the even/odd words interleaved back, also once per block.
 
 #define FASTDPR_PQ4_AVX2 __attribute__((target("avx2")))
 
 namespace avx2 {
 
-FASTDPR_PQ4_AVX2 static inline void finish(__m256i even, __m256i odd, uint16_t* out) {
-    const __m128i e = _mm_add_epi16(_mm256_castsi256_si128(even), _mm256_extracti128_si256(even, 1));
+FASTDPR_PQ4_AVX2 static inline void finish(__m256i whole, __m256i odd, uint16_t* out) {
+    const __m128i w = _mm_add_epi16(_mm256_castsi256_si128(whole), _mm256_extracti128_si256(whole, 1));
     const __m128i o = _mm_add_epi16(_mm256_castsi256_si128(odd), _mm256_extracti128_si256(odd, 1));
+    const __m128i e = _mm_sub_epi16(w, _mm_slli_epi16(o, 8));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi16(e, o));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8), _mm_unpackhi_epi16(e, o));
 }
@@ -119,12 +122,12 @@ FASTDPR_PQ4_AVX2 static inline void finish(__m256i even, __m256i odd, uint16_t* 
 // Adds the scores of one pair of sub-spaces (codes c, tables lut) to the four accumulators.
 FASTDPR_PQ4_AVX2 static inline void step(__m256i c, __m256i lut, __m256i& lo_e, __m256i& lo_o, __m256i& hi_e,
                                          __m256i& hi_o) {
-    const __m256i nib = _mm256_set1_epi8(0x0f), byte = _mm256_set1_epi16(0x00ff);
+    const __m256i nib = _mm256_set1_epi8(0x0f);
     const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(c, nib));
     const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(c, 4), nib));
-    lo_e = _mm256_add_epi16(lo_e, _mm256_and_si256(lo, byte));
+    lo_e = _mm256_add_epi16(lo_e, lo);
     lo_o = _mm256_add_epi16(lo_o, _mm256_srli_epi16(lo, 8));
-    hi_e = _mm256_add_epi16(hi_e, _mm256_and_si256(hi, byte));
+    hi_e = _mm256_add_epi16(hi_e, hi);
     hi_o = _mm256_add_epi16(hi_o, _mm256_srli_epi16(hi, 8));
 }
 
@@ -165,7 +168,7 @@ FASTDPR_PQ4_AVX512 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const
     const int64_t quads = mp / 4;
     const bool pair = (mp % 4) != 0;
     const size_t bb = block_bytes(m);
-    const __m512i nib = _mm512_set1_epi8(0x0f), byte = _mm512_set1_epi16(0x00ff);
+    const __m512i nib = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = blocks + b * bb;
         __m512i lo_e = _mm512_setzero_si512(), lo_o = _mm512_setzero_si512();
@@ -175,9 +178,9 @@ FASTDPR_PQ4_AVX512 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const
             const __m512i lut = _mm512_loadu_si512(table + p * 64);
             const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(c, nib));
             const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(c, 4), nib));
-            lo_e = _mm512_add_epi16(lo_e, _mm512_and_si512(lo, byte));
+            lo_e = _mm512_add_epi16(lo_e, lo);
             lo_o = _mm512_add_epi16(lo_o, _mm512_srli_epi16(lo, 8));
-            hi_e = _mm512_add_epi16(hi_e, _mm512_and_si512(hi, byte));
+            hi_e = _mm512_add_epi16(hi_e, hi);
             hi_o = _mm512_add_epi16(hi_o, _mm512_srli_epi16(hi, 8));
         }
         __m256i le = fold(lo_e), lodd = fold(lo_o), he = fold(hi_e), hodd = fold(hi_o);
