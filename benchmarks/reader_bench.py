@@ -17,7 +17,7 @@ same settings; training checkpoints every few minutes and resumes):
    benchmark existed (fp32, unsorted batches of 32, per-row span search) against today's (length-sorted, packed,
    fp32 and bf16).
 
-    python benchmarks/reader_bench.py [--quick] [--out benchmarks/results] [--work DIR] [--train-minutes 45]
+    python benchmarks/reader_bench.py [--quick] [--out benchmarks/results] [--work DIR] [--train-minutes 48]
 
 The trained reader is saved to ``~/.cache/fastdpr/readers/<name>`` (not with --quick), where
 ``fastdpr.reader.pipeline.load_cached_reader`` finds it.
@@ -43,12 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table, write_results  # noqa: E402
 
 STAGES = ("examples", "train", "rc", "retrieval", "open", "speed")
+# what the trained reader depends on (evaluation settings change without retraining)
+TRAIN_KEYS = ("quick", "train_minutes", "train_threads", "train_questions", "batch_size", "passages", "lr",
+              "train_length", "seed")
 
 
 def _settings(args) -> dict:
     keys = ("quick", "train_minutes", "train_threads", "train_questions", "batch_size", "passages", "lr",
             "train_length",
-            "read_length", "rc_questions", "open_questions", "pool", "speed_questions", "seed")
+            "read_length", "rc_questions", "rc_nq_questions", "open_questions", "pool", "speed_questions", "seed")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -172,7 +175,7 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=None, help="fastdpr data cache (default: $FASTDPR_CACHE)")
     ap.add_argument("--name", default="minilm-l6-squadshifts-nq", help="reader name under <cache>/readers/")
     ap.add_argument("--stages", default=",".join(STAGES), help="stages to run now (finished ones are reused)")
-    ap.add_argument("--train-minutes", type=float, default=45.0)
+    ap.add_argument("--train-minutes", type=float, default=48.0)
     ap.add_argument("--train-threads", type=int, default=2,
                     help="threads for training (every other stage runs on one thread)")
     ap.add_argument("--train-questions", type=int, default=30000, help="training questions prepared")
@@ -181,7 +184,9 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--train-length", type=int, default=160, help="tokens per training row")
     ap.add_argument("--read-length", type=int, default=256, help="tokens per row when reading")
-    ap.add_argument("--rc-questions", type=int, default=1000)
+    ap.add_argument("--rc-questions", type=int, default=0,
+                    help="SQuAD dev questions read with their paragraph (0: all 10,570, SQuAD's own measure)")
+    ap.add_argument("--rc-nq-questions", type=int, default=250, help="NQ test questions read with their paragraph")
     ap.add_argument("--open-questions", type=int, default=200)
     ap.add_argument("--pool", type=int, default=5000)
     ap.add_argument("--speed-questions", type=int, default=100)
@@ -193,7 +198,8 @@ def main() -> int:
 
             args.out = DEFAULT_OUT / "quick"
         args.train_minutes, args.train_questions, args.batch_size, args.train_length = 0.5, 120, 4, 128
-        args.rc_questions, args.open_questions, args.pool, args.speed_questions = 40, 20, 400, 10
+        args.rc_questions, args.rc_nq_questions, args.open_questions, args.pool, args.speed_questions = \
+            40, 10, 20, 400, 10
 
     import torch
 
@@ -267,7 +273,7 @@ def main() -> int:
             n_passages=args.passages, lr=args.lr, warmup_fraction=0.05, bf16=fast == "bf16", seed=args.seed,
             freeze_word_embeddings=True,
             # a checkpoint resumes only the run with the same settings (another run's state would not fit)
-            checkpoint_dir=work / "checkpoint" / stages.fingerprint(), checkpoint_every_s=240, callback=checkpoint_eval,
+            checkpoint_dir=work / "checkpoint" / stages.fingerprint(TRAIN_KEYS), checkpoint_every_s=240, callback=checkpoint_eval,
             callback_every=10 if args.quick else 250, log=log,
         )
         torch.set_num_threads(1)
@@ -284,7 +290,7 @@ def main() -> int:
                 "lr": args.lr, "train_length": args.train_length, "threads": args.train_threads,
                 "attention": "fp32 flash attention under bf16 autocast, no attention dropout", "curve": curve}
 
-    train_stage = stages.run("train", stage_train)
+    train_stage = stages.run("train", stage_train, keys=TRAIN_KEYS)
     trained = train_stage is not None  # the stages that read need the trained reader; retrieval does not
 
     # ------------------------------------------------------------------------------------------------------ rc
@@ -296,14 +302,14 @@ def main() -> int:
 
     def stage_rc():
         reader = load_reader()
-        squad = _hash_take(squad_test, args.rc_questions, "reader-rc")
+        squad = _hash_take(squad_test, args.rc_questions or None, "reader-rc")
         out = {}
         out["squad_dev"], squad_pred = _eval_rc(reader, squad, squad_passages, fast)
-        out["nq_test"], _ = _eval_rc(reader, _hash_take(nq_test, args.rc_questions // 4, "reader-rc"), nq_passages,
+        out["nq_test"], _ = _eval_rc(reader, _hash_take(nq_test, args.rc_nq_questions, "reader-rc"), nq_passages,
                                      fast)
         if fast != "fp32":
             # the same questions in fp32: what bf16 costs in accuracy
-            check = squad[: max(1, min(len(squad), args.rc_questions // 5))]
+            check = squad[: max(1, min(len(squad), 200))]
             scores, fp32_pred = _eval_rc(reader, check, squad_passages, "fp32")
             same = sum(a["answer"] == b["answer"] for a, b in zip(fp32_pred, squad_pred))
             fast_scores = _eval_rc(reader, check, squad_passages, fast)[0]
