@@ -201,7 +201,7 @@ def data():
 @pytest.fixture(scope="module")
 def ivf4(data):
     x, _, _ = data
-    return build_index(x, "ivfpq,nbits=4,nlist=32,store=fp16,aniso_niter=4")
+    return build_index(x, "ivfpq,nbits=4,nlist=32,store=fp16,aniso=0.2,aniso_niter=4")
 
 
 def test_ivf4_recall_with_rerank(data, ivf4):
@@ -210,7 +210,7 @@ def test_ivf4_recall_with_rerank(data, ivf4):
     _, ids = ivf4.search(q, 10, nprobe=32, rerank=100)
     assert recall(ids, gt) >= 0.97
     _, ids_small = ivf4.search(q, 10, nprobe=8, rerank=0)
-    plain = build_index(x, "ivfpq,nbits=4,nlist=32,store=fp16,aniso=0")
+    plain = build_index(x, "ivfpq,nbits=4,nlist=32,store=fp16")  # the default: plain k-means codebooks
     _, ids_plain = plain.search(q, 10, nprobe=8, rerank=0)
     assert recall(ids_small, gt) > recall(ids_plain, gt)  # score-aware codes rank better before any re-rank
     assert ivf4.train_losses[-1] < ivf4.train_losses[0] and plain.train_losses == []
