@@ -107,6 +107,10 @@ def fastdpr_methods(cfg: dict) -> list[Method]:
                [{"nprobe": p, "rerank": r} for r in cfg["rerank"] for p in cfg["nprobe"]], {"spec": ivf_spec}),
         Method("fastdpr-ivfpq4", "ivfpq", build(ivf4_spec), search, size,
                [{"nprobe": p, "rerank": r} for r in cfg["rerank"] for p in cfg["nprobe"]], {"spec": ivf4_spec}),
+        # the same with score-aware (anisotropic, T = 0.2) codebooks and codes
+        Method("fastdpr-ivfpq4-aniso", "ivfpq", build(ivf4_spec + ",aniso=0.2"), search, size,
+               [{"nprobe": p, "rerank": r} for r in cfg["rerank"] for p in cfg["nprobe"]],
+               {"spec": ivf4_spec + ",aniso=0.2"}),
     ]
 
 
