@@ -249,7 +249,8 @@ def main() -> int:
         examples = json.loads((work / "train.json").read_text())
         torch.manual_seed(args.seed)
         reader = Reader.from_pretrained(_base_model(), max_length=args.train_length)
-        curve_path = work / "curve.json"
+        # one curve per training run: a resumed run continues its own, a run of other settings starts afresh
+        curve_path = work / "checkpoint" / stages.fingerprint(TRAIN_KEYS) / "curve.json"
         curve = json.loads(curve_path.read_text()) if curve_path.is_file() else []
 
         def checkpoint_eval(stats, model):
