@@ -138,6 +138,21 @@ FASTDPR_AVX512BF16 inline __m512 exp_nonpositive(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+// One row of softmax weights: P = exp(s − top) over scores already scaled (padding keys at −inf), written as bf16
+// (zeros past L) for the second product; returns 1 / Σ P, the sum taken over the unrounded fp32 weights.
+FASTDPR_AVX512BF16 inline float exp_row(const float* s, int64_t L, int64_t lp, float top, uint16_t* pw) {
+    const __m512 vtop = _mm512_set1_ps(top);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t jb = 0; jb < lp; jb += 16) {
+        const int64_t valid = std::min<int64_t>(16, L - jb);
+        const __m512 e = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << valid) - 1u),
+                                             exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + jb), vtop)));
+        vsum = _mm512_add_ps(vsum, e);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pw + jb), (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    return 1.0f / _mm512_reduce_add_ps(vsum);
+}
+
 // R query rows at once: each key (or value) vector loaded once serves R rows, and the R accumulators are
 // independent chains, which the instruction's latency needs; each row's sums keep the scalar path's order.
 template <int R>
@@ -172,18 +187,8 @@ FASTDPR_AVX512BF16 void rows_avx512(const uint16_t* const* q, uint16_t* const* o
         }
     }
     __m512 inv[R];
-    for (int r = 0; r < R; ++r) {
-        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[r]));
-        __m512 vsum = _mm512_setzero_ps();
-        for (int64_t jb = 0; jb < lp; jb += 16) {
-            const int64_t valid = std::min<int64_t>(16, L - jb);
-            const __m512 e = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << valid) - 1u),
-                                                 exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + r * lp + jb), top)));
-            vsum = _mm512_add_ps(vsum, e);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(pw + r * lp + jb), (__m256i)_mm512_cvtneps_pbh(e));
-        }
-        inv[r] = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
-    }
+    for (int r = 0; r < R; ++r)
+        inv[r] = _mm512_set1_ps(exp_row(s + r * lp, L, lp, _mm512_reduce_max_ps(vmax[r]), pw + r * lp));
     for (int64_t db = 0; db < D; db += 16) {
         __m512 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -297,16 +302,7 @@ FASTDPR_AMX void head_amx(const uint16_t* qkv, size_t ld, const Task& task, int6
                 _mm512_storeu_ps(srow + jb, sc);
                 vmax = _mm512_max_ps(vmax, sc);
             }
-            const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
-            __m512 vsum = _mm512_setzero_ps();
-            for (int64_t jb = 0; jb < lp; jb += 16) {
-                const int64_t valid = std::min<int64_t>(16, L - jb);
-                const __m512 e = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << valid) - 1u),
-                                                     exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(srow + jb), top)));
-                vsum = _mm512_add_ps(vsum, e);
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow + jb), (__m256i)_mm512_cvtneps_pbh(e));
-            }
-            inv[r] = 1.0f / _mm512_reduce_add_ps(vsum);
+            inv[r] = exp_row(srow, L, lp, _mm512_reduce_max_ps(vmax), prow);
         }
         for (int r = rows; r < 16; ++r) std::memset(pw + r * lk, 0, lk * sizeof(uint16_t));
         compiler_barrier();

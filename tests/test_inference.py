@@ -261,15 +261,20 @@ def test_replacing_parameters_clears_the_inference_towers(tmp_path):
     assert not np.allclose(before, after)
 
 
+def _random_linear(g: torch.Generator, fan_in: int, fan_out: int) -> torch.nn.Linear:
+    linear = torch.nn.Linear(fan_in, fan_out)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(fan_out, fan_in, generator=g) * 0.1)
+        linear.bias.copy_(torch.randn(fan_out, generator=g))
+    return linear
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("activation", [None, "gelu"])
 def test_int8_linear_kernels_agree_with_the_dequantized_product(seed, activation):
     g = torch.Generator().manual_seed(seed)
     rows, fan_in, fan_out = [3, 129][seed], [40, 96][seed], [24, 37][seed]
-    linear = torch.nn.Linear(fan_in, fan_out)
-    with torch.no_grad():
-        linear.weight.copy_(torch.randn(fan_out, fan_in, generator=g) * 0.1)
-        linear.bias.copy_(torch.randn(fan_out, generator=g))
+    linear = _random_linear(g, fan_in, fan_out)
     fused = inference.FusedLinear.from_linear(linear, activation)
     x = torch.randn(rows, fan_in, generator=g)
     residual = torch.randn(rows, fan_out, generator=g)
@@ -292,10 +297,7 @@ def test_int8_linear_with_bf16_activations_agrees_with_its_fp32_output(seed):
         pytest.skip("no oneDNN int8 linear in this torch build")
     g = torch.Generator().manual_seed(seed)
     rows, fan_in, fan_out = [5, 131][seed], [32, 96][seed], [48, 37][seed]
-    linear = torch.nn.Linear(fan_in, fan_out)
-    with torch.no_grad():
-        linear.weight.copy_(torch.randn(fan_out, fan_in, generator=g) * 0.1)
-        linear.bias.copy_(torch.randn(fan_out, generator=g))
+    linear = _random_linear(g, fan_in, fan_out)
     x = torch.randn(rows, fan_in, generator=g)
     fp32 = inference.Int8Linear(inference.FusedLinear.from_linear(linear, "gelu"), backend="onednn")
     bf16 = inference.Int8Linear(inference.FusedLinear.from_linear(linear, "gelu"), backend="onednn",
