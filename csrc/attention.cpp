@@ -50,7 +50,7 @@ struct Task {
 // Per-thread scratch, grown as needed and reused across tasks.
 struct Scratch {
     std::vector<uint32_t> kp, vp;
-    std::vector<float> s, o;
+    std::vector<float> s, o, kt;
     std::vector<uint16_t> p, q;
 };
 
@@ -117,12 +117,43 @@ void head_scalar(const uint16_t* qkv, size_t ld, const Task& task, int64_t H, in
     }
 }
 
+// fp32: the same attention without roundings, for fp32 towers. Keys are read from qkv directly here; the AVX-512
+// path lays them out transposed (16 keys per vector) and reads values in place.
+void head_scalar_f32(const float* qkv, size_t ld, const Task& task, int64_t H, int64_t D, float scale, float* out,
+                     size_t ldo, Scratch& w) {
+    const int64_t L = task.length;
+    const float* base = qkv + task.first_row * ld;
+    const float* k = base + (H + task.head) * D;
+    const float* v = base + (2 * H + task.head) * D;
+    w.s.resize(static_cast<size_t>(L));
+    for (int64_t i = 0; i < L; ++i) {
+        const float* q = base + i * ld + task.head * D;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < L; ++j) {
+            float acc = 0.0f;
+            for (int64_t d = 0; d < D; ++d) acc += q[d] * k[j * ld + d];
+            w.s[j] = acc * scale;
+            top = std::max(top, w.s[j]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < L; ++j) sum += (w.s[j] = std::exp(w.s[j] - top));
+        const float inv = 1.0f / sum;
+        float* o = out + (task.first_row + i) * ldo + task.head * D;
+        for (int64_t d = 0; d < D; ++d) {
+            float acc = 0.0f;
+            for (int64_t t = 0; t < L; ++t) acc += w.s[t] * v[t * ld + d];
+            o[d] = acc * inv;
+        }
+    }
+}
+
 #if defined(__x86_64__) || defined(_M_X64)
 #define FASTDPR_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define FASTDPR_AVX512F __attribute__((target("avx512f")))
 
 // e^x for x <= 0: x = n·ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (relative error below
 // 2e-7 there), scaled by 2^n; inputs below -87 (e^x under fp32's normal range) give 0 after the scaling.
-FASTDPR_AVX512BF16 inline __m512 exp_nonpositive(__m512 x) {
+FASTDPR_AVX512F inline __m512 exp_nonpositive(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -236,6 +267,162 @@ FASTDPR_AVX512BF16 void head_avx512(const uint16_t* qkv, size_t ld, const Task& 
     }
 }
 
+// ------------------------------------------------------------------------------------------- fp32, AVX-512F
+// Scores 16 keys at a time from the transposed keys kt[d · lp + j] (zeros past L), the query element broadcast;
+// softmax weights overwrite the scores in place (zeros past L); O = P V reads value rows (stride ld), 16 output
+// dimensions at a time. R query rows share every key and value load, and each step covers two blocks of 16 (keys,
+// or output dimensions), so 2R independent FMA chains run on R + 2 loads, the ratio the FMA units need.
+template <int R, int B>
+FASTDPR_AVX512F inline void scores_f32(const float* const* q, const float* kt, int64_t lp, int64_t D, int64_t L,
+                                       int64_t jb, __m512 vscale, float* s, __m512 (&vmax)[R]) {
+    __m512 acc[R][B];
+    for (int r = 0; r < R; ++r)
+        for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+        __m512 kv[B];
+        for (int b = 0; b < B; ++b) kv[b] = _mm512_loadu_ps(kt + d * lp + jb + 16 * b);
+        for (int r = 0; r < R; ++r) {
+            const __m512 qd = _mm512_set1_ps(q[r][d]);
+            for (int b = 0; b < B; ++b) acc[r][b] = _mm512_fmadd_ps(qd, kv[b], acc[r][b]);
+        }
+    }
+    const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int b = 0; b < B; ++b) {
+        const int64_t j0 = jb + 16 * b, valid = std::min<int64_t>(16, L - j0);
+        const __mmask16 m = static_cast<__mmask16>((1u << valid) - 1u);  // padding keys: -inf
+        for (int r = 0; r < R; ++r) {
+            const __m512 sc = _mm512_mask_blend_ps(m, neg_inf, _mm512_mul_ps(acc[r][b], vscale));
+            _mm512_storeu_ps(s + r * lp + j0, sc);
+            vmax[r] = _mm512_max_ps(vmax[r], sc);
+        }
+    }
+}
+
+template <int R, int B>
+FASTDPR_AVX512F inline void values_f32(const float* p, int64_t lp, const float* v, size_t ld, int64_t L, int64_t db,
+                                       const float (&inv)[R], float* const* o) {
+    __m512 acc[R][B];
+    for (int r = 0; r < R; ++r)
+        for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < L; ++t) {
+        __m512 vv[B];
+        for (int b = 0; b < B; ++b) vv[b] = _mm512_loadu_ps(v + t * ld + db + 16 * b);
+        for (int r = 0; r < R; ++r) {
+            const __m512 pt = _mm512_set1_ps(p[r * lp + t]);
+            for (int b = 0; b < B; ++b) acc[r][b] = _mm512_fmadd_ps(pt, vv[b], acc[r][b]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int b = 0; b < B; ++b)
+            _mm512_storeu_ps(o[r] + db + 16 * b, _mm512_mul_ps(acc[r][b], _mm512_set1_ps(inv[r])));
+}
+
+template <int R>
+FASTDPR_AVX512F void rows_f32(const float* const* q, float* const* o, const float* v, size_t ld, int64_t L,
+                              int64_t lp, int64_t D, float scale, Scratch& w) {
+    const float* kt = w.kt.data();
+    float* s = w.s.data();  // R rows of lp scores, then weights
+    const __m512 vscale = _mm512_set1_ps(scale);
+    __m512 vmax[R];
+    for (int r = 0; r < R; ++r) vmax[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t jb = 0; jb < lp; jb += 32) {
+        if (jb + 16 < lp) scores_f32<R, 2>(q, kt, lp, D, L, jb, vscale, s, vmax);
+        else scores_f32<R, 1>(q, kt, lp, D, L, jb, vscale, s, vmax);
+    }
+    float inv[R];
+    for (int r = 0; r < R; ++r) {
+        float* row = s + r * lp;
+        const __m512 vtop = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[r]));
+        __m512 vsum = _mm512_setzero_ps();
+        for (int64_t jb = 0; jb < lp; jb += 16) {
+            const int64_t valid = std::min<int64_t>(16, L - jb);
+            const __m512 e = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << valid) - 1u),
+                                                 exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + jb), vtop)));
+            vsum = _mm512_add_ps(vsum, e);
+            _mm512_storeu_ps(row + jb, e);
+        }
+        inv[r] = 1.0f / _mm512_reduce_add_ps(vsum);
+    }
+    for (int64_t db = 0; db < D; db += 32) {
+        if (db + 16 < D) values_f32<R, 2>(s, lp, v, ld, L, db, inv, o);
+        else values_f32<R, 1>(s, lp, v, ld, L, db, inv, o);
+    }
+}
+
+// dst[c · ldd + i] = src[i · lds + c] for a 16 × 16 block, rows i >= rows read as zeros: pairs of rows interleave
+// (unpack ps), then quads (unpack pd), then 128-bit lanes (two rounds of shuffle_f32x4).
+FASTDPR_AVX512F inline __attribute__((always_inline)) void transpose16(const float* src, size_t lds, int rows, float* dst, int64_t ldd) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * lds) : _mm512_setzero_ps();
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4g + c], lane l: column 4l + c of rows 4g .. 4g + 3
+    for (int g = 0; g < 4; ++g) {
+        const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+        const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
+        r[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; ++c) {
+        const __m512 lo01 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), hi01 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+        const __m512 lo23 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+        const __m512 hi23 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+        _mm512_storeu_ps(dst + (c + 0) * ldd, _mm512_shuffle_f32x4(lo01, lo23, 0x88));
+        _mm512_storeu_ps(dst + (c + 4) * ldd, _mm512_shuffle_f32x4(lo01, lo23, 0xDD));
+        _mm512_storeu_ps(dst + (c + 8) * ldd, _mm512_shuffle_f32x4(hi01, hi23, 0x88));
+        _mm512_storeu_ps(dst + (c + 12) * ldd, _mm512_shuffle_f32x4(hi01, hi23, 0xDD));
+    }
+}
+
+constexpr int kRowsF32 = 8;
+
+FASTDPR_AVX512F void head_avx512_f32(const float* qkv, size_t ld, const Task& task, int64_t H, int64_t D,
+                                     float scale, float* out, size_t ldo, Scratch& w) {
+    const int64_t L = task.length, lp = (L + 15) / 16 * 16;
+    const float* base = qkv + task.first_row * ld;
+    const float* k = base + (H + task.head) * D;
+    // keys transposed 16 × 16 at a time in registers (zeros past L): a scalar transpose took a quarter of this
+    // path's time, gathers a sixth
+    w.kt.resize(static_cast<size_t>(D * lp));
+    for (int64_t jb = 0; jb < lp; jb += 16)
+        for (int64_t d = 0; d < D; d += 16)
+            transpose16(k + jb * ld + d, ld, static_cast<int>(std::min<int64_t>(16, L - jb)), &w.kt[d * lp + jb], lp);
+    // values copied to contiguous rows: in place, rows 3·heads·head_dim floats apart map to a few cache sets, and
+    // every group of query rows would read them from L2 again
+    w.o.resize(static_cast<size_t>(L * D));
+    const float* vsrc = base + (2 * H + task.head) * D;
+    for (int64_t t = 0; t < L; ++t) std::memcpy(&w.o[t * D], vsrc + t * ld, D * sizeof(float));
+    const float* v = w.o.data();
+    w.s.resize(static_cast<size_t>(kRowsF32 * lp));
+    for (int64_t i = 0; i < L; i += kRowsF32) {
+        const float* q[kRowsF32];
+        float* o[kRowsF32];
+        const int rows = static_cast<int>(std::min<int64_t>(kRowsF32, L - i));
+        for (int r = 0; r < rows; ++r) {
+            q[r] = base + (i + r) * ld + task.head * D;
+            o[r] = out + (task.first_row + i + r) * ldo + task.head * D;
+        }
+        switch (rows) {
+            case 12: rows_f32<12>(q, o, v, D, L, lp, D, scale, w); break;
+            case 11: rows_f32<11>(q, o, v, D, L, lp, D, scale, w); break;
+            case 10: rows_f32<10>(q, o, v, D, L, lp, D, scale, w); break;
+            case 9: rows_f32<9>(q, o, v, D, L, lp, D, scale, w); break;
+            case 8: rows_f32<8>(q, o, v, D, L, lp, D, scale, w); break;
+            case 7: rows_f32<7>(q, o, v, D, L, lp, D, scale, w); break;
+            case 6: rows_f32<6>(q, o, v, D, L, lp, D, scale, w); break;
+            case 5: rows_f32<5>(q, o, v, D, L, lp, D, scale, w); break;
+            case 4: rows_f32<4>(q, o, v, D, L, lp, D, scale, w); break;
+            case 3: rows_f32<3>(q, o, v, D, L, lp, D, scale, w); break;
+            case 2: rows_f32<2>(q, o, v, D, L, lp, D, scale, w); break;
+            default: rows_f32<1>(q, o, v, D, L, lp, D, scale, w); break;
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------------------------ AMX
 // The same attention on AMX tiles: one TDPBF16PS multiplies a 16×32 bf16 tile by a 32×16 one (in pairs of rows,
 // the layout `lay_out` already makes) into a 16×16 fp32 tile, so a 16×16 block of scores at head dimension 32 is
@@ -340,7 +527,8 @@ bool amx_permitted() {
 
 bool supported(Path path) {
 #if defined(__x86_64__) || defined(_M_X64)
-    static const bool avx512 = simd::supported(simd::Level::AVX512) && __builtin_cpu_supports("avx512bw") &&
+    static const bool avx512f = simd::supported(simd::Level::AVX512);
+    static const bool avx512 = avx512f && __builtin_cpu_supports("avx512bw") &&
                                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
     static const bool amx = avx512 && [] {
         unsigned a = 0, b = 0, c = 0, d = 0;
@@ -351,6 +539,7 @@ bool supported(Path path) {
         case Path::Scalar: return true;
         case Path::AVX512BF16: return avx512;
         case Path::AMX: return amx;
+        case Path::AVX512: return avx512f;
     }
     return false;
 #else
@@ -364,40 +553,49 @@ Path best_path(int64_t head_dim) {
     return Path::Scalar;
 }
 
+Path best_path_f32() { return supported(Path::AVX512) ? Path::AVX512 : Path::Scalar; }
+
 const char* path_name(Path path) {
     switch (path) {
         case Path::Scalar: return "scalar";
         case Path::AVX512BF16: return "avx512bf16";
         case Path::AMX: return "amx";
+        case Path::AVX512: return "avx512";
     }
     return "?";
 }
 
-void attention_bf16(const uint16_t* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
-                    int64_t n_groups, uint16_t* out, Path path, int threads) {
+namespace {
+
+// One task per (sequence, head), after checking the shapes; the same checks for both precisions.
+std::vector<Task> make_tasks(const char* name, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
+                             int64_t n_groups, Path path) {
+    const std::string fn = std::string("attention_") + name;
     if (heads <= 0 || head_dim <= 0 || head_dim % 16 != 0)
-        throw std::invalid_argument("attention: heads must be > 0 and head_dim a positive multiple of 16, got heads=" +
+        throw std::invalid_argument(fn + ": heads must be > 0 and head_dim a positive multiple of 16, got heads=" +
                                     std::to_string(heads) + ", head_dim=" + std::to_string(head_dim));
     if (!supported(path))
-        throw std::invalid_argument(std::string("attention: this CPU cannot run the ") + path_name(path) + " path");
-    if (path == Path::AMX && head_dim % 32 != 0)
-        throw std::invalid_argument("attention: the amx path needs head_dim a multiple of 32, got " +
-                                    std::to_string(head_dim));
+        throw std::invalid_argument(fn + ": this CPU cannot run the " + path_name(path) + " path");
     std::vector<Task> tasks;
     int64_t row = 0;
     for (int64_t g = 0; g < n_groups; ++g) {
         const int64_t count = groups[2 * g], length = groups[2 * g + 1];
         if (count < 0 || length <= 0)
-            throw std::invalid_argument("attention: group " + std::to_string(g) + " has count " +
-                                        std::to_string(count) + " and length " + std::to_string(length));
+            throw std::invalid_argument(fn + ": group " + std::to_string(g) + " has count " + std::to_string(count) +
+                                        " and length " + std::to_string(length));
         for (int64_t c = 0; c < count; ++c, row += length)
             for (int64_t h = 0; h < heads; ++h) tasks.push_back({row, length, h});
     }
     if (row != T)
-        throw std::invalid_argument("attention: the groups cover " + std::to_string(row) + " rows, qkv has " +
+        throw std::invalid_argument(fn + ": the groups cover " + std::to_string(row) + " rows, qkv has " +
                                     std::to_string(T));
-    const size_t ld = static_cast<size_t>(3 * heads * head_dim), ldo = static_cast<size_t>(heads * head_dim);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    return tasks;
+}
+
+// Runs head(task, scratch) for every task on `threads` threads, one scratch per thread; AMX tiles are configured
+// per thread.
+template <class Head>
+void run_tasks(const std::vector<Task>& tasks, int threads, bool amx, Head head) {
     const int nt = resolve_threads(threads);
     const int64_t n = static_cast<int64_t>(tasks.size());
     ParallelErrors errors;
@@ -405,23 +603,52 @@ void attention_bf16(const uint16_t* qkv, int64_t T, int64_t heads, int64_t head_
     {
         Scratch w;
 #if defined(__x86_64__) || defined(_M_X64)
-        if (path == Path::AMX) amx_configure();  // tile configuration is per thread
+        if (amx) amx_configure();
 #endif
 #pragma omp for schedule(dynamic, 4)
-        for (int64_t t = 0; t < n; ++t)
-            errors.run([&] {
+        for (int64_t t = 0; t < n; ++t) errors.run([&] { head(tasks[t], w); });
 #if defined(__x86_64__) || defined(_M_X64)
-                if (path == Path::AMX) return head_amx(qkv, ld, tasks[t], heads, head_dim, scale, out, ldo, w);
-                if (path == Path::AVX512BF16)
-                    return head_avx512(qkv, ld, tasks[t], heads, head_dim, scale, out, ldo, w);
-#endif
-                head_scalar(qkv, ld, tasks[t], heads, head_dim, scale, out, ldo, w);
-            });
-#if defined(__x86_64__) || defined(_M_X64)
-        if (path == Path::AMX) amx_release();
+        if (amx) amx_release();
 #endif
     }
     errors.rethrow();
+}
+
+}  // namespace
+
+void attention_bf16(const uint16_t* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
+                    int64_t n_groups, uint16_t* out, Path path, int threads) {
+    if (path == Path::AVX512)
+        throw std::invalid_argument("attention_bf16: the avx512 path is fp32's; use amx, avx512bf16 or scalar");
+    const std::vector<Task> tasks = make_tasks("bf16", T, heads, head_dim, groups, n_groups, path);
+    if (path == Path::AMX && head_dim % 32 != 0)
+        throw std::invalid_argument("attention_bf16: the amx path needs head_dim a multiple of 32, got " +
+                                    std::to_string(head_dim));
+    const size_t ld = static_cast<size_t>(3 * heads * head_dim), ldo = static_cast<size_t>(heads * head_dim);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    run_tasks(tasks, threads, path == Path::AMX, [&](const Task& task, Scratch& w) {
+#if defined(__x86_64__) || defined(_M_X64)
+        if (path == Path::AMX) return head_amx(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
+        if (path == Path::AVX512BF16) return head_avx512(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
+#endif
+        head_scalar(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
+    });
+}
+
+void attention_f32(const float* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
+                   int64_t n_groups, float* out, Path path, int threads) {
+    if (path != Path::Scalar && path != Path::AVX512)
+        throw std::invalid_argument(std::string("attention_f32: the ") + path_name(path) +
+                                    " path is bf16's; use avx512 or scalar");
+    const std::vector<Task> tasks = make_tasks("f32", T, heads, head_dim, groups, n_groups, path);
+    const size_t ld = static_cast<size_t>(3 * heads * head_dim), ldo = static_cast<size_t>(heads * head_dim);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    run_tasks(tasks, threads, false, [&](const Task& task, Scratch& w) {
+#if defined(__x86_64__) || defined(_M_X64)
+        if (path == Path::AVX512) return head_avx512_f32(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
+#endif
+        head_scalar_f32(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
+    });
 }
 
 }  // namespace fastdpr::attention

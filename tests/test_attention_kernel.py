@@ -1,13 +1,13 @@
-"""The compiled bf16 attention kernel (csrc/attention.h): every path against the scalar path and against torch's
-attention in fp32, on random packed batches of odd lengths; its argument checks; the inference tower with and
-without it."""
+"""The compiled attention kernels (csrc/attention.h), bf16 and fp32: every path against the scalar path and against
+torch's attention in fp32, on random packed batches of odd lengths; their argument checks; the inference tower with
+and without them."""
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 C = pytest.importorskip("fastdpr._C")
-if not hasattr(C, "attention_bf16"):
+if not hasattr(C, "attention_f32"):
     pytest.skip("this build of fastdpr._C has no attention kernel", allow_module_level=True)
 
 
@@ -108,12 +108,83 @@ def test_tower_with_the_kernel_equals_the_tower_without(tmp_path, monkeypatch):
 
     import fastdpr.models.inference as inference
 
-    if inference._bf16_attention_kernel() is None:
+    if inference._attention_kernel(torch.bfloat16) is None:
         pytest.skip("no AMX/AVX512-BF16 on this CPU: the tower uses torch's attention")
     model = tiny_biencoder(tmp_path, hidden=64, layers=2)  # 2 heads of 32
     texts = ["a short one", "a somewhat longer passage about the history of the thing", "x " * 40]
     with_kernel = model.encode_passages(texts, precision="bf16", show_progress=False)
-    monkeypatch.setattr(inference, "_bf16_attention_kernel", lambda: None)
+    monkeypatch.setattr(inference, "_attention_kernel", lambda dtype: None)
     without = model.encode_passages(texts, precision="bf16", show_progress=False)
     cos = (with_kernel * without).sum(1) / np.linalg.norm(with_kernel, axis=1) / np.linalg.norm(without, axis=1)
     assert cos.min() > 0.999
+
+
+# ------------------------------------------------------------------------------------------------------------ fp32
+def _run_f32(qkv, groups, heads, path, threads=1):
+    out = torch.empty(qkv.shape[0], qkv.shape[1] // 3)
+    C.attention_f32(qkv.numpy(), out.numpy(), np.asarray(groups, dtype=np.int64).reshape(-1, 2), heads, path,
+                    threads)
+    return out
+
+
+@pytest.mark.parametrize("heads,head_dim,groups", CASES)
+def test_fp32_paths_match_torch_attention(heads, head_dim, groups):
+    seed = int(np.random.SeedSequence().generate_state(1)[0])
+    g = torch.Generator().manual_seed(seed)
+    rows = sum(n * length for n, length in groups)
+    qkv = torch.randn(rows, 3 * heads * head_dim, generator=g) * 2
+    want = _reference(qkv, groups, heads, head_dim)
+    assert C.attention_paths("f32")[-1] == "scalar"
+    for path in C.attention_paths("f32"):
+        got = _run_f32(qkv, groups, heads, path)
+        # no roundings besides fp32's own: sums of up to 257 terms in another order, exp to 2e-7
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{path}, seed {seed}")
+        torch.testing.assert_close(_run_f32(qkv, groups, heads, path, threads=2), got, rtol=0, atol=0)
+
+
+def test_fp32_large_scores_and_a_single_key():
+    heads, head_dim = 2, 32
+    qkv = torch.zeros(1 + 40, 3 * heads * head_dim)
+    qkv[:, : heads * head_dim] = 30.0
+    qkv[:, heads * head_dim : 2 * heads * head_dim] = torch.linspace(-30, 30, 41)[:, None]
+    qkv[:, 2 * heads * head_dim :] = torch.arange(41, dtype=torch.float32)[:, None]
+    groups = [(1, 1), (1, 40)]
+    want = _reference(qkv, groups, heads, head_dim)
+    for path in C.attention_paths("f32"):
+        got = _run_f32(qkv, groups, heads, path)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert float(got[0, 0]) == 0.0
+
+
+def test_fp32_bad_arguments_are_refused():
+    qkv = np.zeros((10, 3 * 2 * 32), dtype=np.float32)
+    out = np.zeros((10, 64), dtype=np.float32)
+    with pytest.raises(ValueError, match="attention_f32: the groups cover 9 rows"):
+        C.attention_f32(qkv, out, np.array([[1, 9]]), 2, "", 1)
+    with pytest.raises(ValueError, match="unknown path"):
+        C.attention_f32(qkv, out, np.array([[1, 10]]), 2, "amx", 1)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        C.attention_f32(qkv, np.zeros((10, 64), dtype=np.float32), np.array([[1, 10]]), 8, "", 1)
+    with pytest.raises(ValueError, match="dtype must be"):
+        C.attention_paths("fp8")
+    with pytest.raises(TypeError):  # out is written in place: never converted into a copy
+        C.attention_f32(qkv, out.astype(np.float64), np.array([[1, 10]]), 2, "", 1)
+    with pytest.raises(ValueError, match="unknown path"):  # the fp32 path is not one of bf16's
+        C.attention_bf16(_bits(torch.zeros(10, 192, dtype=torch.bfloat16)),
+                         _bits(torch.zeros(10, 64, dtype=torch.bfloat16)), np.array([[1, 10]]), 2, "avx512", 1)
+
+
+def test_fp32_tower_with_the_kernel_equals_the_tower_without(tmp_path, monkeypatch):
+    from tiny_models import tiny_biencoder
+
+    import fastdpr.models.inference as inference
+
+    if inference._attention_kernel(torch.float32) is None:
+        pytest.skip("no AVX-512 on this CPU: the fp32 tower uses torch's attention")
+    model = tiny_biencoder(tmp_path, hidden=64, layers=2)
+    texts = ["a short one", "a somewhat longer passage about the history of the thing", "x " * 40]
+    with_kernel = model.encode_passages(texts, precision="fp32", show_progress=False)
+    monkeypatch.setattr(inference, "_attention_kernel", lambda dtype: None)
+    without = model.encode_passages(texts, precision="fp32", show_progress=False)
+    np.testing.assert_allclose(with_kernel, without, rtol=1e-4, atol=1e-5)

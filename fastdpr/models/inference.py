@@ -249,15 +249,20 @@ class _PackedLayer(nn.Module):
 
     def _attention_grouped(self, qkv: torch.Tensor, groups: list[tuple[int, int]]) -> torch.Tensor:
         """Exact attention per group of equal-length sequences, no mask and no padding (the CPU path: a
-        length-sorted batch has few groups, and each costs only its own tokens). bf16 on CPUs with AVX512-BF16
-        goes through the compiled kernel (csrc/attention.h: AMX or AVX512-BF16), everything else through ``scaled_dot_product_attention``."""
+        length-sorted batch has few groups, and each costs only its own tokens). On CPUs with AVX-512 bf16 and fp32
+        go through the compiled kernel (csrc/attention.h: AMX or AVX512-BF16 for bf16, AVX-512F for fp32; about 2x
+        torch's CPU flash attention at head dimension 32), everything else through
+        ``scaled_dot_product_attention``."""
         heads, head_dim = self.heads, self.hidden // self.heads
-        kernel = _bf16_attention_kernel() if qkv.dtype == torch.bfloat16 and qkv.device.type == "cpu" else None
-        if kernel is not None and head_dim % 16 == 0:
+        kernel = _attention_kernel(qkv.dtype) if qkv.device.type == "cpu" and head_dim % 16 == 0 else None
+        if kernel is not None:
             qkv = qkv.contiguous()
             out = torch.empty(qkv.shape[0], self.hidden, dtype=qkv.dtype)
-            kernel.attention_bf16(_bits(qkv), _bits(out), np.asarray(groups, dtype=np.int64).reshape(-1, 2), heads,
-                                  "", torch.get_num_threads())
+            pairs = np.asarray(groups, dtype=np.int64).reshape(-1, 2)
+            if qkv.dtype == torch.bfloat16:
+                kernel.attention_bf16(_bits(qkv), _bits(out), pairs, heads, "", torch.get_num_threads())
+            else:
+                kernel.attention_f32(qkv.numpy(), out.numpy(), pairs, heads, "", torch.get_num_threads())
             return out
         ctx = torch.empty(qkv.shape[0], self.hidden, dtype=qkv.dtype, device=qkv.device) if len(groups) > 1 else None
         start = 0
@@ -280,14 +285,16 @@ def _bits(t: torch.Tensor) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def _bf16_attention_kernel():
-    """``fastdpr._C`` when its bf16 attention kernel runs on this CPU (AMX or AVX512-BF16), else None; like every
-    compiled path it is off under ``FASTDPR_NO_NATIVE=1``."""
+def _attention_kernel(dtype: torch.dtype):
+    """``fastdpr._C`` when its attention kernel for ``dtype`` runs vectorised on this CPU (bf16: AMX or
+    AVX512-BF16; fp32: AVX-512F), else None; like every compiled path it is off under ``FASTDPR_NO_NATIVE=1``."""
     from fastdpr.index._native import native
 
+    names = {torch.bfloat16: "bf16", torch.float32: "f32"}
     module = native()
-    return module if module is not None and hasattr(module, "attention_paths") and \
-        module.attention_paths()[0] != "scalar" else None
+    if dtype not in names or module is None or not hasattr(module, "attention_f32"):
+        return None
+    return module if module.attention_paths(names[dtype])[0] != "scalar" else None
 
 
 def onednn_int8_available() -> bool:
