@@ -358,6 +358,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
     const int64_t kc = rerank > 0 ? std::min(std::max(k, rerank), ntotal_) : kf;
     const simd::Kernels& K = simd::kernels();
     const pq4::ScanFn scan4 = pq4::scan_kernel();
+    const pq4::FilterFn filter4 = pq4::filter_kernel();
     const size_t cb_stride = packed_size(ksub_, dsub_);
     constexpr int64_t G = 8;  // queries per coarse-product call: each centroid tile load feeds 8 queries
     const int64_t ngroups = (nq + G - 1) / G;
@@ -366,6 +367,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
     struct Scratch {
         std::vector<float> qc, lut, buf;
         std::vector<uint16_t> sums;  // 4-bit: integer scores of a list
+        std::vector<uint32_t> hits;  // 4-bit: the indices in a list whose sums reach the threshold
         pq4::QuantizedLUT qlut;
         std::vector<Scored> cand;  // 4-bit: candidates at or above the running threshold
         TopK probe, heap, best;
@@ -432,15 +434,22 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                     const int64_t len = static_cast<int64_t>(list_pos_[l].size());
                     if (len == 0) continue;
                     if (nbits_ == 4) {
+                        const float base = ls.score + sc.qlut.bias, delta = sc.qlut.delta;
+                        // the threshold as a sum: a list none of whose code rows can reach it is not scanned,
+                        // and in a scanned one only the sums that reach it are turned into scores
+                        const uint32_t floor = pq4::first_reaching(base, delta, thr4);
+                        if (floor > sc.qlut.max_sum) continue;
                         const int64_t nb = pq4::nblocks(len);
                         sc.sums.resize(static_cast<size_t>(nb * pq4::kBlock));
+                        sc.hits.resize(static_cast<size_t>(len));
                         scan4(list_codes_[l].data(), nb, m_, sc.qlut.table.data(), sc.sums.data());
-                        const float base = ls.score + sc.qlut.bias, delta = sc.qlut.delta;
                         const uint16_t* sums = sc.sums.data();
                         const int64_t* pos = list_pos_[l].data();
-                        for (int64_t i = 0; i < len; ++i) {
-                            const float v = base + delta * static_cast<float>(sums[i]);
-                            if (v >= thr4) {
+                        const int64_t nhits = filter4(sums, len, floor, sc.hits.data());
+                        for (int64_t h = 0; h < nhits; ++h) {
+                            const uint32_t i = sc.hits[static_cast<size_t>(h)];
+                            const float v = pq4::score(base, delta, sums[i]);
+                            if (v >= thr4) {  // the threshold may have risen inside this list
                                 cand.push_back({v, pos[i]});
                                 if (cand.size() >= 2 * static_cast<size_t>(kc)) {
                                     cut(static_cast<size_t>(kc));

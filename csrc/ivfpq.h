@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "huge_alloc.h"
 #include "io.h"
 
 namespace fastdpr {
@@ -125,7 +126,7 @@ private:
     std::vector<std::vector<uint8_t>> list_codes_;  // per list: (len, m), or pq4 blocks for 4-bit codes
     std::vector<std::vector<int64_t>> list_pos_;    // per list: positions (row numbers in the order added)
     int64_t ntotal_ = 0;
-    std::vector<uint8_t> vec_owned_;
+    std::vector<uint8_t, HugePageAllocator<uint8_t>> vec_owned_;  // re-rank rows: on huge pages
     const uint8_t* vec_ptr_ = nullptr;
     std::shared_ptr<io::Mapping> vec_map_;
 };

@@ -32,6 +32,24 @@ void unpack(const uint8_t* blocks, int64_t n, int64_t m, uint8_t* codes) {
         for (int64_t j = 0; j < m; ++j) codes[i * m + j] = get_code(blocks, m, i, j);
 }
 
+// The scale shared by every row (see pq4.h): 0 for a non-finite table, 1 when every row is constant.
+static double lut_scale(double sum_range, float max_range, int64_t m) {
+    const double delta = std::max(static_cast<double>(max_range) / 255.0, sum_range / static_cast<double>(65535 - m));
+    return delta > 0 ? delta : 1.0;  // every row constant: all entries are 0 whatever the scale
+}
+
+static void set_non_finite(QuantizedLUT& out) {
+    std::fill(out.table.begin(), out.table.end(), uint8_t{0});
+    out.bias = std::nanf("");
+    out.delta = 0.f;
+    out.max_sum = 0;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// scalar: the reference every wide kernel must match bit for bit
+
+namespace scalar {
+
 void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out) {
     const int64_t mp = padded_m(m);
     out.table.assign(static_cast<size_t>(mp) * kKsub, 0);
@@ -54,30 +72,26 @@ void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out) {
         sum_range += static_cast<double>(hi) - lo;
         max_range = std::max(max_range, hi - lo);
     }
-    if (!finite) {
-        out.bias = std::nanf("");
-        out.delta = 0.f;
-        return;
-    }
-    double delta = std::max(static_cast<double>(max_range) / 255.0, sum_range / static_cast<double>(65535 - m));
-    if (!(delta > 0)) delta = 1.0;  // every row constant: all entries are 0 whatever the scale
+    if (!finite) return set_non_finite(out);
+    const double delta = lut_scale(sum_range, max_range, m);
     const float inv = static_cast<float>(1.0 / delta);
+    uint32_t max_sum = 0;
     for (int64_t j = 0; j < m; ++j) {
         const float* row = lut + j * kKsub;
         uint8_t* q = &out.table[j * kKsub];
         const float lo = lows[j];
         // (row - lo) * inv is in [0, 255 (1 + a few ulps)]: + 0.5 and truncation round it (halves up)
-        for (int64_t t = 0; t < kKsub; ++t)
+        uint8_t top = 0;
+        for (int64_t t = 0; t < kKsub; ++t) {
             q[t] = static_cast<uint8_t>(std::min(255.f, (row[t] - lo) * inv + 0.5f));
+            top = std::max(top, q[t]);
+        }
+        max_sum += top;
     }
     out.bias = static_cast<float>(bias);
     out.delta = static_cast<float>(delta);
+    out.max_sum = max_sum;
 }
-
-// ---------------------------------------------------------------------------------------------------------------
-// scalar: the reference every wide kernel must match bit for bit
-
-namespace scalar {
 
 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, uint16_t* out) {
     const size_t bb = block_bytes(m);
@@ -96,7 +110,29 @@ void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, ui
     }
 }
 
+int64_t filter(const uint16_t* sums, int64_t n, uint32_t floor, uint32_t* out) {
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; ++i)
+        if (sums[i] >= floor) out[c++] = static_cast<uint32_t>(i);
+    return c;
+}
+
 }  // namespace scalar
+
+// Appends i0 + (bit positions of mask) to out: few bits are set once a search's threshold has risen.
+static inline int64_t append_bits(uint32_t mask, uint32_t i0, uint32_t* out, int64_t c) {
+    while (mask) {
+        out[c++] = i0 + static_cast<uint32_t>(__builtin_ctz(mask));
+        mask &= mask - 1;
+    }
+    return c;
+}
+
+// Bits of the vectors of a block that exist: the last block of a list is padded.
+static inline uint32_t live_bits(int64_t n, int64_t i0) {
+    const int64_t left = n - i0;
+    return left >= 32 ? 0xffffffffu : (uint32_t{1} << left) - 1;
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // AVX2: two sub-spaces per 32-byte register (lane 0: sub-space j, lane 1: j + 1).
@@ -150,6 +186,24 @@ FASTDPR_PQ4_AVX2 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const u
     }
 }
 
+// Sums >= floor: AVX2 has no unsigned 16-bit comparison, but max(x, floor) == x is one. The two words-masks are
+// packed to bytes (per 128-bit lane, so the lanes are put back in order) for one 32-bit movemask.
+FASTDPR_PQ4_AVX2 int64_t filter(const uint16_t* sums, int64_t n, uint32_t floor, uint32_t* out) {
+    if (floor > 65535) return 0;
+    const __m256i f = _mm256_set1_epi16(static_cast<short>(floor));
+    int64_t c = 0;
+    for (int64_t i0 = 0; i0 < n; i0 += 32) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + i0));
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + i0 + 16));
+        const __m256i ga = _mm256_cmpeq_epi16(_mm256_max_epu16(a, f), a);
+        const __m256i gb = _mm256_cmpeq_epi16(_mm256_max_epu16(b, f), b);
+        const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(ga, gb), 0xd8);
+        const uint32_t mask = static_cast<uint32_t>(_mm256_movemask_epi8(bytes));
+        c = append_bits(mask & live_bits(n, i0), static_cast<uint32_t>(i0), out, c);
+    }
+    return c;
+}
+
 }  // namespace avx2
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -194,6 +248,57 @@ FASTDPR_PQ4_AVX512 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const
     }
 }
 
+FASTDPR_PQ4_AVX512 int64_t filter(const uint16_t* sums, int64_t n, uint32_t floor, uint32_t* out) {
+    if (floor > 65535) return 0;
+    const __m512i f = _mm512_set1_epi16(static_cast<short>(floor));
+    int64_t c = 0;
+    for (int64_t i0 = 0; i0 < n; i0 += 32) {
+        const uint32_t mask = _mm512_cmpge_epu16_mask(_mm512_loadu_si512(sums + i0), f);
+        c = append_bits(mask & live_bits(n, i0), static_cast<uint32_t>(i0), out, c);
+    }
+    return c;
+}
+
+// One 16-entry row per register. The float arithmetic is the scalar kernel's, operation for operation (no fused
+// multiply-add: the target leaves FMA out), so the tables are identical.
+FASTDPR_PQ4_AVX512 void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out) {
+    const int64_t mp = padded_m(m);
+    out.table.assign(static_cast<size_t>(mp) * kKsub, 0);
+    thread_local std::vector<float> lows, highs;
+    lows.resize(static_cast<size_t>(m));
+    highs.resize(static_cast<size_t>(m));
+    double bias = 0, sum_range = 0;
+    float max_range = 0;
+    __mmask16 finite = 0xffff;
+    for (int64_t j = 0; j < m; ++j) {
+        const __m512 row = _mm512_loadu_ps(lut + j * kKsub);
+        // x - x is 0 exactly when x is finite
+        finite &= _mm512_cmp_ps_mask(_mm512_sub_ps(row, row), _mm512_setzero_ps(), _CMP_EQ_OQ);
+        const float lo = _mm512_reduce_min_ps(row), hi = _mm512_reduce_max_ps(row);
+        lows[j] = lo;
+        highs[j] = hi;
+        bias += lo;
+        sum_range += static_cast<double>(hi) - lo;
+        max_range = std::max(max_range, hi - lo);
+    }
+    if (finite != 0xffff) return set_non_finite(out);
+    const double delta = lut_scale(sum_range, max_range, m);
+    const float inv = static_cast<float>(1.0 / delta);
+    const __m512 vinv = _mm512_set1_ps(inv), half = _mm512_set1_ps(0.5f), top = _mm512_set1_ps(255.f);
+    uint32_t max_sum = 0;
+    for (int64_t j = 0; j < m; ++j) {
+        const __m512 row = _mm512_loadu_ps(lut + j * kKsub);
+        const __m512 x = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(row, _mm512_set1_ps(lows[j])), vinv), half);
+        const __m512i q = _mm512_cvttps_epi32(_mm512_min_ps(top, x));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(&out.table[j * kKsub]), _mm512_cvtepi32_epi8(q));
+        // the row's largest entry is its largest float's, quantized the same way
+        max_sum += static_cast<uint8_t>(std::min(255.f, (highs[j] - lows[j]) * inv + 0.5f));
+    }
+    out.bias = static_cast<float>(bias);
+    out.delta = static_cast<float>(delta);
+    out.max_sum = max_sum;
+}
+
 }  // namespace avx512
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -215,6 +320,33 @@ ScanFn scan_kernel(simd::Level level) {
 }
 
 ScanFn scan_kernel() { return scan_kernel(simd::current()); }
+
+FilterFn filter_kernel(simd::Level level) {
+    if (!simd::supported(level))
+        throw std::invalid_argument(std::string("this CPU does not support ") + simd::level_name(level));
+    switch (level) {
+        case simd::Level::AVX512:
+            return has_avx512bw() ? avx512::filter : avx2::filter;
+        case simd::Level::AVX2:
+            return avx2::filter;
+        default:
+            return scalar::filter;
+    }
+}
+
+FilterFn filter_kernel() { return filter_kernel(simd::current()); }
+
+void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out, simd::Level level) {
+    if (!simd::supported(level))
+        throw std::invalid_argument(std::string("this CPU does not support ") + simd::level_name(level));
+    // AVX2 has no row-wide reductions worth the code: that level quantizes with the scalar kernel
+    if (level == simd::Level::AVX512 && has_avx512bw())
+        avx512::quantize_lut(lut, m, out);
+    else
+        scalar::quantize_lut(lut, m, out);
+}
+
+void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out) { quantize_lut(lut, m, out, simd::current()); }
 
 const char* kernel_name(simd::Level level) {
     switch (level) {

@@ -14,6 +14,7 @@
 // possible sum below 2^16, so the sums never wrap and every SIMD level gives bit-identical integers.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -66,10 +67,52 @@ struct QuantizedLUT {
     std::vector<uint8_t> table;
     float bias = 0.f;
     float delta = 0.f;
+    // The largest sum any code row can reach: sum_j max_t table[j][t] (0 for a non-finite table).
+    uint32_t max_sum = 0;
     // The bound above: the largest difference between a dequantized score and the float table's sum.
     float error_bound(int64_t m) const { return 0.5f * static_cast<float>(m) * delta; }
 };
 void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out);
+// The same through the kernel of a SIMD level (bit-identical output at every level; tests compare them).
+void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out, simd::Level level);
+
+// The float score of a sum, as every caller must compute it (the same expression wherever a threshold is
+// translated to sums, so that `first_reaching` and the scores agree to the bit): monotone non-decreasing in s
+// for delta > 0, as each rounding is.
+inline float score(float base, float delta, uint32_t s) { return base + delta * static_cast<float>(s); }
+
+// The smallest sum s <= 65535 with score(base, delta, s) >= thr, or 65536 when none reaches it (also for a NaN
+// base or delta = 0, the non-finite table). Exact: the estimate from the real-number inverse is corrected by
+// stepping along the monotone float scores.
+inline uint32_t first_reaching(float base, float delta, float thr) {
+    constexpr uint32_t kNone = 65536;
+    if (!(delta > 0.f) || !(score(base, delta, 65535) >= thr)) return kNone;
+    if (score(base, delta, 0) >= thr) return 0;
+    // score(0) < thr <= score(65535): the answer is in [1, 65535]
+    const double x = std::ceil((static_cast<double>(thr) - base) / delta);
+    uint32_t s = !(x >= 1) ? 1u : x > 65535 ? 65535u : static_cast<uint32_t>(x);
+    for (int step = 0; step < 8; ++step) {
+        if (score(base, delta, s) < thr)
+            ++s;  // s <= 65535 here: score(65535) >= thr
+        else if (score(base, delta, s - 1) >= thr)
+            --s;  // s >= 1 here: score(0) < thr
+        else
+            return s;
+    }
+    // far off (huge magnitudes): bisection on [lo, hi] with score(lo) < thr <= score(hi)
+    uint32_t lo = 0, hi = 65535;
+    while (hi - lo > 1) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        (score(base, delta, mid) >= thr ? hi : lo) = mid;
+    }
+    return hi;
+}
+
+// Writes the indices i < n with sums[i] >= floor to `out` (room for n), in increasing order; returns how many.
+// `sums` must hold nblocks(n) * kBlock values (what a scan writes): the wide kernels read whole blocks.
+using FilterFn = int64_t (*)(const uint16_t* sums, int64_t n, uint32_t floor, uint32_t* out);
+FilterFn filter_kernel(simd::Level level);
+FilterFn filter_kernel();
 
 // out[i] = sum_j table[j][code(i, j)] for every vector of `nblocks` blocks (out holds nblocks * 32 values).
 using ScanFn = void (*)(const uint8_t* blocks, int64_t nblocks, int64_t m, const uint8_t* table, uint16_t* out);

@@ -9,13 +9,16 @@ namespace {
 
 using U8Array = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
 
-pq4::ScanFn scan_for(const std::string& level) {
-    if (level.empty()) return pq4::scan_kernel();
-    if (level == "scalar") return pq4::scan_kernel(simd::Level::Scalar);
-    if (level == "avx2") return pq4::scan_kernel(simd::Level::AVX2);
-    if (level == "avx512") return pq4::scan_kernel(simd::Level::AVX512);
+// "" is the active level
+simd::Level level_of(const std::string& level) {
+    if (level.empty()) return simd::current();
+    if (level == "scalar") return simd::Level::Scalar;
+    if (level == "avx2") return simd::Level::AVX2;
+    if (level == "avx512") return simd::Level::AVX512;
     throw std::invalid_argument("unknown SIMD level '" + level + "' (scalar, avx2, avx512)");
 }
+
+pq4::ScanFn scan_for(const std::string& level) { return pq4::scan_kernel(level_of(level)); }
 
 int64_t check_m(py::handle m) { return arg_int(m, "m", 1, pq4::kMaxM); }
 
@@ -64,17 +67,38 @@ void bind_pq4(py::module_& m) {
         py::arg("blocks"), py::arg("n"), py::arg("m"));
     m.def(
         "pq4_quantize_lut",
-        [](const FloatArray& lut) {
+        [](const FloatArray& lut, const std::string& level) {
             if (lut.ndim() != 2 || lut.shape(1) != pq4::kKsub)
                 throw std::invalid_argument("pq4_quantize_lut: the table must be (m, 16)");
             const int64_t ms = check_m(py::int_(lut.shape(0)));
             pq4::QuantizedLUT q;
-            pq4::quantize_lut(lut.data(), ms, q);
+            pq4::quantize_lut(lut.data(), ms, q, level_of(level));
             py::array_t<uint8_t> t({static_cast<py::ssize_t>(pq4::padded_m(ms)), static_cast<py::ssize_t>(16)});
             std::copy(q.table.begin(), q.table.end(), t.mutable_data());
-            return py::make_tuple(t, q.bias, q.delta, q.error_bound(ms));
+            return py::make_tuple(t, q.bias, q.delta, q.error_bound(ms), q.max_sum);
         },
-        py::arg("lut"), "(m, 16) float table -> (uint8 table (padded_m, 16), bias, delta, error bound).");
+        py::arg("lut"), py::arg("level") = "",
+        "(m, 16) float table -> (uint8 table (padded_m, 16), bias, delta, error bound, largest possible sum).");
+    m.def(
+        "pq4_filter",
+        [](const U16Array& sums, py::handle floor_, const std::string& level) {
+            const int64_t n = static_cast<int64_t>(sums.size());
+            const int64_t floor = arg_int(floor_, "floor", 0, 65536);
+            // the wide kernels read whole blocks of 32: a padded copy
+            std::vector<uint16_t> padded(static_cast<size_t>(pq4::nblocks(n) * pq4::kBlock), 0);
+            std::copy(sums.data(), sums.data() + n, padded.begin());
+            std::vector<uint32_t> hits(static_cast<size_t>(n));
+            const int64_t c = pq4::filter_kernel(level_of(level))(padded.data(), n, static_cast<uint32_t>(floor),
+                                                                 hits.data());
+            py::array_t<int64_t> out(static_cast<py::ssize_t>(c));
+            std::copy(hits.begin(), hits.begin() + c, out.mutable_data());
+            return out;
+        },
+        py::arg("sums"), py::arg("floor"), py::arg("level") = "", "Indices of the sums >= floor, in order.");
+    m.def("pq4_first_reaching", &pq4::first_reaching, py::arg("base"), py::arg("delta"), py::arg("threshold"),
+          "Smallest uint16 sum s whose score base + delta * s reaches the threshold (65536: none).");
+    m.def("pq4_score", [](float base, float delta, uint32_t s) { return pq4::score(base, delta, s); },
+          py::arg("base"), py::arg("delta"), py::arg("sum"), "The float score of a sum, as the search computes it.");
     m.def(
         "pq4_scan",
         [](const U8Array& blocks, py::handle n_, py::handle m_, const U8Array& table, const std::string& level) {

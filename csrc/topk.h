@@ -21,6 +21,11 @@ struct Scored {
 inline bool better(const Scored& a, const Scored& b) {
     return a.score > b.score || (a.score == b.score && a.id < b.id);
 }
+// The same order as a type: the standard algorithms inline a function object's call, where a function pointer
+// stays an indirect call per comparison (it was ~7% of a 4-bit IVF-PQ search).
+struct Better {
+    bool operator()(const Scored& a, const Scored& b) const { return better(a, b); }
+};
 
 class TopK {
 public:
@@ -46,11 +51,9 @@ public:
         const Scored s{score, id};
         if (heap_.size() < k_) {
             heap_.push_back(s);
-            std::push_heap(heap_.begin(), heap_.end(), better);
+            std::push_heap(heap_.begin(), heap_.end(), Better{});
         } else if (better(s, heap_.front())) {
-            std::pop_heap(heap_.begin(), heap_.end(), better);
-            heap_.back() = s;
-            std::push_heap(heap_.begin(), heap_.end(), better);
+            replace_root(s);
         }
     }
 
@@ -71,7 +74,7 @@ public:
 
     // Best first. Leaves the heap empty.
     std::vector<Scored> take_sorted() {
-        std::sort_heap(heap_.begin(), heap_.end(), better);  // ascending by "worse": best first
+        std::sort_heap(heap_.begin(), heap_.end(), Better{});  // ascending by "worse": best first
         std::vector<Scored> out;
         out.swap(heap_);
         return out;
@@ -94,6 +97,23 @@ public:
     const std::vector<Scored>& items() const { return heap_; }
 
 private:
+    // Puts s (better than the root) in the root's place and sifts it down: one pass from the root, where
+    // pop_heap + push_heap walk down to a leaf and back up. The heap's order is the standard one under `better`:
+    // no parent is better than its children, so the root is the weakest result kept.
+    void replace_root(const Scored& s) {
+        const size_t n = heap_.size();
+        size_t i = 0;
+        for (;;) {
+            size_t c = 2 * i + 1;
+            if (c >= n) break;
+            if (c + 1 < n && better(heap_[c], heap_[c + 1])) ++c;  // the weaker child
+            if (!better(s, heap_[c])) break;
+            heap_[i] = heap_[c];
+            i = c;
+        }
+        heap_[i] = s;
+    }
+
     // a heap reserves room for at most this many up front and grows with what it is actually given, so a large k
     // costs memory only for results that exist
     static constexpr size_t kReserveMax = 4096;

@@ -55,7 +55,7 @@ def test_scan_every_level_equals_scalar(m, n):
     blocks = _C.pq4_pack(codes)
     assert blocks.size == -(-n // 32) * _C.pq4_padded_m(m) * 16
     np.testing.assert_array_equal(_C.pq4_unpack(blocks, n, m), codes)
-    table, _, _, _ = _C.pq4_quantize_lut(rng.normal(size=(m, 16)).astype(np.float32))
+    table, *_ = _C.pq4_quantize_lut(rng.normal(size=(m, 16)).astype(np.float32))
     want = table_sums(table, codes)
     for level in LEVELS:
         got = _C.pq4_scan(blocks, n, m, table, level)
@@ -68,7 +68,7 @@ def test_scan_sums_near_the_uint16_limit_do_not_wrap():
     m, n = 700, 64
     rng = np.random.default_rng(3)
     lut = rng.normal(size=(m, 16)).astype(np.float32)
-    table, _, delta, _ = _C.pq4_quantize_lut(lut)
+    table, _, delta, *_ = _C.pq4_quantize_lut(lut)
     best = np.argmax(table[:m], 1).astype(np.uint8)
     codes = np.repeat(best[None], n, 0)
     codes[1::2] = rng.integers(0, 16, (n // 2, m))
@@ -82,7 +82,7 @@ def test_scan_sums_near_the_uint16_limit_do_not_wrap():
 def test_quantized_scores_within_the_documented_bound(m):
     rng = np.random.default_rng(m)
     lut = (rng.normal(size=(m, 16)) * rng.uniform(0.1, 3, (m, 1))).astype(np.float32)
-    table, bias, delta, bound = _C.pq4_quantize_lut(lut)
+    table, bias, delta, bound, _ = _C.pq4_quantize_lut(lut)
     assert table.shape == (_C.pq4_padded_m(m), 16) and not table[m:].any()
     assert bound == pytest.approx(m * delta / 2)
     codes = rng.integers(0, 16, (500, m)).astype(np.uint8)
@@ -94,14 +94,75 @@ def test_quantized_scores_within_the_documented_bound(m):
 
 
 def test_quantize_lut_edge_cases():
-    t, bias, delta, _ = _C.pq4_quantize_lut(np.full((3, 16), 2.5, np.float32))
+    t, bias, delta, *_ = _C.pq4_quantize_lut(np.full((3, 16), 2.5, np.float32))
     assert not t.any() and bias == pytest.approx(7.5)  # constant rows: every entry 0, the offsets carry the score
     lut = np.zeros((2, 16), np.float32)
     lut[1, 3] = np.nan
-    t, bias, delta, _ = _C.pq4_quantize_lut(lut)
+    t, bias, delta, *_ = _C.pq4_quantize_lut(lut)
     assert np.isnan(bias) and delta == 0 and not t.any()
     with pytest.raises(ValueError, match=r"\(m, 16\)"):
         _C.pq4_quantize_lut(np.zeros((2, 8), np.float32))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 47, 192, 701])
+def test_quantize_lut_every_level_equals_scalar(m):
+    """The AVX-512 table is the scalar one to the bit (bias, scale, every entry) and so is the largest sum."""
+    rng = np.random.default_rng(m)
+    luts = [(rng.normal(size=(m, 16)) * rng.uniform(0.01, 30, (m, 1)) + rng.normal(size=(m, 1))).astype(np.float32),
+            np.round(rng.normal(size=(m, 16)), 1).astype(np.float32),  # ties: several entries equal to a row's min
+            np.full((m, 16), -0.0, np.float32)]
+    bad = luts[0].copy()
+    bad[m // 2, 5] = np.inf
+    luts.append(bad)
+    for lut in luts:
+        want = _C.pq4_quantize_lut(lut, "scalar")
+        table = want[0]
+        if np.isfinite(want[1]):
+            assert want[4] == table[:m].max(1).astype(np.int64).sum()  # the largest sum a code row can reach
+        else:
+            assert want[4] == 0 and not table.any()
+        for level in LEVELS:
+            got = _C.pq4_quantize_lut(lut, level)
+            np.testing.assert_array_equal(got[0], table, err_msg=level)
+            assert got[1:] == want[1:] or (np.isnan(got[1]) and np.isnan(want[1]) and got[2:] == want[2:]), level
+
+
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 31, 32, 33, 100, 1001])
+def test_filter_every_level_equals_the_reference(n):
+    rng = np.random.default_rng(n)
+    sums = rng.integers(0, 65536, n).astype(np.uint16)
+    sums[::7] = 65535
+    for floor in (0, 1, 30000, 65535, 65536, *(sums[:3].tolist())):
+        want = np.flatnonzero(sums.astype(np.int64) >= floor)
+        for level in LEVELS:
+            np.testing.assert_array_equal(_C.pq4_filter(sums, floor, level), want, err_msg=f"{level} {floor}")
+    with pytest.raises(ValueError, match="floor"):
+        _C.pq4_filter(sums, 65537)
+
+
+def test_first_reaching_is_the_exact_inverse_of_the_score():
+    """The smallest sum whose float score reaches a threshold, checked against every sum around it; includes
+    thresholds that equal a score exactly, scales where rounding makes neighbouring sums score the same, a
+    threshold no sum reaches and one every sum reaches."""
+    rng = np.random.default_rng(7)
+    cases = [(float(rng.normal() * 10), float(rng.uniform(1e-6, 1e-2)), float(rng.normal() * 10)) for _ in range(300)]
+    cases += [(1e4, 1e-6, 1e4 + 0.01), (-3.0, 1e-3, 50.0), (2.0, 1e-3, -np.inf), (2.0, 1e-3, 1.5),
+              (np.nan, 1e-3, 0.0), (1.0, 0.0, 0.0), (-np.inf, 1e-3, 0.0), (-np.inf, 1e-3, -np.inf)]
+    for base, delta, _ in cases[:100]:  # thresholds that are exactly some sum's score
+        s = int(rng.integers(0, 65536))
+        cases.append((base, delta, _C.pq4_score(base, delta, s)))
+    for base, delta, thr in cases:
+        base, delta, thr = (float(np.float32(v)) for v in (base, delta, thr))  # what the kernels see
+        s = _C.pq4_first_reaching(base, delta, thr)
+        if delta == 0:  # the mark of a non-finite table: nothing is scored
+            assert s == 65536
+            continue
+        assert 0 <= s <= 65536
+        if s < 65536:
+            assert _C.pq4_score(base, delta, s) >= thr, (base, delta, thr, s)
+        if s > 0:
+            lower = range(max(0, s - 3), s) if s < 65536 else range(65533, 65536)
+            assert all(not (_C.pq4_score(base, delta, t) >= thr) for t in lower), (base, delta, thr, s)
 
 
 def test_pack_rejects_codes_above_4_bits_and_scan_checks_sizes():
@@ -121,7 +182,7 @@ def test_topk_equals_sorting_the_scalar_scan(k):
     rng = np.random.default_rng(k)
     codes = rng.integers(0, 16, (n, m)).astype(np.uint8)
     blocks = _C.pq4_pack(codes)
-    table, _, _, _ = _C.pq4_quantize_lut(rng.normal(size=(m, 16)).astype(np.float32))
+    table, *_ = _C.pq4_quantize_lut(rng.normal(size=(m, 16)).astype(np.float32))
     sums = _C.pq4_scan(blocks, n, m, table, "scalar").astype(np.int64)
     order = np.lexsort((np.arange(n), -sums))[:k]  # score descending, index ascending on ties
     for level in LEVELS:
@@ -259,7 +320,7 @@ def test_ivf4_search_equals_a_numpy_reference(data, ivf4, k):
         coarse = centroids @ qv
         probe = np.lexsort((np.arange(len(coarse)), -coarse))[:5]
         lut = np.einsum("jcd,jd->jc", cb, qv.reshape(ivf4.m, -1)).astype(np.float32)
-        table, bias, delta, _ = _C.pq4_quantize_lut(lut)
+        table, bias, delta, *_ = _C.pq4_quantize_lut(lut)
         rows = np.flatnonzero(np.isin(lists, probe))
         sums = table_sums(table, codes[rows])
         scores = (coarse[lists[rows]] + bias).astype(np.float32) + np.float32(delta) * sums.astype(np.float32)
