@@ -102,7 +102,7 @@ def fastdpr_methods(cfg: dict) -> list[Method]:
     hnsw_spec = f"hnsw,M={cfg['M']},efc={cfg['efc']}"
     ivf_spec = f"ivfpq,nlist={cfg['nlist']},m={cfg['m']},fp16"
     # 4-bit fast-scan codes with score-aware codebooks (csrc/pq4.h, fastdpr/index/pq4.py)
-    ivf4_spec = f"ivfpq,nbits=4,nlist={cfg['nlist']},m={cfg['m4']},fp16"
+    ivf4_spec = f"ivfpq,nbits=4,nlist={cfg.get('nlist4', cfg['nlist'])},m={cfg['m4']},fp16"
     return [
         Method("fastdpr-flat", "exact", build("flat"), search, size, [{}], {"spec": "flat"}),
         Method("fastdpr-hnsw", "hnsw", build(hnsw_spec), search, size,
@@ -437,13 +437,16 @@ def configs(args, ds: Dataset) -> dict:
            # ScaNN: about 2 sqrt(n) leaves (its documented starting point); fast scan: 2 dimensions per 4-bit code,
            # the same code size as ScaNN's AH
            "leaves_total": max(1, round(2 * math.sqrt(n))), "leaves": [4, 8, 16, 32, 64, 128],
-           "reorder": [200, 400, 1000], "m_fs": max(1, d // 2), "m4": default_m(d, 2)}
+           "reorder": [200, 400, 1000], "m_fs": max(1, d // 2), "m4": default_m(d, 2),
+           "nlist4": default_nlist(n, 4)}
     if args.quick:
         cfg.update(M=16, efc=64, ef=[100, 200], nprobe=[4, 16], rerank=[0, 300], k_factor=[3.0], leaves=[4, 16],
                    reorder=[300])
     for key in ("M", "efc", "nlist", "m", "leaves_total", "m_fs", "m4"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
+    if args.nlist is not None:  # one list count asked for: every IVF index gets it
+        cfg["nlist4"] = args.nlist
     for key, cast in (("ef", int), ("nprobe", int), ("rerank", int), ("k_factor", float), ("leaves", int),
                       ("reorder", int)):
         if getattr(args, key) is not None:

@@ -37,7 +37,8 @@ def sweep_config(n: int, d: int, args) -> dict:
     return {"M": 32, "efc": 100, "ef": [64], "nlist": default_nlist(n), "m": args.m, "nprobe": ints(args.nprobe),
             "rerank": ints(args.rerank), "k_factor": [float(v) for v in args.k_factor.split(",")],
             "train": n, "leaves_total": max(1, round(2 * np.sqrt(n))), "leaves": ints(args.leaves),
-            "reorder": ints(args.reorder), "m_fs": max(1, d // 2), "m4": default_m(d, 2)}
+            "reorder": ints(args.reorder), "m_fs": max(1, d // 2), "m4": default_m(d, 2),
+            "nlist4": default_nlist(n, 4)}
 
 
 def recall_at_100(ids: np.ndarray, gt: np.ndarray) -> float:
@@ -142,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     body = (f"Each method's cheapest settings with recall@100 >= {TARGET} (per value of rerank / reorder / "
             f"k_factor), timed in {args.rounds} rounds of alternating {args.block}-query blocks; q/s = queries / "
             "summed time. fastdpr IVF-PQ: balanced L2 lists (the default), nlist "
-            f"{results[0]['config']['nlist']}, m {args.m}, fp16 re-rank; ScaNN: k-means tree with "
+            f"{results[0]['config']['nlist']}, m {args.m} (4-bit: nlist {results[0]['config']['nlist4']}, m "
+            f"{results[0]['config']['m4']}), fp16 re-rank; ScaNN: k-means tree with "
             f"{results[0]['config']['leaves_total']} leaves, AH on 2-dimensional blocks, float re-rank; faiss: "
-            f"IVF fast scan with RFlat. Load average (1 / 5 / 15 min) before: "
+            f"IVF fast scan with RFlat, nlist {results[0]['config']['nlist']}. Load average (1 / 5 / 15 min) before: "
             f"{' / '.join(f'{v:.1f}' for v in load_before)}, after: {' / '.join(f'{v:.1f}' for v in load_after)} "
             f"on {os.cpu_count()} cores.\n\n" + "\n".join(parts))
     write_results("ann_paired", args.out, {"results": results, "wall_s": round(time.perf_counter() - t0, 1),

@@ -429,9 +429,17 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                     std::nth_element(cand.begin(), cand.begin() + (keep - 1), cand.end(), order);
                     cand.resize(keep);
                 };
-                for (const Scored& ls : lists) {
+                for (size_t li = 0; li < lists.size(); ++li) {
+                    const Scored& ls = lists[li];
                     const int64_t l = ls.id;
                     const int64_t len = static_cast<int64_t>(list_pos_[l].size());
+                    if (nbits_ == 4 && li + 1 < lists.size()) {
+                        // each list is its own allocation, so the hardware prefetcher restarts on every list: the
+                        // head of the next one is requested while this one is scanned (its first 1 KiB: ~5% more
+                        // queries/s on [CLS] at nprobe 192; 256 bytes to 2 KiB about the same, the whole list less)
+                        const std::vector<uint8_t>& next = list_codes_[lists[li + 1].id];
+                        simd::prefetch(next.data(), std::min<size_t>(next.size(), 1024));
+                    }
                     if (len == 0) continue;
                     if (nbits_ == 4) {
                         const float base = ls.score + sc.qlut.bias, delta = sc.qlut.delta;

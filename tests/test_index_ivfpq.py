@@ -261,6 +261,9 @@ def test_defaults():
     assert default_m(768) == 96 and default_m(384) == 48 and default_m(30) == 3
     assert default_nlist(100_000) == 1024 and default_nlist(1_000_000) == 4096
     assert default_nlist(100) == 2 and default_nlist(10) == 1
+    # 4-bit codes scan faster: about 2 sqrt(n) lists
+    assert default_nlist(23_582, 4) == 256 and default_nlist(23_582) == 512 and default_nlist(1_000_000, 4) == 2048
+    assert default_nlist(10, 4) == 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

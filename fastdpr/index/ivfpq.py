@@ -37,8 +37,9 @@ vectors (nlist 512, rerank 200, recall@100: mean pooling, 1,000 questions, nprob
     index = build_index(vectors, "ivfpq,nbits=4,nlist=1024,store=fp16")   # m: d/2 two-dimensional sub-spaces
     scores, ids = index.search(queries, k=100, nprobe=32, rerank=400)
 
-Spec parameters: ``nlist`` (0: about 4 sqrt(n), a power of two), ``m`` (0: d/8 sub-quantizers, d/2 for 4-bit
-codes), ``nbits`` (8 or 4), ``aniso`` (4-bit: the anisotropic threshold T; 0, off) and ``aniso_niter`` (8),
+Spec parameters: ``nlist`` (0: about 4 sqrt(n), 2 sqrt(n) for 4-bit codes, a power of two), ``m`` (0: d/8
+sub-quantizers, d/2 for 4-bit codes), ``nbits`` (8 or 4), ``aniso`` (4-bit: the anisotropic threshold T; 0, off)
+and ``aniso_niter`` (8),
 ``store`` (none|fp16|fp32; bare ``fp16``/``fp32`` flags work too), ``nprobe`` and ``rerank`` (search defaults),
 ``assign`` (l2|ip: how vectors are filed under centroids), ``niter``, ``pq_niter``, ``seed``,
 ``max_points_per_centroid`` (coarse k-means subsample, 64), ``pq_max_points_per_centroid`` (256), ``spherical``
@@ -111,11 +112,18 @@ def rerank_setting(value: Any, where: str = "ivfpq") -> int | str:
     return int(value)
 
 
-def default_nlist(n: int) -> int:
-    """About 4 sqrt(n) lists, a power of two, with at least 39 training points per list where possible."""
+def default_nlist(n: int, nbits: int = 8) -> int:
+    """About 4 sqrt(n) lists (4-bit codes: 2 sqrt(n)), a power of two, with at least 39 training points per list
+    where possible.
+
+    4-bit codes are scanned several times faster than 8-bit ones, so fewer, larger lists pay: the coarse ranking
+    (nlist x d per query) is the cost that shrinks. On the real MiniLM pool (23,582 passages, 1,000 NQ questions,
+    m 192, 1 thread) the cheapest setting with recall@100 >= 0.95 ran at 18.0k q/s with 256 lists against 16.3k
+    with 512 and 15.0k with 1,024 (mean pooling), and 7.0k against 5.9k (raw [CLS], 256 vs 512 lists)."""
     if n <= 0:
         return 1
-    nlist = 2 ** max(0, round(math.log2(4 * math.sqrt(n))))
+    per_root = 2 if nbits == 4 else 4
+    nlist = 2 ** max(0, round(math.log2(per_root * math.sqrt(n))))
     return int(max(1, min(nlist, n // 39 if n >= 39 else 1)))
 
 
@@ -238,7 +246,7 @@ class IVFPQIndex(Index):
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise InputError(f"ivfpq: training vectors must have shape (n, {self.dim}), got {x.shape}")
         n = x.shape[0]
-        nlist = self.nlist or default_nlist(n)
+        nlist = self.nlist or default_nlist(n, self.nbits)
         ksub = 2 ** self.nbits
         if n < ksub:
             raise InputError(f"ivfpq: training needs at least {ksub} vectors for {self.nbits}-bit codes, got {n}")
