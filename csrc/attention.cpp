@@ -23,6 +23,7 @@
 
 #include "parallel.h"
 #include "simd.h"
+#include "transpose.h"
 
 namespace fastdpr::attention {
 namespace {
@@ -349,35 +350,6 @@ FASTDPR_AVX512F void rows_f32(const float* const* q, float* const* o, const floa
     }
 }
 
-// dst[c · ldd + i] = src[i · lds + c] for a 16 × 16 block, rows i >= rows read as zeros: pairs of rows interleave
-// (unpack ps), then quads (unpack pd), then 128-bit lanes (two rounds of shuffle_f32x4).
-FASTDPR_AVX512F inline __attribute__((always_inline)) void transpose16(const float* src, size_t lds, int rows, float* dst, int64_t ldd) {
-    __m512 r[16], t[16];
-    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * lds) : _mm512_setzero_ps();
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    // u[4g + c], lane l: column 4l + c of rows 4g .. 4g + 3
-    for (int g = 0; g < 4; ++g) {
-        const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
-        const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
-        r[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-        r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-        r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-        r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-    }
-    for (int c = 0; c < 4; ++c) {
-        const __m512 lo01 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), hi01 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
-        const __m512 lo23 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
-        const __m512 hi23 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
-        _mm512_storeu_ps(dst + (c + 0) * ldd, _mm512_shuffle_f32x4(lo01, lo23, 0x88));
-        _mm512_storeu_ps(dst + (c + 4) * ldd, _mm512_shuffle_f32x4(lo01, lo23, 0xDD));
-        _mm512_storeu_ps(dst + (c + 8) * ldd, _mm512_shuffle_f32x4(hi01, hi23, 0x88));
-        _mm512_storeu_ps(dst + (c + 12) * ldd, _mm512_shuffle_f32x4(hi01, hi23, 0xDD));
-    }
-}
-
 constexpr int kRowsF32 = 8;
 
 FASTDPR_AVX512F void head_avx512_f32(const float* qkv, size_t ld, const Task& task, int64_t H, int64_t D,
@@ -390,7 +362,7 @@ FASTDPR_AVX512F void head_avx512_f32(const float* qkv, size_t ld, const Task& ta
     w.kt.resize(static_cast<size_t>(D * lp));
     for (int64_t jb = 0; jb < lp; jb += 16)
         for (int64_t d = 0; d < D; d += 16)
-            transpose16(k + jb * ld + d, ld, static_cast<int>(std::min<int64_t>(16, L - jb)), &w.kt[d * lp + jb], lp);
+            simd::transpose16(k + jb * ld + d, ld, static_cast<int>(std::min<int64_t>(16, L - jb)), &w.kt[d * lp + jb], lp);
     // values copied to contiguous rows: in place, rows 3·heads·head_dim floats apart map to a few cache sets, and
     // every group of query rows would read them from L2 again
     w.o.resize(static_cast<size_t>(L * D));

@@ -2,6 +2,7 @@
 // Hand-written because they are the product's edge: the index's speed is these loops (BLAS gives no fp16-storage
 // dot, no fused 4x4 tile with the layout we need, and would force a dependency).
 #include "simd.h"
+#include "transpose.h"
 
 // GCC 12 warns about its own _mm*_undefined_* helpers inside the AVX-512 intrinsics (a known false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -486,19 +487,15 @@ FASTDPR_AVX512 void from_half(const uint16_t* src, float* dst, size_t n) {
 // 24 FMAs, so the FMA units, not the loads, set the pace.
 constexpr size_t kMR = 12, kNR = 32;
 
+// 16 x 16 blocks transposed in registers (transpose.h), the dimensions past the last multiple of 16 one by one.
 FASTDPR_AVX512 void pack(const float* x, size_t ldx, size_t nv, size_t d, float* panel) {
-    if (nv == kNR && kNR * ldx < (1u << 31)) {
-        const __m512i idx0 = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(static_cast<int>(ldx)));
-        const __m512i idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32(static_cast<int>(16 * ldx)));
-        for (size_t k = 0; k < d; ++k) {
-            _mm512_storeu_ps(panel + k * kNR, _mm512_i32gather_ps(idx0, x + k, 4));
-            _mm512_storeu_ps(panel + k * kNR + 16, _mm512_i32gather_ps(idx1, x + k, 4));
-        }
-        return;
+    const size_t d16 = d / 16 * 16;
+    for (size_t j0 = 0; j0 < kNR; j0 += 16) {
+        const int rows = static_cast<int>(std::min<size_t>(16, nv > j0 ? nv - j0 : 0));
+        for (size_t k0 = 0; k0 < d16; k0 += 16)
+            simd::transpose16(x + j0 * ldx + k0, ldx, rows, panel + k0 * kNR + j0, static_cast<int64_t>(kNR));
     }
-    for (size_t k = 0; k < d; ++k)
+    for (size_t k = d16; k < d; ++k)
         for (size_t j = 0; j < kNR; ++j) panel[k * kNR + j] = j < nv ? x[j * ldx + k] : 0.0f;
 }
 

@@ -91,6 +91,27 @@ def test_every_level_gives_the_same_search_results():
             assert (i == i0).mean() > 0.97  # swaps only between near-ties
 
 
+@pytest.mark.parametrize("d", [1, 5, 16, 17, 33, 100])
+@pytest.mark.parametrize("n", [1, 15, 17, 37, 300])
+def test_blocked_exact_search_scores_at_every_level(d, n):
+    """The GEMM path (>= 8 queries: vector panels packed 16 x 16 in registers, dimensions past a multiple of 16 one
+    by one, panels of fewer vectors padded with zeros) against float64, at every SIMD level."""
+    from fastdpr.index import build_index
+
+    seed = int(np.random.SeedSequence().generate_state(1)[0])
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    q = rng.standard_normal((20, d)).astype(np.float32)
+    want = np.sort(q.astype(np.float64) @ x.T.astype(np.float64), axis=1)[:, ::-1][:, : min(n, 10)]
+    try:
+        for level in LEVELS:
+            C.simd_force(level)
+            scores, _ = build_index(x, "flat").search(q, 10)
+            np.testing.assert_allclose(scores[:, : min(n, 10)], want, rtol=1e-5, atol=1e-5 * np.sqrt(d),
+                                       err_msg=f"{level}, seed {seed}")
+    finally:
+        C.simd_force(C.simd_detect())
+
 def test_unsupported_level_is_an_error():
     with pytest.raises(ValueError):
         C.simd_force("sse9")
