@@ -313,18 +313,15 @@ FASTDPR_AVX2 void from_half(const uint16_t* src, float* dst, size_t n) {
 // 6 queries x 16 vectors: 12 accumulators + 2 panel rows + 1 broadcast in the 16 ymm registers.
 constexpr size_t kMR = 6, kNR = 16;
 
+// 8 x 8 blocks transposed in registers (transpose.h), the dimensions past the last multiple of 8 one by one.
 FASTDPR_AVX2 void pack(const float* x, size_t ldx, size_t nv, size_t d, float* panel) {
-    if (nv == kNR && kNR * ldx < (1u << 31)) {
-        const __m256i idx0 = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                                _mm256_set1_epi32(static_cast<int>(ldx)));
-        const __m256i idx1 = _mm256_add_epi32(idx0, _mm256_set1_epi32(static_cast<int>(8 * ldx)));
-        for (size_t k = 0; k < d; ++k) {
-            _mm256_storeu_ps(panel + k * kNR, _mm256_i32gather_ps(x + k, idx0, 4));
-            _mm256_storeu_ps(panel + k * kNR + 8, _mm256_i32gather_ps(x + k, idx1, 4));
-        }
-        return;
+    const size_t d8 = d / 8 * 8;
+    for (size_t j0 = 0; j0 < kNR; j0 += 8) {
+        const int rows = static_cast<int>(std::min<size_t>(8, nv > j0 ? nv - j0 : 0));
+        for (size_t k0 = 0; k0 < d8; k0 += 8)
+            simd::transpose8(x + j0 * ldx + k0, ldx, rows, panel + k0 * kNR + j0, static_cast<int64_t>(kNR));
     }
-    for (size_t k = 0; k < d; ++k)
+    for (size_t k = d8; k < d; ++k)
         for (size_t j = 0; j < kNR; ++j) panel[k * kNR + j] = j < nv ? x[j * ldx + k] : 0.0f;
 }
 

@@ -1,7 +1,7 @@
-// A 16 x 16 block transpose of fp32 in AVX-512 registers, shared by the kernels that lay rows out column-major
+// 16 x 16 (AVX-512) and 8 x 8 (AVX) block transposes of fp32 in registers, shared by the kernels that lay rows out column-major
 // (the exact search's vector panels, the fp32 attention's keys). Gathers would do the same with one instruction
 // per output vector, but cost ~40 cycles each on CPUs with the gather-data-sampling microcode mitigation, where
-// this is 64 shuffles and 32 loads/stores for the whole block.
+// the 16 x 16 transpose is 64 shuffles and 32 loads/stores for the whole block.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +40,28 @@ __attribute__((target("avx512f"), always_inline)) inline void transpose16(const 
         _mm512_storeu_ps(dst + (c + 4) * ldd, _mm512_shuffle_f32x4(lo01, lo23, 0xDD));
         _mm512_storeu_ps(dst + (c + 8) * ldd, _mm512_shuffle_f32x4(hi01, hi23, 0x88));
         _mm512_storeu_ps(dst + (c + 12) * ldd, _mm512_shuffle_f32x4(hi01, hi23, 0xDD));
+    }
+}
+
+// The same for 8 x 8 in AVX registers: unpack ps, shuffle ps, then 128-bit halves.
+__attribute__((target("avx"), always_inline)) inline void transpose8(const float* src, size_t lds, int rows,
+                                                                     float* dst, int64_t ldd) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = i < rows ? _mm256_loadu_ps(src + i * lds) : _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // r[4g + c], 128-bit half h: column 4h + c of rows 4g .. 4g + 3
+    for (int g = 0; g < 2; ++g) {
+        r[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        r[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        r[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        r[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+        _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+        _mm256_storeu_ps(dst + (c + 4) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
     }
 }
 
