@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <numeric>
@@ -49,6 +50,102 @@ void adc_scan(const uint8_t* codes, int64_t n, int64_t m, const float* lut, floa
         out[i] = s;
     }
 }
+
+// The 4-bit search's candidates: 4-bit lists are scanned so fast that a heap push per candidate would cost more
+// than the scan, so candidates at or above a threshold go into a buffer that is cut back to the `keep` best (the
+// order of `better`, hence the same set as a heap) whenever it holds 2 keep. A candidate is one 64-bit key: the
+// order-preserving bits of its score above a slot that indexes its position, so a cut is an nth_element on
+// integers (about twice as fast as on (score, position) pairs with the tie-breaking comparison), and positions are
+// looked at only when scores tie across the cut.
+class Candidates {
+public:
+    void reset(size_t keep) {
+        if (keep >= (size_t{1} << 31))  // slots are 32 bits and the buffer holds up to 2 keep
+            throw std::invalid_argument("ivfpq: 4-bit search keeps at most 2^31 - 1 candidates (k and rerank), got " +
+                                        std::to_string(keep));
+        keep_ = keep;
+        keys_.clear();
+        pos_.clear();
+        thr_ = -std::numeric_limits<float>::infinity();
+    }
+    // Scores below it cannot be among the `keep` best (-inf until the first cut).
+    float threshold() const { return thr_; }
+
+    // v >= threshold(), never NaN
+    void push(float v, int64_t pos) {
+        keys_.push_back(uint64_t{order_bits(v)} << 32 | static_cast<uint32_t>(pos_.size()));
+        pos_.push_back(pos);
+        if (keys_.size() >= 2 * keep_) cut();
+    }
+
+    // The `keep` best (fewer if fewer came), in no particular order.
+    void take(std::vector<Scored>& out) {
+        cut();
+        out.resize(keys_.size());
+        for (size_t i = 0; i < keys_.size(); ++i) out[i] = {score_of(keys_[i]), pos_[slot(keys_[i])]};
+    }
+
+private:
+    // float -> uint32 with the same order (x + 0 turns -0 into +0, which compare equal as floats; no NaN comes)
+    static uint32_t order_bits(float v) {
+        uint32_t u;
+        const float x = v + 0.f;
+        std::memcpy(&u, &x, 4);
+        return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    }
+    static float score_of(uint64_t key) {
+        const uint32_t o = static_cast<uint32_t>(key >> 32);
+        const uint32_t u = (o & 0x80000000u) ? (o & 0x7fffffffu) : ~o;
+        float v;
+        std::memcpy(&v, &u, 4);
+        return v;
+    }
+    static uint32_t slot(uint64_t key) { return static_cast<uint32_t>(key); }
+
+    void cut() {
+        const size_t n = keys_.size();
+        if (n <= keep_) return;
+        if (keep_ == 0) {
+            keys_.clear(), pos_.clear();
+            return;
+        }
+        std::nth_element(keys_.begin(), keys_.begin() + (keep_ - 1), keys_.end(), std::greater<uint64_t>());
+        const uint64_t edge = keys_[keep_ - 1] >> 32;
+        for (size_t i = keep_; i < n; ++i)
+            if ((keys_[i] >> 32) == edge) {
+                break_tie(edge);
+                break;
+            }
+        // renumber the kept slots
+        kept_pos_.resize(keep_);
+        for (size_t i = 0; i < keep_; ++i) {
+            kept_pos_[i] = pos_[slot(keys_[i])];
+            keys_[i] = (keys_[i] & ~uint64_t{0xffffffffu}) | i;
+        }
+        keys_.resize(keep_);
+        pos_.swap(kept_pos_);
+        thr_ = score_of(edge << 32);
+    }
+
+    // Scores equal to the edge's on both sides of the cut: the keys ordered them by slot, `better` orders them by
+    // position, so the smallest positions among them take the places inside the cut.
+    void break_tie(uint64_t edge) {
+        tie_at_.clear();
+        for (size_t i = 0; i < keys_.size(); ++i)
+            if ((keys_[i] >> 32) == edge) tie_at_.push_back(i);  // inside the cut first: i ascending
+        tie_keys_.clear();
+        for (size_t i : tie_at_) tie_keys_.push_back(keys_[i]);
+        std::sort(tie_keys_.begin(), tie_keys_.end(),
+                  [&](uint64_t a, uint64_t b) { return pos_[slot(a)] < pos_[slot(b)]; });
+        for (size_t t = 0; t < tie_at_.size(); ++t) keys_[tie_at_[t]] = tie_keys_[t];
+    }
+
+    size_t keep_ = 0;
+    float thr_ = 0.f;
+    std::vector<uint64_t> keys_, tie_keys_;
+    std::vector<int64_t> pos_, kept_pos_;
+    std::vector<size_t> tie_at_;
+};
 
 }  // namespace
 
@@ -369,7 +466,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
         std::vector<uint16_t> sums;  // 4-bit: integer scores of a list
         std::vector<uint32_t> hits;  // 4-bit: the indices in a list whose sums reach the threshold
         pq4::QuantizedLUT qlut;
-        std::vector<Scored> cand;  // 4-bit: candidates at or above the running threshold
+        Candidates cand;  // 4-bit: candidates at or above the running threshold
         TopK probe, heap, best;
     };
     std::vector<Scratch> scratch(static_cast<size_t>(nthreads));  // one per thread, filled inside
@@ -416,19 +513,8 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                                          &lut[j * kKsub]);
                 }
                 heap.reset(kc);
-                // 4-bit lists are scanned so fast that a heap push per candidate would cost more than the scan:
-                // candidates at or above a threshold go into a buffer, cut back to the kc best (the order of
-                // `better`, so the same set as the heap) whenever it holds 2 kc
-                std::vector<Scored>& cand = sc.cand;
-                cand.clear();
-                float thr4 = -std::numeric_limits<float>::infinity();
-                // a lambda, not the function itself, so that the comparison is inlined into the selection
-                const auto order = [](const Scored& a, const Scored& b) { return better(a, b); };
-                const auto cut = [&](size_t keep) {
-                    if (cand.size() <= keep) return;
-                    std::nth_element(cand.begin(), cand.begin() + (keep - 1), cand.end(), order);
-                    cand.resize(keep);
-                };
+                Candidates& cand = sc.cand;
+                if (nbits_ == 4) cand.reset(static_cast<size_t>(kc));
                 for (size_t li = 0; li < lists.size(); ++li) {
                     const Scored& ls = lists[li];
                     const int64_t l = ls.id;
@@ -445,7 +531,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                         const float base = ls.score + sc.qlut.bias, delta = sc.qlut.delta;
                         // the threshold as a sum: a list none of whose code rows can reach it is not scanned,
                         // and in a scanned one only the sums that reach it are turned into scores
-                        const uint32_t floor = pq4::first_reaching(base, delta, thr4);
+                        const uint32_t floor = pq4::first_reaching(base, delta, cand.threshold());
                         if (floor > sc.qlut.max_sum) continue;
                         const int64_t nb = pq4::nblocks(len);
                         sc.sums.resize(static_cast<size_t>(nb * pq4::kBlock));
@@ -457,13 +543,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                         for (int64_t h = 0; h < nhits; ++h) {
                             const uint32_t i = sc.hits[static_cast<size_t>(h)];
                             const float v = pq4::score(base, delta, sums[i]);
-                            if (v >= thr4) {  // the threshold may have risen inside this list
-                                cand.push_back({v, pos[i]});
-                                if (cand.size() >= 2 * static_cast<size_t>(kc)) {
-                                    cut(static_cast<size_t>(kc));
-                                    thr4 = cand[static_cast<size_t>(kc) - 1].score;
-                                }
-                            }
+                            if (v >= cand.threshold()) cand.push(v, pos[i]);  // it may have risen in this list
                         }
                         continue;
                     }
@@ -480,9 +560,9 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 }
                 std::vector<Scored> found;
                 if (nbits_ == 4) {
-                    cut(static_cast<size_t>(kc));
-                    if (rerank == 0) std::sort(cand.begin(), cand.end(), order);  // re-ranking re-sorts anyway
-                    found.assign(cand.begin(), cand.end());
+                    cand.take(found);
+                    // re-ranking re-sorts anyway
+                    if (rerank == 0) std::sort(found.begin(), found.end(), Better{});
                 } else {
                     found = heap.take_sorted();
                 }

@@ -400,3 +400,28 @@ def test_ivf4_bad_settings(data):
         build_index(x, "ivfpq,nbits=4,nlist=8,backend=numpy")
     with pytest.raises(ValueError, match="aniso_eta applies to 4-bit"):
         _C.IVFPQ(8, 4, 2, 8, "none").aniso_eta = 4.0
+
+
+@pytest.mark.parametrize("k,rerank", [(1, 0), (3, 0), (10, 0), (5, 12), (40, 0)])
+def test_ivf4_equal_scores_across_the_candidate_cut_keep_the_smallest_ids(k, rerank):
+    """Exact copies of a vector share a list and codes, hence a score: when the candidate buffer is cut inside such
+    a group, the copies kept must be those with the smallest ids (the order every index uses), and equal scores
+    come back in id order."""
+    rng = np.random.default_rng(k * 100 + rerank)
+    distinct = clustered(rng, 300, 16)
+    copies = 7
+    source = rng.permutation(np.repeat(np.arange(len(distinct)), copies))  # row r is a copy of distinct[source[r]]
+    x = distinct[source]
+    index = build_index(x, "ivfpq,nbits=4,nlist=8,store=fp16,niter=4,pq_niter=4")
+    q = clustered(rng, 40, 16)
+    scores, ids = index.search(q, k, nprobe=8, rerank=rerank)
+    assert (ids >= 0).all()
+    for s_row, i_row in zip(scores, ids):
+        assert np.all(np.diff(s_row) <= 0)
+        for a in range(len(i_row) - 1):
+            if s_row[a] == s_row[a + 1]:
+                assert i_row[a] < i_row[a + 1]
+        for g in np.unique(source[i_row]):
+            group = np.flatnonzero(source == g)  # ascending ids of every copy
+            got = np.sort(i_row[source[i_row] == g])
+            np.testing.assert_array_equal(got, group[:len(got)])
