@@ -61,7 +61,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import DEFAULT_OUT, markdown_table, write_results  # noqa: E402
-from datasets import Dataset, cache_dir, ground_truth, real, synthetic  # noqa: E402
+from datasets import Dataset, cache_dir, calibrated_synthetic, ground_truth, real, synthetic  # noqa: E402
 
 TARGET = 0.95
 K = 100
@@ -459,6 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=768)
     ap.add_argument("--queries", type=int, default=1000)
+    ap.add_argument("--data", default="synthetic",
+                    choices=("synthetic", "synthetic-minilm-mean", "synthetic-minilm-cls"),
+                    help="generated data at --n x --dim: the plain mixture, or calibrated to MiniLM mean pooling / "
+                         "[CLS] (benchmarks/ann_fit_synthetic.py)")
     ap.add_argument("--vectors", type=Path, help="a `fastdpr encode` output directory (real embeddings)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (< 1 minute)")
     ap.add_argument("--methods", default="", help="comma-separated subset, e.g. fastdpr-ivfpq,faiss-ivfpq")
@@ -512,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.vectors:
         loaders = [lambda: real(args.vectors, args.queries)]
     else:
-        loaders = [lambda: synthetic(args.n, args.dim, args.queries)]
+        loaders = [lambda: synthetic(args.n, args.dim, args.queries) if args.data == "synthetic" else
+                   calibrated_synthetic(args.n, args.dim, args.data.removeprefix("synthetic-"), args.queries)]
 
     sections = []
     for load in loaders:

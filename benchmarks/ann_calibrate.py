@@ -1,7 +1,8 @@
 """How the synthetic mixture of the ANN benchmark compares with real embeddings, measured at equal N and d.
 
 For each data set (the real pool with MiniLM mean pooling and raw [CLS], see ``ann_data.py``; the synthetic
-mixture of ``datasets.synthetic`` at the same n, d and query count) it reports:
+mixture of ``datasets.synthetic`` and the two calibrated profiles of ``datasets.calibrated_synthetic``, fitted to the
+real pool by ``ann_fit_synthetic.py``, at the same n, d and query count) it reports:
 
 - norms of passages and queries (min / 5% / median / 95% / max, and max / median): what an inner-product index
   meets as high-norm hubs;
@@ -36,7 +37,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import DEFAULT_OUT, markdown_table, write_results  # noqa: E402
-from datasets import Dataset, ground_truth, synthetic  # noqa: E402
+from datasets import Dataset, calibrated_synthetic, ground_truth, synthetic  # noqa: E402
 
 K = 100
 COVER = 0.95
@@ -212,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     scann_nlist = round(2 * np.sqrt(n))  # what benchmarks/ann_bench.py gives ScaNN
     nlists = ([default_nlist(n), scann_nlist] if args.nlist == "auto"
               else [int(v) for v in args.nlist.split(",")])
-    sets = real + [synthetic(n, d, args.queries)]
+    sets = real + [synthetic(n, d, args.queries)] + [calibrated_synthetic(n, d, profile, args.queries)
+                                                     for profile in ("minilm-mean", "minilm-cls")]
     results = [measure(ds, nlists, scann_nlist) for ds in sets]
 
     data_rows, part_rows = [], []

@@ -3,6 +3,9 @@
 - ``synthetic(n, dim, n_queries)``: the non-normalised Gaussian mixture of ``fastdpr.index.synthetic`` (cluster
   centres + low-rank spread + log-normal norms), generated once and cached as ``.npy`` under the cache directory
   (``$FASTDPR_BENCH_CACHE`` or ``<repo>/cache/bench``, which git ignores); the base is read back memory-mapped.
+- ``calibrated_synthetic(n, dim, profile, n_queries)``: ``fastdpr.index.synthetic.calibrated`` (profiles
+  ``minilm-mean``, ``minilm-cls``: fitted to the real MiniLM pool by ``ann_fit_synthetic.py``), cached the same way
+  and written in chunks, so 1M x 768 never sits in memory twice.
 - ``real(vectors_dir, n_queries)``: vectors written by ``fastdpr encode`` (e.g. the quickstart passages encoded by
   the packaged MiniLM with raw [CLS] or unnormalised mean pooling). Queries are ``queries.npy`` in that directory
   when present (encoded questions), otherwise ``n_queries`` passages held out of the base at random.
@@ -72,6 +75,32 @@ def synthetic(n: int, dim: int, n_queries: int = 1000, seed: int = 0, n_clusters
     return Dataset(name=name, base=np.load(base_path, mmap_mode="r"), queries=np.load(q_path), directory=d,
                    description=f"synthetic Gaussian mixture ({n_clusters} clusters, rank {rank}, log-normal norms "
                                f"sigma {norm_sigma}), seed {seed}")
+
+
+def calibrated_synthetic(n: int, dim: int, profile: str, n_queries: int = 1000, seed: int = 0) -> Dataset:
+    """The cached calibrated synthetic set (``profile`` as in ``fastdpr.index.synthetic.PROFILES``)."""
+    from fastdpr.atomic import atomic_open
+    from fastdpr.index.synthetic import BLOCK, PROFILES, CalibratedGenerator
+
+    if profile not in PROFILES:
+        raise ValueError(f"unknown synthetic profile {profile!r}; known: {', '.join(sorted(PROFILES))}")
+    # the fitted numbers are part of the key: a refit profile never reuses vectors drawn with the old one
+    tag = hashlib.sha1(repr(PROFILES[profile]).encode()).hexdigest()[:8]
+    name = f"synthetic-{profile}-{n}x{dim}"
+    d = cache_dir() / f"{name}-q{n_queries}-s{seed}-{tag}"
+    base_path, q_path = d / "base.npy", d / "queries.npy"
+    if not (base_path.exists() and q_path.exists()):
+        gen = CalibratedGenerator(n, dim, profile, seed)
+        with atomic_open(base_path, "wb") as fh:
+            np.lib.format.write_array_header_1_0(fh, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+                                                      "fortran_order": False, "shape": (n, dim)})
+            for start in range(0, n, 4 * BLOCK):
+                fh.write(gen.passages(start, min(n, start + 4 * BLOCK)).tobytes())
+        _save(q_path, gen.queries(n_queries))
+    return Dataset(name=name, base=np.load(base_path, mmap_mode="r"), queries=np.load(q_path), directory=d,
+                   description=f"synthetic vectors calibrated to all-MiniLM-L6-v2 ({profile}: shared vector, "
+                               f"decaying spectrum, topic/leaf clusters, measured norm tables, off-manifold "
+                               f"queries), seed {seed}")
 
 
 def real(vectors_dir: str | os.PathLike, n_queries: int = 1000, seed: int = 0) -> Dataset:

@@ -1,14 +1,45 @@
-"""Synthetic DPR-like vectors for tests and benchmarks: a non-normalised Gaussian mixture (cluster centres,
-low-rank spread within each cluster, log-normal norms), where inner-product graphs meet high-norm hubs.
+"""Synthetic DPR-like vectors for tests and benchmarks.
 
->>> from fastdpr.index.synthetic import gaussian_mixture
+``gaussian_mixture``: a non-normalised Gaussian mixture (cluster centres, low-rank spread within each cluster,
+log-normal norms), where inner-product graphs meet high-norm hubs. It is far easier to partition than real
+embeddings (an ideal IVF over 512 balanced lists covers 95% of a query's top-100 with 6 lists; real MiniLM vectors
+need 22 with mean pooling, 128 with [CLS]; ``benchmarks/results/ann_calibration.md``).
+
+``calibrated(n, dim, profile)``: vectors shaped like all-MiniLM-L6-v2's, with profiles ``minilm-mean``
+(unnormalised mean pooling) and ``minilm-cls`` (raw [CLS]) fitted to the real 23,582-passage pool by
+``benchmarks/ann_fit_synthetic.py``. A passage is ``shared + r * u``: one vector every passage shares (real sentence
+embeddings have a large common component: [CLS] nearly all of it), plus a unit direction ``u`` at a distance ``r``
+drawn from the measured quantile table. ``u`` is a topic centre, plus a leaf centre around it, plus spread inside
+the leaf, each with variances decaying along the principal directions of a random rotation; ``r`` is partly set by
+the leaf (real high-norm mean-pooled passages sit together). A query is a passage-like direction mixed with
+isotropic noise (real questions sit off the passage manifold), at the query distance table, around a shared vector
+of its own (real questions are longer and point elsewhere).
+
+Scaling to other sizes: the spectrum is a function of ``j / dim`` (principal components for 90% of the variance
+grow in proportion to ``dim``), distances and shared vectors are kept as measured at d = 384 (the norms a search
+meets do not change with ``dim``), and the leaf and topic sizes are fixed in passages, so the number of leaves and
+topics grows in proportion to ``n`` (at 1M: about ``1e6 / leaf_size`` leaves). How a real corpus's partition
+difficulty grows from 23k to 1M passages is not measured here; this is the assumption the profiles make. Generation
+is chunked (``BLOCK`` rows per random stream, any chunking gives the same rows) and float32 throughout: memory is
+the ``dim x dim`` rotation, the leaf centres (``n / leaf_size x dim``) and a block.
+
+>>> from fastdpr.index.synthetic import calibrated, gaussian_mixture
 >>> base, queries = gaussian_mixture(1000, 32, n_queries=10, seed=0)
 >>> base.shape, queries.shape
 ((1000, 32), (10, 32))
+>>> base, queries = calibrated(1000, 32, "minilm-cls", n_queries=10, seed=0)
+>>> base.dtype, queries.shape
+(dtype('float32'), (10, 32))
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
 import numpy as np
+
+from fastdpr.errors import InputError
 
 
 def gaussian_mixture(n: int, dim: int, n_queries: int = 100, n_clusters: int = 64, rank: int = 16,
@@ -44,3 +75,174 @@ def recall_at(found: np.ndarray, truth: np.ndarray, k: int) -> float:
     for f, t in zip(found[:, :k], truth[:, :k]):
         hits += len(np.intersect1d(f[f >= 0], t[t >= 0]))
     return hits / float(truth.shape[0] * k)
+
+
+# Quantile levels of a profile's norm tables: lengths are drawn by inverse-CDF interpolation in log space between
+# them, which keeps the measured shape (mean pooling's heavy right tail) without choosing a parametric family.
+NORM_LEVELS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0)
+BLOCK = 16384  # rows drawn from one random stream: any chunking of the output gives the same rows
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Parameters of :func:`calibrated`, fitted by ``benchmarks/ann_fit_synthetic.py`` to the real pool."""
+
+    name: str
+    spectrum_decay: float  # variance along the j-th principal direction ~ ((j - 1/2) / dim + spectrum_offset)^-decay
+    spectrum_offset: float
+    mean_length: float  # length of the vector every passage shares
+    norm_table: tuple  # a passage's distance from the shared vector, at NORM_LEVELS
+    leaf_size: float  # passages per leaf cluster, on average
+    leaves_per_topic: float  # leaf clusters per topic, on average
+    topic_share: float  # share of a direction's variance set by its topic centre
+    leaf_share: float  # share set by the leaf centre around its topic (the rest: spread inside the leaf)
+    query_mean: tuple  # the queries' shared vector: (along the passages' shared vector, orthogonal to it)
+    query_norm_table: tuple  # a query's distance from the queries' shared vector, at NORM_LEVELS
+    off_manifold: float  # share of a query's direction that is isotropic rather than drawn like a passage
+    norm_by_leaf: float = 0.0  # share of a passage's (normal-score) length set by its leaf, inherited from topics
+
+
+# Fitted by benchmarks/ann_fit_synthetic.py (its output pasted here); how close each comes to the real pool:
+# benchmarks/results/ann_calibration.md.
+PROFILES: dict[str, Profile] = {p.name: p for p in (
+    Profile(name="minilm-mean", spectrum_decay=1.609, spectrum_offset=0.1, mean_length=0.4709,
+            norm_table=(1.0146, 1.3619, 1.5648, 1.683, 1.9043, 2.2111, 2.5972, 3.2072, 4.4097, 6.3362, 7.4014,
+                        8.1439),
+            leaf_size=50.797, leaves_per_topic=16.0, topic_share=0.3, leaf_share=0.3, query_mean=(2.2473, 1.5809),
+            query_norm_table=(3.7146, 4.0779, 4.4373, 4.5871, 4.885, 5.272, 5.6622, 6.0707, 6.3312, 6.6302, 7.0574,
+                              7.0882),
+            off_manifold=0.225, norm_by_leaf=0.525),
+    Profile(name="minilm-cls", spectrum_decay=2.0598, spectrum_offset=0.1, mean_length=5.9956,
+            norm_table=(2.1284, 2.7296, 3.033, 3.2057, 3.5276, 3.9055, 4.3293, 4.794, 5.1117, 5.6548, 6.184, 6.8175),
+            leaf_size=16.0, leaves_per_topic=16.0, topic_share=0.15, leaf_share=0.25, query_mean=(5.9283, 0.9651),
+            query_norm_table=(3.0882, 3.472, 3.9218, 4.2716, 4.7514, 5.155, 5.5036, 5.7995, 5.979, 6.263, 6.4528,
+                              6.5134),
+            off_manifold=0.5, norm_by_leaf=0.3),
+)}
+
+
+_phi = np.frompyfunc(lambda z: 0.5 * (1.0 + math.erf(z / math.sqrt(2.0))), 1, 1)
+_phi_inv = np.frompyfunc(NormalDist().inv_cdf, 1, 1)
+
+
+def _norms_at(levels: np.ndarray, table) -> np.ndarray:
+    """Lengths at quantile ``levels`` of a profile's table (log-linear between its quantiles)."""
+    return np.exp(np.interp(levels, NORM_LEVELS, np.log(np.asarray(table, dtype=np.float64))))
+
+
+class CalibratedGenerator:
+    """The structure of a calibrated set (spectrum, rotation, topic and leaf centres, shared vectors) drawn once
+    from ``seed``; passages are then produced in any chunks (:meth:`passages`) and always come out the same.
+
+    Memory: the structure holds a ``dim x dim`` rotation and ``n / leaf_size`` leaf centres (at 1M x 768 and the
+    profiles' leaf sizes, a few hundred MB at most); passages are produced in blocks of ``BLOCK`` rows."""
+
+    def __init__(self, n: int, dim: int, profile: str | Profile, seed: int = 0):
+        if isinstance(profile, str):
+            if profile not in PROFILES:
+                raise InputError(f"unknown synthetic profile {profile!r}; known: {', '.join(sorted(PROFILES))}")
+            profile = PROFILES[profile]
+        if n < 1 or dim < 2:
+            raise InputError(f"need n >= 1 and dim >= 2, got n={n}, dim={dim}")
+        self.n, self.dim, self.profile, self.seed = int(n), int(dim), profile, int(seed)
+        p = profile
+        rng = np.random.default_rng([self.seed, 0])
+        j = (np.arange(dim) + 0.5) / dim
+        var = (j + p.spectrum_offset) ** -p.spectrum_decay
+        self.scale = np.sqrt(var / var.sum()).astype(np.float32)  # unit expected length before normalising
+        # a random rotation, so the spectrum is not aligned with the coordinates (product quantizers would notice)
+        q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
+        self.rotation = (q * np.sign(np.diag(r))).astype(np.float32)
+        self.n_leaves = max(1, round(n / p.leaf_size))
+        n_topics = max(1, round(self.n_leaves / p.leaves_per_topic))
+        topics = rng.standard_normal((n_topics, dim), dtype=np.float32) * (self.scale * math.sqrt(p.topic_share))
+        topic_of = rng.integers(0, n_topics, self.n_leaves)
+        self.leaves = topics[topic_of]
+        self.leaves += rng.standard_normal((self.n_leaves, dim), dtype=np.float32) * (
+            self.scale * math.sqrt(p.leaf_share))
+        # real mean-pooled passages of high norm sit together (short texts of a kind): a leaf's normal score for
+        # length, shared with its topic as much as its direction is
+        kin = p.topic_share / max(p.topic_share + p.leaf_share, 1e-12)
+        score = (math.sqrt(kin) * rng.standard_normal(n_topics)[topic_of]
+                 + math.sqrt(1.0 - kin) * rng.standard_normal(self.n_leaves))
+        # ranked onto evenly spaced normal quantiles: with a few hundred leaves a plain draw would move the norm
+        # quantiles of the whole set by 10% and more
+        rank = np.empty(self.n_leaves)
+        rank[np.argsort(score, kind="stable")] = (np.arange(self.n_leaves) + 0.5) / self.n_leaves
+        self.leaf_norm_score = _phi_inv(rank).astype(np.float64)
+        self.inner_scale = self.scale * np.float32(math.sqrt(max(0.0, 1.0 - p.topic_share - p.leaf_share)))
+        # leaves of long passages would pull the mean of the set away from the shared vector, by an amount that
+        # shrinks as leaves are added; centring them on their length-weighted mean keeps the shared vector alone
+        # setting the anisotropy at any n (a unit direction's mean is about centre / sqrt(|centre|^2 + spread))
+        nodes, weights = np.polynomial.hermite_e.hermegauss(16)
+        levels = _phi(np.sqrt(p.norm_by_leaf) * self.leaf_norm_score[:, None]
+                      + np.sqrt(1.0 - p.norm_by_leaf) * nodes[None, :]).astype(np.float64)
+        expected_length = _norms_at(levels, p.norm_table) @ (weights / weights.sum())
+        spread = float(np.sum(self.inner_scale.astype(np.float64) ** 2))
+        w = expected_length / np.sqrt(np.einsum("ij,ij->i", self.leaves, self.leaves) + spread)
+        self.leaves -= (w @ self.leaves / w.sum()).astype(np.float32)
+        shared = rng.standard_normal((2, dim))
+        shared[0] /= np.linalg.norm(shared[0])
+        shared[1] -= (shared[1] @ shared[0]) * shared[0]
+        shared[1] /= np.linalg.norm(shared[1])
+        self.mean = (p.mean_length * shared[0]).astype(np.float32)
+        self.query_mean = (p.query_mean[0] * shared[0] + p.query_mean[1] * shared[1]).astype(np.float32)
+
+    def _directions(self, rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Unit passage-like directions in the spectral frame (a leaf centre plus the spread inside the leaf) and
+        their leaves."""
+        leaf = rng.integers(0, self.n_leaves, count)
+        y = self.leaves[leaf]
+        y += rng.standard_normal((count, self.dim), dtype=np.float32) * self.inner_scale
+        y /= np.linalg.norm(y, axis=1, keepdims=True)
+        return y, leaf
+
+    def _block(self, b: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, 1, b])
+        count = min(BLOCK, self.n - b * BLOCK)
+        y, leaf = self._directions(rng, count)
+        rho = self.profile.norm_by_leaf
+        score = math.sqrt(rho) * self.leaf_norm_score[leaf] + math.sqrt(1.0 - rho) * rng.standard_normal(count)
+        y *= _norms_at(_phi(score).astype(np.float64), self.profile.norm_table).astype(np.float32)[:, None]
+        x = y @ self.rotation
+        x += self.mean
+        return x
+
+    def passages(self, start: int = 0, stop: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``start:stop`` of the passages, float32, written into ``out`` when given (e.g. a memory map)."""
+        stop = self.n if stop is None else stop
+        if not 0 <= start <= stop <= self.n:
+            raise InputError(f"rows {start}:{stop} outside 0:{self.n}")
+        if out is None:
+            out = np.empty((stop - start, self.dim), dtype=np.float32)
+        elif out.shape != (stop - start, self.dim):
+            raise InputError(f"out has shape {out.shape}, expected {(stop - start, self.dim)}")
+        for b in range(start // BLOCK, (stop + BLOCK - 1) // BLOCK):
+            lo, hi = max(start, b * BLOCK), min(stop, (b + 1) * BLOCK)
+            out[lo - start:hi - start] = self._block(b)[lo - b * BLOCK:hi - b * BLOCK]
+        return out
+
+    def queries(self, count: int) -> np.ndarray:
+        """``count`` queries: passage-like directions pushed off the passages by isotropic noise, at the query
+        lengths, around the queries' own shared vector."""
+        if count < 0:
+            raise InputError(f"query count must be >= 0, got {count}")
+        rng = np.random.default_rng([self.seed, 2])
+        p = self.profile
+        y, _ = self._directions(rng, count)
+        noise = rng.standard_normal((count, self.dim), dtype=np.float32)
+        noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+        y = math.sqrt(1.0 - p.off_manifold) * y + math.sqrt(p.off_manifold) * noise
+        y /= np.linalg.norm(y, axis=1, keepdims=True)
+        y *= _norms_at(rng.random(count), p.query_norm_table).astype(np.float32)[:, None]
+        x = y @ self.rotation
+        x += self.query_mean
+        return x
+
+
+def calibrated(n: int, dim: int, profile: str | Profile = "minilm-mean", n_queries: int = 1000,
+               seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``(base (n, dim), queries (n_queries, dim))`` float32 shaped like real sentence embeddings (see
+    :class:`CalibratedGenerator`; profiles in ``PROFILES``)."""
+    gen = CalibratedGenerator(n, dim, profile, seed)
+    return gen.passages(), gen.queries(n_queries)

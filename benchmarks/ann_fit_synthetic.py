@@ -1,0 +1,224 @@
+"""Fit the calibrated synthetic profiles (``fastdpr.index.synthetic.PROFILES``) to the real MiniLM pool.
+
+For each pooling (``mean``, ``cls``; the real pool of ``ann_data.py``, 23,582 passages x 384, 1,000 NQ questions):
+
+1. measured directly: the passages' shared vector (its length), each passage's distance from it (quantile table),
+   the queries' shared vector (its part along the passages' one and orthogonal to it) and their distances from it;
+2. the spectrum: ``(decay, offset)`` of ``((j - 1/2) / d + offset)^-decay`` closest to the real eigenvalues (log
+   space, least squares) among those whose principal components for 90% of the variance match the real count;
+3. the cluster structure and the queries' isotropic share, by a few rounds of coordinate search at the real size,
+   minimising the squared log ratios to the real partition statistic (an ideal IVF over 512 balanced L2 lists:
+   nprobe to cover 95% of a query's top-100, median and p90; lists holding the top-100, median and p90, half weight)
+   as ``ann_calibrate.py`` measures it.
+
+It prints each fitted profile as Python (to paste into ``PROFILES``) and the synthetic statistics next to the real
+ones. One thread; a few minutes per pooling.
+
+    python benchmarks/ann_fit_synthetic.py [--pooling mean,cls] [--rounds 3]
+    python benchmarks/ann_fit_synthetic.py --time 1000000x768   # generation time and memory, 1 thread, written
+                                                                # to benchmarks/results/ann_synthetic_generation.*
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from ann_calibrate import anisotropy, norms, partition_spread  # noqa: E402
+from datasets import Dataset, ground_truth  # noqa: E402
+
+from fastdpr.index.synthetic import NORM_LEVELS, CalibratedGenerator, Profile  # noqa: E402
+
+NLIST = 512
+SCHEME = "l2-balanced"
+# the structure searched in step 3: name -> (lower, upper bound, multiplicative step or None for additive)
+SEARCHED = {"spectrum_decay": (0.1, 20.0, 1.1), "leaf_size": (2.0, 2000.0, 2.0), "leaves_per_topic": (1.0, 500.0, 2.0),
+            "topic_share": (0.0, 0.95, None), "leaf_share": (0.0, 0.95, None), "off_manifold": (0.0, 0.95, None),
+            "norm_by_leaf": (0.0, 0.98, None)}
+ADDITIVE_STEP = 0.15
+STRUCTURE = [k for k in SEARCHED if k != "spectrum_decay"]  # what a refit starts from
+
+
+def stats(ds: Dataset, work: Path) -> dict:
+    """The statistics the fit compares (passage/query norms, anisotropy, the partition statistic)."""
+    with tempfile.TemporaryDirectory(dir=work) as d:
+        ds = dataclasses.replace(ds, directory=Path(d))
+        gt = ground_truth(ds, 100)
+        part = partition_spread(ds, gt, NLIST, SCHEME)
+    return {"passage_norms": norms(ds.base), "query_norms": norms(ds.queries), "anisotropy": anisotropy(ds.base),
+            "partition": part}
+
+
+def synthetic_set(profile: Profile, n: int, dim: int, n_queries: int, seed: int = 0) -> Dataset:
+    gen = CalibratedGenerator(n, dim, profile, seed)
+    return Dataset(name=f"synthetic-{profile.name}", base=gen.passages(), queries=gen.queries(n_queries),
+                   directory=Path("."), description=profile.name)
+
+
+def measured_profile(name: str, real: Dataset) -> dict:
+    """Step 1: what is read straight off the real vectors."""
+    x = np.asarray(real.base, dtype=np.float64)
+    q = np.asarray(real.queries, dtype=np.float64)
+    m, mq = x.mean(axis=0), q.mean(axis=0)
+    along = float(mq @ m / np.linalg.norm(m))
+    ortho = float(np.linalg.norm(mq - along * m / np.linalg.norm(m)))
+    table = lambda v: tuple(round(float(t), 4) for t in np.quantile(v, NORM_LEVELS))  # noqa: E731
+    return {"name": name, "mean_length": round(float(np.linalg.norm(m)), 4),
+            "norm_table": table(np.linalg.norm(x - m, axis=1)),
+            "query_mean": (round(along, 4), round(ortho, 4)),
+            "query_norm_table": table(np.linalg.norm(q - mq, axis=1))}
+
+
+def pcs_for_90(var: np.ndarray) -> int:
+    share = np.cumsum(var) / var.sum()
+    return int(np.searchsorted(share, 0.90) + 1)
+
+
+def fit_spectrum(real: Dataset) -> tuple[float, float]:
+    """Step 2, analytically: the profile's directions have covariance proportional to the spectrum."""
+    x = np.asarray(real.base, dtype=np.float64)
+    centred = x - x.mean(axis=0)
+    eig = np.linalg.svd(centred[:20000], compute_uv=False) ** 2
+    target = pcs_for_90(eig)
+    dim = x.shape[1]
+    j = (np.arange(dim) + 0.5) / dim
+    best = None
+    for offset in (0.0, 0.001, 0.003, 0.01, 0.03, 0.1):
+        lo, hi = 0.0, 20.0
+        for _ in range(60):  # bisection on decay: more decay, fewer components
+            mid = (lo + hi) / 2
+            if pcs_for_90((j + offset) ** -mid) > target:
+                lo = mid
+            else:
+                hi = mid
+        decay = hi
+        var = (j + offset) ** -decay
+        var = var / var.sum() * eig.sum()
+        misfit = float(np.mean((np.log(var) - np.log(np.maximum(eig, 1e-12))) ** 2))
+        if best is None or misfit < best[0]:
+            best = (misfit, round(decay, 4), offset)
+    return best[1], best[2]
+
+
+def loss(got: dict, want: dict) -> float:
+    g, w = got["partition"], want["partition"]
+    terms = [(g["nprobe_for_95pct_median"], w["nprobe_for_95pct_median"], 1.0),
+             (g["nprobe_for_95pct_p90"], w["nprobe_for_95pct_p90"], 1.0),
+             (g["lists_holding_top100_median"], w["lists_holding_top100_median"], 0.5),
+             (g["lists_holding_top100_p90"], w["lists_holding_top100_p90"], 0.5),
+             (got["anisotropy"]["pcs_for_90pct_variance"], want["anisotropy"]["pcs_for_90pct_variance"], 1.0),
+             (got["anisotropy"]["mean_length/mean_norm"], want["anisotropy"]["mean_length/mean_norm"], 1.0)]
+    return float(sum(wt * np.log(max(a, 0.5) / b) ** 2 for a, b, wt in terms))
+
+
+def fmt(s: dict) -> str:
+    pn, qn, an, pt = s["passage_norms"], s["query_norms"], s["anisotropy"], s["partition"]
+    return (f"passage norms {pn['p5']:.2f}/{pn['median']:.2f}/{pn['p95']:.2f}  query norms "
+            f"{qn['p5']:.2f}/{qn['median']:.2f}/{qn['p95']:.2f}  mean/norm {an['mean_length/mean_norm']:.3f}  "
+            f"PCs90 {an['pcs_for_90pct_variance']}  nprobe95 {pt['nprobe_for_95pct_median']:.0f}/"
+            f"{pt['nprobe_for_95pct_p90']:.0f}  lists {pt['lists_holding_top100_median']:.0f}/"
+            f"{pt['lists_holding_top100_p90']:.0f}")
+
+
+def fit(pooling: str, rounds: int, start: dict, work: Path) -> tuple[Profile, dict, dict]:
+    from ann_data import real_pool
+
+    real = real_pool(pooling, 1000)
+    want = stats(real, work)
+    print(f"real {pooling}: {fmt(want)}", flush=True)
+    fields = measured_profile(f"minilm-{pooling}", real)
+    params = dict(start)
+    params["spectrum_decay"], fields["spectrum_offset"] = fit_spectrum(real)
+
+    def evaluate(values: dict) -> tuple[float, dict]:
+        profile = Profile(**fields, **values)
+        got = stats(synthetic_set(profile, real.n, real.dim, len(real.queries)), work)
+        return loss(got, want), got
+
+    best_loss, best_stats = evaluate(params)
+    print(f"  start {params}: loss {best_loss:.3f}  {fmt(best_stats)}", flush=True)
+    for r in range(rounds):
+        shrink = 1.0 / (r + 1)
+        for key, (lo, hi, mult) in SEARCHED.items():
+            for direction in (+1, -1):
+                trial = dict(params)
+                if mult is None:
+                    trial[key] = round(float(np.clip(params[key] + direction * ADDITIVE_STEP * shrink, lo, hi)), 4)
+                else:
+                    trial[key] = round(float(np.clip(params[key] * mult ** (direction * shrink), lo, hi)), 3)
+                if trial[key] == params[key] or trial["topic_share"] + trial["leaf_share"] > 0.98:
+                    continue
+                value, got = evaluate(trial)
+                print(f"  round {r} {key}={trial[key]}: loss {value:.3f}  {fmt(got)}", flush=True)
+                if value < best_loss:
+                    params, best_loss, best_stats = trial, value, got
+                    break
+    profile = Profile(**fields, **params)
+    return profile, want, best_stats
+
+
+def time_generation(n: int, dim: int, out: Path) -> None:
+    """Seconds to draw ``n x dim`` passages of each profile in the chunks ``datasets.calibrated_synthetic`` writes
+    (kept nowhere: the drawing is timed, not the disk), and the process's peak memory."""
+    import resource
+
+    from _common import markdown_table, write_results
+
+    from fastdpr.index.synthetic import BLOCK, PROFILES
+
+    rows = []
+    for name in PROFILES:
+        t0 = time.perf_counter()
+        gen = CalibratedGenerator(n, dim, name, seed=0)
+        setup = time.perf_counter() - t0
+        for start in range(0, n, 4 * BLOCK):
+            gen.passages(start, min(n, start + 4 * BLOCK))
+        gen.queries(1000)
+        rows.append({"profile": name, "n": n, "dim": dim, "setup_s": round(setup, 2),
+                     "total_s": round(time.perf_counter() - t0, 1), "leaves": gen.n_leaves,
+                     "peak_rss_mib_so_far": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024})
+        print(rows[-1], flush=True)
+    body = (f"Drawing {n} x {dim} float32 passages (+ 1,000 queries) of each calibrated profile, 1 thread, in chunks "
+            f"of {4 * BLOCK} rows, discarded (no disk); setup: the rotation, topic and leaf centres.\n\n"
+            + markdown_table(rows, list(rows[0])) + "\n")
+    write_results("ann_synthetic_generation", out, {"rows": rows}, body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pooling", default="mean,cls")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--time", metavar="NxD", help="time generating NxD passages instead of fitting")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args(argv)
+    if args.time:
+        try:
+            n, dim = (int(v) for v in args.time.lower().split("x"))
+        except ValueError:
+            ap.error(f"--time takes NxD, e.g. 1000000x768; got {args.time!r}")
+        time_generation(n, dim, args.out)
+        return 0
+    from fastdpr.index.synthetic import PROFILES
+
+    with tempfile.TemporaryDirectory() as work:
+        for pooling in args.pooling.split(","):
+            t0 = time.perf_counter()
+            name = f"minilm-{pooling}"
+            start = ({k: getattr(PROFILES[name], k) for k in STRUCTURE} if name in PROFILES else
+                     {"leaf_size": 64.0, "leaves_per_topic": 16.0, "topic_share": 0.3, "leaf_share": 0.3,
+                      "off_manifold": 0.4, "norm_by_leaf": 0.5})
+            profile, want, got = fit(pooling, args.rounds, start, Path(work))
+            print(f"\n{pooling}: fitted in {time.perf_counter() - t0:.0f} s\n  real      {fmt(want)}\n"
+                  f"  synthetic {fmt(got)}\n{profile!r}\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
