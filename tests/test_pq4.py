@@ -425,3 +425,21 @@ def test_ivf4_equal_scores_across_the_candidate_cut_keep_the_smallest_ids(k, rer
             group = np.flatnonzero(source == g)  # ascending ids of every copy
             got = np.sort(i_row[source[i_row] == g])
             np.testing.assert_array_equal(got, group[:len(got)])
+
+
+def test_ivf4_results_for_each_k_are_prefixes_of_a_longer_list(data, ivf4):
+    """The best k by (score, then smaller id) are the first k of the best K > k: each k cuts the candidate buffer
+    at different sizes and moments, so every cut must keep exactly the best candidates."""
+    _, q, _ = data
+    long_s, long_i = ivf4.search(q, 1000, nprobe=10, rerank=0)
+    assert (long_i >= 0).all()
+    for k in (1, 2, 5, 17, 64, 300, 999):
+        s, i = ivf4.search(q, k, nprobe=10, rerank=0)
+        np.testing.assert_array_equal(i, long_i[:, :k], err_msg=str(k))
+        np.testing.assert_array_equal(s, long_s[:, :k], err_msg=str(k))
+    # with a re-rank the candidates are the best `rerank` whatever k <= rerank
+    long_s, long_i = ivf4.search(q, 150, nprobe=6, rerank=150)
+    for k in (1, 9, 100):
+        s, i = ivf4.search(q, k, nprobe=6, rerank=150)
+        np.testing.assert_array_equal(i, long_i[:, :k], err_msg=str(k))
+        np.testing.assert_array_equal(s, long_s[:, :k], err_msg=str(k))
