@@ -7,6 +7,7 @@ that is not installed is skipped with a message.
 Commands (results go to benchmarks/results/ann_<dataset>.{json,md,png}):
 
     python benchmarks/ann_bench.py --n 100000 --dim 768               # synthetic 100k x 768
+    python benchmarks/ann_bench.py --n 1000000 --dim 768 --data synthetic-minilm-mean   # calibrated to real vectors
     python benchmarks/ann_bench.py --n 1000000 --dim 384              # 1M x 384: long; resumable (rerun it)
     python benchmarks/ann_bench.py --vectors vectors/                 # real embeddings from `fastdpr encode`
 

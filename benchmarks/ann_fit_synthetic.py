@@ -14,7 +14,7 @@ For each pooling (``mean``, ``cls``; the real pool of ``ann_data.py``, 23,582 pa
 It prints each fitted profile as Python (to paste into ``PROFILES``) and the synthetic statistics next to the real
 ones. One thread; a few minutes per pooling.
 
-    python benchmarks/ann_fit_synthetic.py [--pooling mean,cls] [--rounds 3]
+    python benchmarks/ann_fit_synthetic.py [--pooling mean,cls] [--rounds 2]
     python benchmarks/ann_fit_synthetic.py --time 1000000x768   # generation time and memory, 1 thread, written
                                                                 # to benchmarks/results/ann_synthetic_generation.*
 """
@@ -43,7 +43,13 @@ SEARCHED = {"spectrum_decay": (0.1, 20.0, 1.1), "leaf_size": (2.0, 2000.0, 2.0),
             "topic_share": (0.0, 0.95, None), "leaf_share": (0.0, 0.95, None), "off_manifold": (0.0, 0.95, None),
             "norm_by_leaf": (0.0, 0.98, None)}
 ADDITIVE_STEP = 0.15
-STRUCTURE = [k for k in SEARCHED if k != "spectrum_decay"]  # what a refit starts from
+STRUCTURE = [k for k in SEARCHED if k != "spectrum_decay"]
+# where the search starts (the result of an earlier, longer run of this search from leaf size 64, 16 leaves per
+# topic, shares 0.3 / 0.3, off-manifold 0.4, norm by leaf 0.5); --from-profiles starts from PROFILES instead
+START = {"mean": {"leaf_size": 50.8, "leaves_per_topic": 32.0, "topic_share": 0.3, "leaf_share": 0.3,
+                  "off_manifold": 0.075, "norm_by_leaf": 0.525},
+         "cls": {"leaf_size": 32.0, "leaves_per_topic": 45.3, "topic_share": 0.15, "leaf_share": 0.325,
+                 "off_manifold": 0.575, "norm_by_leaf": 0.45}}
 
 
 def stats(ds: Dataset, work: Path) -> dict:
@@ -113,7 +119,9 @@ def loss(got: dict, want: dict) -> float:
              (g["nprobe_for_95pct_p90"], w["nprobe_for_95pct_p90"], 1.0),
              (g["lists_holding_top100_median"], w["lists_holding_top100_median"], 0.5),
              (g["lists_holding_top100_p90"], w["lists_holding_top100_p90"], 0.5),
-             (got["anisotropy"]["pcs_for_90pct_variance"], want["anisotropy"]["pcs_for_90pct_variance"], 1.0),
+             # the spectrum trades against the clusters for the partition statistic: weighed up, or the search
+             # buys a better nprobe with 15% too few components
+             (got["anisotropy"]["pcs_for_90pct_variance"], want["anisotropy"]["pcs_for_90pct_variance"], 4.0),
              (got["anisotropy"]["mean_length/mean_norm"], want["anisotropy"]["mean_length/mean_norm"], 1.0)]
     return float(sum(wt * np.log(max(a, 0.5) / b) ** 2 for a, b, wt in terms))
 
@@ -194,7 +202,9 @@ def time_generation(n: int, dim: int, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pooling", default="mean,cls")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--from-profiles", dest="from_profiles", action="store_true",
+                    help="start from the profiles in fastdpr.index.synthetic.PROFILES")
     ap.add_argument("--time", metavar="NxD", help="time generating NxD passages instead of fitting")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args(argv)
@@ -211,9 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         for pooling in args.pooling.split(","):
             t0 = time.perf_counter()
             name = f"minilm-{pooling}"
-            start = ({k: getattr(PROFILES[name], k) for k in STRUCTURE} if name in PROFILES else
-                     {"leaf_size": 64.0, "leaves_per_topic": 16.0, "topic_share": 0.3, "leaf_share": 0.3,
-                      "off_manifold": 0.4, "norm_by_leaf": 0.5})
+            start = ({k: getattr(PROFILES[name], k) for k in STRUCTURE} if args.from_profiles
+                     else START[pooling])
             profile, want, got = fit(pooling, args.rounds, start, Path(work))
             print(f"\n{pooling}: fitted in {time.perf_counter() - t0:.0f} s\n  real      {fmt(want)}\n"
                   f"  synthetic {fmt(got)}\n{profile!r}\n", flush=True)

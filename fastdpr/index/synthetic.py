@@ -105,19 +105,19 @@ class Profile:
 # Fitted by benchmarks/ann_fit_synthetic.py (its output pasted here); how close each comes to the real pool:
 # benchmarks/results/ann_calibration.md.
 PROFILES: dict[str, Profile] = {p.name: p for p in (
-    Profile(name="minilm-mean", spectrum_decay=1.609, spectrum_offset=0.1, mean_length=0.4709,
+    Profile(name="minilm-mean", spectrum_decay=1.661, spectrum_offset=0.1, mean_length=0.4709,
             norm_table=(1.0146, 1.3619, 1.5648, 1.683, 1.9043, 2.2111, 2.5972, 3.2072, 4.4097, 6.3362, 7.4014,
                         8.1439),
-            leaf_size=50.797, leaves_per_topic=16.0, topic_share=0.3, leaf_share=0.3, query_mean=(2.2473, 1.5809),
+            leaf_size=50.8, leaves_per_topic=22.627, topic_share=0.3, leaf_share=0.3, query_mean=(2.2473, 1.5809),
             query_norm_table=(3.7146, 4.0779, 4.4373, 4.5871, 4.885, 5.272, 5.6622, 6.0707, 6.3312, 6.6302, 7.0574,
                               7.0882),
-            off_manifold=0.225, norm_by_leaf=0.525),
-    Profile(name="minilm-cls", spectrum_decay=2.0598, spectrum_offset=0.1, mean_length=5.9956,
+            off_manifold=0.0, norm_by_leaf=0.3),
+    Profile(name="minilm-cls", spectrum_decay=1.964, spectrum_offset=0.1, mean_length=5.9956,
             norm_table=(2.1284, 2.7296, 3.033, 3.2057, 3.5276, 3.9055, 4.3293, 4.794, 5.1117, 5.6548, 6.184, 6.8175),
-            leaf_size=16.0, leaves_per_topic=16.0, topic_share=0.15, leaf_share=0.25, query_mean=(5.9283, 0.9651),
+            leaf_size=32.0, leaves_per_topic=22.65, topic_share=0.15, leaf_share=0.325, query_mean=(5.9283, 0.9651),
             query_norm_table=(3.0882, 3.472, 3.9218, 4.2716, 4.7514, 5.155, 5.5036, 5.7995, 5.979, 6.263, 6.4528,
                               6.5134),
-            off_manifold=0.5, norm_by_leaf=0.3),
+            off_manifold=0.575, norm_by_leaf=0.375),
 )}
 
 
