@@ -1,5 +1,7 @@
 #include "ivfpq.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -48,6 +50,39 @@ void adc_scan(const uint8_t* codes, int64_t n, int64_t m, const float* lut, floa
         float s = base;
         for (int64_t j = 0; j < m; ++j) s += lut[j * IVFPQ::kKsub + c[j]];
         out[i] = s;
+    }
+}
+
+// The 4-bit look-up table of one query: lut[j][c] = <q_j, codeword c of sub-space j>, from the packed codebooks
+// (pack_columns: per sub-space a (dsub, 32) tile, codeword c in column c). The scalar loop and the AVX-512 one do
+// the same float operations in the same order (acc = 0, then acc += q_t * p_t for t = 0..dsub-1, each product
+// rounded on its own: the empty asm keeps GCC from contracting it into an FMA, which AVX-512F has), so the tables,
+// and everything quantized from them, are identical.
+constexpr int64_t kLutTile = 32;
+
+void lut4_scalar(const float* q, const float* cb_T, size_t stride, int64_t m, int64_t dsub, float* lut) {
+    for (int64_t j = 0; j < m; ++j) {
+        const float* p = cb_T + j * stride;
+        const float* qj = q + j * dsub;
+        float acc[pq4::kKsub] = {};
+        for (int64_t t = 0; t < dsub; ++t)
+            for (int64_t c = 0; c < pq4::kKsub; ++c) acc[c] += qj[t] * p[t * kLutTile + c];
+        std::copy(acc, acc + pq4::kKsub, lut + j * pq4::kKsub);
+    }
+}
+
+__attribute__((target("avx512f"))) void lut4_avx512(const float* q, const float* cb_T, size_t stride, int64_t m,
+                                                     int64_t dsub, float* lut) {
+    for (int64_t j = 0; j < m; ++j) {
+        const float* p = cb_T + j * stride;
+        const float* qj = q + j * dsub;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t t = 0; t < dsub; ++t) {
+            __m512 prod = _mm512_mul_ps(_mm512_set1_ps(qj[t]), _mm512_loadu_ps(p + t * kLutTile));
+            __asm__("" : "+v"(prod));
+            acc = _mm512_add_ps(acc, prod);
+        }
+        _mm512_storeu_ps(lut + j * pq4::kKsub, acc);
     }
 }
 
@@ -489,6 +524,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
     const simd::Kernels& K = simd::kernels();
     const pq4::ScanFn scan4 = pq4::scan_kernel();
     const pq4::FilterFn filter4 = pq4::filter_kernel();
+    const auto lut4 = simd::current() == simd::Level::AVX512 ? lut4_avx512 : lut4_scalar;
     const size_t cb_stride = packed_size(ksub_, dsub_);
     constexpr int64_t G = 8;  // queries per coarse-product call: each centroid tile load feeds 8 queries
     const int64_t ngroups = (nq + G - 1) / G;
@@ -527,18 +563,8 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 probe.push_run(qcr, nlist_, 0);
                 const std::vector<Scored> lists = probe.take_sorted();
                 if (nbits_ == 4) {
-                    // m x 16 products of d/m-dimensional sub-vectors, too small for the panel kernel: read from
-                    // the packed codebooks (pack_columns: per sub-space a (dsub, 32) tile, codeword c in column c),
-                    // so that the 16 products of a sub-space are one contiguous, vectorisable row per dimension
-                    constexpr int64_t kTile = 32;
-                    for (int64_t j = 0; j < m_; ++j) {
-                        const float* p = &codebooks_T_[j * cb_stride];
-                        const float* qj = qv + j * dsub_;
-                        float acc[pq4::kKsub] = {};
-                        for (int64_t t = 0; t < dsub_; ++t)
-                            for (int64_t c = 0; c < pq4::kKsub; ++c) acc[c] += qj[t] * p[t * kTile + c];
-                        std::copy(acc, acc + pq4::kKsub, &lut[j * pq4::kKsub]);
-                    }
+                    // m x 16 products of d/m-dimensional sub-vectors, too small for the panel kernel
+                    lut4(qv, codebooks_T_.data(), cb_stride, m_, dsub_, lut.data());
                     pq4::quantize_lut(lut.data(), m_, sc.qlut);
                 } else {
                     for (int64_t j = 0; j < m_; ++j)

@@ -259,8 +259,20 @@ FASTDPR_PQ4_AVX512 int64_t filter(const uint16_t* sums, int64_t n, uint32_t floo
     return c;
 }
 
+// The value unchanged but opaque to the optimiser: GCC contracts a * b + c into one fused multiply-add (one
+// rounding instead of two), intrinsics included, wherever the target has FMA, and AVX-512F has it. A product that
+// passes through here is rounded on its own, as in the scalar kernel.
+FASTDPR_PQ4_AVX512 static inline __m512 no_fuse(__m512 x) {
+    __asm__("" : "+v"(x));
+    return x;
+}
+FASTDPR_PQ4_AVX512 static inline float no_fuse(float x) {
+    __asm__("" : "+v"(x));
+    return x;
+}
+
 // One 16-entry row per register. The float arithmetic is the scalar kernel's, operation for operation (no fused
-// multiply-add: the target leaves FMA out), so the tables are identical.
+// multiply-add: see no_fuse), so the tables are identical.
 FASTDPR_PQ4_AVX512 void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out) {
     const int64_t mp = padded_m(m);
     out.table.assign(static_cast<size_t>(mp) * kKsub, 0);
@@ -288,11 +300,11 @@ FASTDPR_PQ4_AVX512 void quantize_lut(const float* lut, int64_t m, QuantizedLUT& 
     uint32_t max_sum = 0;
     for (int64_t j = 0; j < m; ++j) {
         const __m512 row = _mm512_loadu_ps(lut + j * kKsub);
-        const __m512 x = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(row, _mm512_set1_ps(lows[j])), vinv), half);
+        const __m512 x = _mm512_add_ps(no_fuse(_mm512_mul_ps(_mm512_sub_ps(row, _mm512_set1_ps(lows[j])), vinv)), half);
         const __m512i q = _mm512_cvttps_epi32(_mm512_min_ps(top, x));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(&out.table[j * kKsub]), _mm512_cvtepi32_epi8(q));
         // the row's largest entry is its largest float's, quantized the same way
-        max_sum += static_cast<uint8_t>(std::min(255.f, (highs[j] - lows[j]) * inv + 0.5f));
+        max_sum += static_cast<uint8_t>(std::min(255.f, no_fuse((highs[j] - lows[j]) * inv) + 0.5f));
     }
     out.bias = static_cast<float>(bias);
     out.delta = static_cast<float>(delta);

@@ -443,3 +443,31 @@ def test_ivf4_results_for_each_k_are_prefixes_of_a_longer_list(data, ivf4):
         s, i = ivf4.search(q, k, nprobe=6, rerank=150)
         np.testing.assert_array_equal(i, long_i[:, :k], err_msg=str(k))
         np.testing.assert_array_equal(s, long_s[:, :k], err_msg=str(k))
+
+
+@pytest.mark.parametrize("dsub", [1, 2, 3])
+def test_ivf4_query_tables_are_identical_at_every_level(dsub):
+    """With one all-zero centroid the coarse score is exactly 0 at every level, so a dequantized score comes only
+    from the query's table (built and quantized per level) and must agree to the bit: a wide kernel that fused a
+    multiply and an add would round the table, its offset and its scale differently."""
+    from fastdpr.index.ivfpq import IVFPQIndex
+
+    rng = np.random.default_rng(11 + dsub)
+    m = 13
+    d = m * dsub
+    x = clustered(rng, 3000, d)
+    q = clustered(rng, 60, d) * 3.7
+    index = IVFPQIndex(d, nlist=1, m=m, nbits=4, store="fp16")
+    index.set_trained(np.zeros((1, d), np.float32), (rng.normal(size=(m, 16, dsub)) * 1.3).astype(np.float32))
+    index.add(x)
+    before = _C.simd_level()
+    results = {}
+    try:
+        for level in LEVELS:
+            _C.simd_force(level)
+            results[level] = index.search(q, 50, nprobe=1, rerank=0)
+    finally:
+        _C.simd_force(before)
+    for level in LEVELS:
+        np.testing.assert_array_equal(results[level][0], results["scalar"][0], err_msg=level)
+        np.testing.assert_array_equal(results[level][1], results["scalar"][1], err_msg=level)
