@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         args.nprobe, args.rerank, args.extra = "4,8,16,32", "200,400", ""
     out = args.out or (cache_dir() / "quick-results" if args.quick else DEFAULT_OUT)
     m = args.m or max(1, args.dim // (12 if args.nbits == 4 else 16))
+    while args.dim % m:  # sub-spaces of equal width
+        m -= 1
 
     from threadpoolctl import threadpool_limits
 
