@@ -55,6 +55,23 @@ struct Visited {
     }
 };
 
+// A node's lock, taken only while several threads insert: add() holds the index's mutex exclusively, so a
+// single-threaded build has no one to exclude, and locking every link list it reads cost ~5% of its time.
+class NodeGuard {
+public:
+    NodeGuard(std::mutex& mu, bool take) : mu_(take ? &mu : nullptr) {
+        if (mu_) mu_->lock();
+    }
+    ~NodeGuard() {
+        if (mu_) mu_->unlock();
+    }
+    NodeGuard(const NodeGuard&) = delete;
+    NodeGuard& operator=(const NodeGuard&) = delete;
+
+private:
+    std::mutex* mu_;
+};
+
 Visited& thread_visited() {
     thread_local Visited v;
     return v;
@@ -202,7 +219,7 @@ void HNSWIndex::select_neighbors(const float* xbase, uint32_t base, std::vector<
 void HNSWIndex::connect(uint32_t node, const float* xnode, int level, const std::vector<Cand>& nbrs) {
     const size_t cap = capacity(level);
     {
-        std::lock_guard<std::mutex> g(node_locks_[node]);
+        NodeGuard g(node_locks_[node], shared_build_);
         uint32_t* l = links(node, level);
         l[0] = static_cast<uint32_t>(std::min(nbrs.size(), cap));
         for (size_t j = 0; j < l[0]; ++j) l[1 + j] = nbrs[j].second;
@@ -211,7 +228,7 @@ void HNSWIndex::connect(uint32_t node, const float* xnode, int level, const std:
     std::vector<Cand> cands;
     for (const Cand& nb : nbrs) {
         const uint32_t other = nb.second;
-        std::lock_guard<std::mutex> g(node_locks_[other]);
+        NodeGuard g(node_locks_[other], shared_build_);
         uint32_t* l = links(other, level);
         const size_t cnt = l[0];
         bool present = false;
@@ -261,7 +278,7 @@ void HNSWIndex::insert(uint32_t node) {
         bool changed = true;
         while (changed) {
             changed = false;
-            std::lock_guard<std::mutex> g(node_locks_[cur]);
+            NodeGuard g(node_locks_[cur], shared_build_);
             const uint32_t* ls = links(cur, l);
             for (uint32_t j = 0; j < ls[0]; ++j) {
                 const float s = build_sim(x.data(), node, ls[1 + j]);
@@ -276,7 +293,7 @@ void HNSWIndex::insert(uint32_t node) {
     std::vector<Cand> seeds{{cur_sim, cur}};
     for (int l = std::min(level, top); l >= 0; --l) {
         auto read_links = [&](uint32_t c, std::vector<uint32_t>& out) -> size_t {
-            std::lock_guard<std::mutex> g(node_locks_[c]);
+            NodeGuard g(node_locks_[c], shared_build_);
             const uint32_t* ls = links(c, l);
             const size_t cnt = ls[0];
             std::memcpy(out.data(), ls + 1, cnt * sizeof(uint32_t));
@@ -336,7 +353,8 @@ void HNSWIndex::add(const float* x, size_t n, int n_threads) {
     if (entry_ < 0) insert(static_cast<uint32_t>(start++));
     const long long end = static_cast<long long>(n0 + n);
     ParallelErrors errors;
-#pragma omp parallel for schedule(dynamic, 64) num_threads(threads) if (threads > 1)
+    shared_build_ = threads > 1 && end - static_cast<long long>(start) > 1;
+#pragma omp parallel for schedule(dynamic, 64) num_threads(threads) if (shared_build_)
     for (long long i = static_cast<long long>(start); i < end; ++i)
         errors.run([&] { insert(static_cast<uint32_t>(i)); });
     // A failed insert (out of memory) leaves nodes without links: they stay stored but unreachable, and the graph

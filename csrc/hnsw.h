@@ -98,6 +98,7 @@ private:
     std::unique_ptr<std::mutex[]> node_locks_;
     size_t n_locks_ = 0;
     std::mutex entry_lock_;
+    bool shared_build_ = false;  // add() runs inserts on several threads: node locks are taken
     int64_t entry_ = -1;
     int max_level_ = -1;
     uint64_t rng_state_;
