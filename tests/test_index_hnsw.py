@@ -46,6 +46,17 @@ def test_recall_clustered_non_normalised(clustered, spec, ef, min10, min100):
     assert (np.diff(scores, axis=1) <= 1e-6).all()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_and_two_build_threads_give_graphs_of_equal_recall(clustered, threads):
+    """A one-thread build takes no per-node locks, a two-thread build does; both graphs must be sound."""
+    from fastdpr.index import make_index
+
+    x, q, gt = clustered
+    index = make_index("hnsw,M=16,efc=100", x.shape[1])
+    index._add(np.ascontiguousarray(x), threads=threads)
+    _, ids = index.search(q, 10, ef=128)
+    assert recall_at(ids, gt, 10) > 0.95
+
 def test_recall_random(uniform):
     x, q, truth = uniform
     index = build_index(x, "hnsw,M=16,efc=100")
