@@ -211,34 +211,6 @@ def test_padded_attention_layout_equals_the_grouped_one(tmp_path, monkeypatch):
     np.testing.assert_allclose(padded, padded_reference(model, passages), rtol=0, atol=2e-6)
 
 
-@pytest.mark.parametrize("max_tokens", [1, 9, 40])
-def test_a_batch_run_in_pieces_equals_the_batch_run_whole(tmp_path, monkeypatch, max_tokens):
-    """CPU towers run large batches in pieces of whole sequences; the vectors do not depend on where it cuts
-    (pieces smaller than a sequence: one sequence per piece)."""
-    model = tiny_biencoder(tmp_path, pooling="mean").eval()
-    passages = mixed_passages()
-    monkeypatch.setattr(inference, "_CPU_CHUNK_TOKENS", 10**9)
-    whole = model.encode_passages(passages, batch_size=64, show_progress=False)
-    monkeypatch.setattr(inference, "_CPU_CHUNK_TOKENS", max_tokens)
-    pieces = model.encode_passages(passages, batch_size=64, show_progress=False)
-    np.testing.assert_allclose(pieces, whole, rtol=0, atol=2e-6)
-
-
-def test_split_keeps_every_token_in_order_and_respects_the_limit():
-    rng = np.random.default_rng()
-    for _ in range(50):
-        lengths = sorted(int(v) for v in rng.integers(1, 60, size=int(rng.integers(1, 30))))
-        batch = inference.pack([(list(range(n)), None) for n in lengths], torch.device("cpu"))
-        limit = int(rng.integers(1, 200))
-        pieces = inference._split(batch, limit)
-        assert torch.equal(torch.cat([p.input_ids for p in pieces]), batch.input_ids)
-        assert torch.equal(torch.cat([p.position_ids for p in pieces]), batch.position_ids)
-        assert [n for p in pieces for c, n in p.groups for _ in range(c)] == lengths
-        for p in pieces:
-            tokens = sum(c * n for c, n in p.groups)
-            assert tokens == p.input_ids.numel()
-            assert tokens <= limit or p.count == 1
-
 # ------------------------------------------------------------------------------------ fused oneDNN linear layers
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("activation", [None, "gelu", "gelu_new", "relu"])

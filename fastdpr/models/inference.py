@@ -421,53 +421,11 @@ class PackedBert(nn.Module):
         return self
 
     def forward(self, batch: Packed) -> torch.Tensor:
-        if batch.input_ids.device.type == "cpu" and batch.seq_index is None and \
-                batch.input_ids.numel() > 2 * _CPU_CHUNK_TOKENS:
-            return torch.cat([self._forward(piece) for piece in _split(batch, _CPU_CHUNK_TOKENS)])
-        return self._forward(batch)
-
-    def _forward(self, batch: Packed) -> torch.Tensor:
         x = self.word(batch.input_ids) + self.position(batch.position_ids) + self.token_type(batch.token_type_ids)
         x = self.emb_ln(x).to(self.compute_dtype)
         for layer in self.layers:
             x = layer(x, batch)
         return x
-
-
-# On CPUs a batch runs through the tower in pieces of about this many tokens (whole sequences): a layer's largest
-# activations then stay below glibc's 32 MiB limit for reusing freed memory, so they do not come from fresh pages
-# (a batch of 32 passages of ~134 tokens page-faulted ~1 GiB per 256 passages, 5% of the time), and the matrix
-# products run as fast or faster (oneDNN fp32, 384 -> 1536 -> 384: 150 GFLOP/s at 1,024 rows, 115-133 at 4,288).
-_CPU_CHUNK_TOKENS = 1024
-
-
-def _split(batch: Packed, max_tokens: int) -> list[Packed]:
-    """The batch as consecutive pieces of whole sequences, each of at most ``max_tokens`` tokens (or one sequence
-    when a sequence is longer)."""
-    pieces, groups, start, size = [], [], 0, 0
-
-    def close():
-        nonlocal groups, start, size
-        if groups:
-            end = start + size
-            pieces.append(Packed(batch.input_ids[start:end], batch.token_type_ids[start:end],
-                                 batch.position_ids[start:end], groups=groups))
-            start, size, groups = end, 0, []
-
-    for count, length in batch.groups:
-        while count:
-            if size and size + length > max_tokens:
-                close()
-                continue
-            take = min(count, max(1, (max_tokens - size) // length))
-            if groups and groups[-1][1] == length:
-                groups[-1] = (groups[-1][0] + take, length)
-            else:
-                groups.append((take, length))
-            size += take * length
-            count -= take
-    close()
-    return pieces
 
 
 class PaddedTower(nn.Module):
