@@ -426,18 +426,60 @@ FASTDPR_AVX512 float l2sq(const float* a, const float* b, size_t n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-FASTDPR_AVX512 void dot_batch(const float* q, const float* base, size_t n, size_t d, float* out) {
-    for (size_t j = 0; j < n; ++j) {
-        if (j + 1 < n) prefetch(base + (j + 1) * d, d * sizeof(float));
-        out[j] = dot(q, base + j * d, d);
+// Four rows at a time: four independent FMA chains and four sequential streams for the hardware prefetcher. One
+// row at a time with the next row prefetched in software read 100k x 768 fp32 rows at 9 GB/s on one core, this
+// at 11 (faiss's scan 10.3). T: float, or uint16_t for fp16 rows.
+FASTDPR_AVX512 static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+FASTDPR_AVX512 static inline __m512 load16(const uint16_t* p) { return load_half16(p); }
+FASTDPR_AVX512 static inline __m512 load_tail(const float* p, size_t r) {
+    return _mm512_maskz_loadu_ps(tail_mask(r), p);
+}
+FASTDPR_AVX512 static inline __m512 load_tail(const uint16_t* p, size_t r) { return load_half_tail(p, r); }
+
+template <class T>
+FASTDPR_AVX512 void dot_rows(const float* q, const T* base, size_t n, size_t d, float* out) {
+    const size_t d16 = d / 16 * 16;
+    size_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const T* x0 = base + j * d;
+        const T *x1 = x0 + d, *x2 = x1 + d, *x3 = x2 + d;
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
+               s3 = _mm512_setzero_ps();
+        for (size_t k = 0; k < d16; k += 16) {
+            const __m512 qv = _mm512_loadu_ps(q + k);
+            s0 = _mm512_fmadd_ps(qv, load16(x0 + k), s0);
+            s1 = _mm512_fmadd_ps(qv, load16(x1 + k), s1);
+            s2 = _mm512_fmadd_ps(qv, load16(x2 + k), s2);
+            s3 = _mm512_fmadd_ps(qv, load16(x3 + k), s3);
+        }
+        if (d16 < d) {
+            const __m512 qv = _mm512_maskz_loadu_ps(tail_mask(d - d16), q + d16);
+            s0 = _mm512_fmadd_ps(qv, load_tail(x0 + d16, d - d16), s0);
+            s1 = _mm512_fmadd_ps(qv, load_tail(x1 + d16, d - d16), s1);
+            s2 = _mm512_fmadd_ps(qv, load_tail(x2 + d16, d - d16), s2);
+            s3 = _mm512_fmadd_ps(qv, load_tail(x3 + d16, d - d16), s3);
+        }
+        out[j] = _mm512_reduce_add_ps(s0);
+        out[j + 1] = _mm512_reduce_add_ps(s1);
+        out[j + 2] = _mm512_reduce_add_ps(s2);
+        out[j + 3] = _mm512_reduce_add_ps(s3);
+    }
+    for (; j < n; ++j) {
+        const T* x = base + j * d;
+        __m512 s = _mm512_setzero_ps();
+        for (size_t k = 0; k < d16; k += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(q + k), load16(x + k), s);
+        if (d16 < d)
+            s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail_mask(d - d16), q + d16), load_tail(x + d16, d - d16), s);
+        out[j] = _mm512_reduce_add_ps(s);
     }
 }
 
+FASTDPR_AVX512 void dot_batch(const float* q, const float* base, size_t n, size_t d, float* out) {
+    dot_rows(q, base, n, d, out);
+}
+
 FASTDPR_AVX512 void dot_batch_f16(const float* q, const uint16_t* base, size_t n, size_t d, float* out) {
-    for (size_t j = 0; j < n; ++j) {
-        if (j + 1 < n) prefetch(base + (j + 1) * d, d * sizeof(uint16_t));
-        out[j] = dot_f16(q, base + j * d, d);
-    }
+    dot_rows(q, base, n, d, out);
 }
 
 // 4 queries x 4 vectors: 16 zmm accumulators + 8 operands fit the 32 registers; 16 FMAs per 8 loads.
