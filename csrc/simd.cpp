@@ -156,7 +156,7 @@ void gemm(const float* q, size_t ldq, const float* panel, size_t d, float* out, 
             for (size_t j = 0; j < kNR; ++j) acc[i][j] = out[i * ldo + j];
     for (size_t k = 0; k < d; ++k)
         for (size_t i = 0; i < kMR; ++i)
-            for (size_t j = 0; j < kNR; ++j) acc[i][j] += q[i * ldq + k] * panel[k * kNR + j];
+            for (size_t j = 0; j < kNR; ++j) acc[i][j] += q[k * ldq + i] * panel[k * kNR + j];
     for (size_t i = 0; i < kMR; ++i)
         for (size_t j = 0; j < kNR; ++j) out[i * ldo + j] = acc[i][j];
 }
@@ -337,7 +337,7 @@ FASTDPR_AVX2 void gemm(const float* q, size_t ldq, const float* panel, size_t d,
         const __m256 b0 = _mm256_loadu_ps(panel + k * kNR), b1 = _mm256_loadu_ps(panel + k * kNR + 8);
 #pragma GCC unroll 6
         for (size_t i = 0; i < kMR; ++i) {
-            const __m256 a = _mm256_broadcast_ss(q + i * ldq + k);
+            const __m256 a = _mm256_broadcast_ss(q + k * ldq + i);
             acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
             acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
         }
@@ -550,7 +550,7 @@ FASTDPR_AVX512 void gemm(const float* q, size_t ldq, const float* panel, size_t 
         const __m512 b0 = _mm512_loadu_ps(panel + k * kNR), b1 = _mm512_loadu_ps(panel + k * kNR + 16);
 #pragma GCC unroll 12
         for (size_t i = 0; i < kMR; ++i) {
-            const __m512 a = _mm512_set1_ps(q[i * ldq + k]);
+            const __m512 a = _mm512_set1_ps(q[k * ldq + i]);
             acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
             acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
         }

@@ -37,8 +37,8 @@ using DotBatchF16Fn = void (*)(const float* q, const uint16_t* base_half, size_t
 using Dot4x4Fn = void (*)(const float* q, size_t ldq, const float* x, size_t ldx, size_t d, float* out, size_t ldo);
 // The blocked exact search's GEMM path: `pack` lays out `nv` (<= nr) rows of x (stride ldx) as a panel
 // panel[k * nr + j] = x[j][k] (zeros for j >= nv); `gemm` computes an mr x nr tile of scores
-// out[i * ldo + j] = <q_i, x_j> for mr query rows (stride ldq) against one panel. Broadcast-FMA form: no
-// horizontal sums, every score summed over k in the same order whatever the tile position.
+// out[i * ldo + j] = <q_i, x_j> for mr queries laid out k-major (q_i[k] at q[k * ldq + i]) against one panel.
+// Broadcast-FMA form: no horizontal sums, every score summed over k in the same order whatever the tile position.
 using PackFn = void (*)(const float* x, size_t ldx, size_t nv, size_t d, float* panel);
 // With `accumulate`, the tile adds to what `out` holds (the search splits d into chunks that stay in L1).
 using GemmFn = void (*)(const float* q, size_t ldq, const float* panel, size_t d, float* out, size_t ldo,
