@@ -178,10 +178,12 @@ void exact_search(const VectorStore& store, const float* queries, size_t nq, siz
     const simd::Kernels& K = simd::kernels();
     const size_t n_qblocks = (nq + kQueryBlock - 1) / kQueryBlock;
     const size_t n_vblocks = std::max<size_t>(1, (n + kVectorBlock - 1) / kVectorBlock);
-    // Few query blocks for many threads: also split the vectors, with one partial top-k per split, merged after.
+    // Few query blocks for the threads: also split the vectors, with one partial top-k per split, merged after.
+    // At least 4 tasks per thread, so that tasks of unequal size even out (3 query blocks on 2 threads, one task
+    // each, ran at 1.6x one thread).
     size_t n_splits = 1;
-    if (static_cast<size_t>(threads) > n_qblocks)
-        n_splits = std::min(n_vblocks, (static_cast<size_t>(threads) + n_qblocks - 1) / n_qblocks);
+    if (threads > 1 && static_cast<size_t>(4 * threads) > n_qblocks)
+        n_splits = std::min(n_vblocks, (static_cast<size_t>(4 * threads) + n_qblocks - 1) / n_qblocks);
     const size_t blocks_per_split = (n_vblocks + n_splits - 1) / n_splits;
     // k beyond n only pads the output rows: the heaps never hold more than n
     std::vector<TopK> heaps(checked_mul(nq, n_splits, "queries"), TopK(std::min(k, n)));

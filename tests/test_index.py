@@ -107,6 +107,13 @@ def test_flat_thread_counts_give_identical_results():
     a = index.search(q2, 7, threads=1)
     b = index.search(q2, 7, threads=4)
     np.testing.assert_array_equal(a[1], b[1])
+    # several query blocks of 384 (the GEMM path), each also split over the vectors when threads > 1
+    q3 = np.random.default_rng(2).standard_normal((800, 48)).astype(np.float32)
+    a = index.search(q3, 11, threads=1)
+    for t in (2, 3):
+        b = index.search(q3, 11, threads=t)
+        np.testing.assert_array_equal(b[1], a[1])
+        np.testing.assert_array_equal(b[0], a[0])
 
 
 @needs_native
