@@ -29,11 +29,48 @@ int64_t check_shapes(const std::string& fn, const Array& qkv, const Array& out, 
     return head_dim;
 }
 
+// One kernel's binding: shapes checked, the path named ('' = `best` for the head dimension; names outside `paths`
+// refused), the GIL released while it runs. T: uint16_t (bf16 bits) or float.
+template <class T, class Best, class Kernel>
+void def_attention(py::module_& m, const std::string& fn, const std::vector<attention::Path>& paths, Best best,
+                   Kernel kernel, const char* doc) {
+    using Array = py::array_t<T, py::array::c_style>;
+    m.def(
+        fn.c_str(),
+        [fn, paths, best, kernel](const Array& qkv, Array& out, const Int64Array& groups, py::handle heads_arg,
+                                  const std::string& path_name, py::handle threads_arg) {
+            const int64_t heads = arg_int(heads_arg, "heads", 1);
+            const int threads = arg_threads(threads_arg);
+            const int64_t head_dim = check_shapes(fn, qkv, out, groups, heads);
+            attention::Path path = best(head_dim);
+            if (!path_name.empty()) {
+                std::string known;
+                bool found = false;
+                for (attention::Path p : paths) {
+                    known += std::string(attention::path_name(p)) + ", ";
+                    if (path_name == attention::path_name(p)) {
+                        path = p;
+                        found = true;
+                    }
+                }
+                if (!found)
+                    throw std::invalid_argument(fn + ": unknown path '" + path_name + "' (" + known +
+                                                "or '' for the fastest)");
+            }
+            const T* q = qkv.data();
+            T* o = out.mutable_data();
+            const int64_t* g = groups.data();
+            const int64_t ng = groups.shape(0), T_rows = qkv.shape(0);
+            py::gil_scoped_release release;
+            kernel(q, T_rows, heads, head_dim, g, ng, o, path, threads);
+        },
+        py::arg("qkv"), py::arg("out").noconvert(), py::arg("groups"), py::arg("heads"), py::arg("path") = "",
+        py::arg("threads") = 1, doc);
+}
+
 }  // namespace
 
 void bind_attention(py::module_& m) {
-    using Bits = py::array_t<uint16_t, py::array::c_style>;
-    using F32 = py::array_t<float, py::array::c_style>;
     m.def(
         "attention_paths",
         [](const std::string& dtype) {
@@ -49,52 +86,13 @@ void bind_attention(py::module_& m) {
         py::arg("dtype") = "bf16",
         "The attention implementations this CPU runs for dtype 'bf16' (amx, avx512bf16, scalar) or 'f32' (avx512, "
         "scalar), fastest first.");
-    m.def(
-        "attention_bf16",
-        [](const Bits& qkv, Bits& out, const Int64Array& groups, py::handle heads_arg, const std::string& path_name,
-           py::handle threads_arg) {
-            const int64_t heads = arg_int(heads_arg, "heads", 1);
-            const int threads = arg_threads(threads_arg);
-            const int64_t head_dim = check_shapes("attention_bf16", qkv, out, groups, heads);
-            attention::Path path = attention::best_path(head_dim);
-            if (path_name == "scalar") path = attention::Path::Scalar;
-            else if (path_name == "avx512bf16") path = attention::Path::AVX512BF16;
-            else if (path_name == "amx") path = attention::Path::AMX;
-            else if (!path_name.empty())
-                throw std::invalid_argument("attention_bf16: unknown path '" + path_name +
-                                            "' (amx, avx512bf16, scalar, or '' for the fastest)");
-            const uint16_t* q = qkv.data();
-            uint16_t* o = out.mutable_data();
-            const int64_t* g = groups.data();
-            const int64_t ng = groups.shape(0), T = qkv.shape(0);
-            py::gil_scoped_release release;
-            attention::attention_bf16(q, T, heads, head_dim, g, ng, o, path, threads);
-        },
-        py::arg("qkv"), py::arg("out").noconvert(), py::arg("groups"), py::arg("heads"),
-        py::arg("path") = "", py::arg("threads") = 1,
+    def_attention<uint16_t>(
+        m, "attention_bf16", {attention::Path::AMX, attention::Path::AVX512BF16, attention::Path::Scalar},
+        [](int64_t head_dim) { return attention::best_path(head_dim); }, attention::attention_bf16,
         "Exact softmax attention over packed sequences, bf16 bits in and out (see csrc/attention.h).");
-    m.def(
-        "attention_f32",
-        [](const F32& qkv, F32& out, const Int64Array& groups, py::handle heads_arg, const std::string& path_name,
-           py::handle threads_arg) {
-            const int64_t heads = arg_int(heads_arg, "heads", 1);
-            const int threads = arg_threads(threads_arg);
-            const int64_t head_dim = check_shapes("attention_f32", qkv, out, groups, heads);
-            attention::Path path = attention::best_path_f32();
-            if (path_name == "scalar") path = attention::Path::Scalar;
-            else if (path_name == "avx512") path = attention::Path::AVX512;
-            else if (!path_name.empty())
-                throw std::invalid_argument("attention_f32: unknown path '" + path_name +
-                                            "' (avx512, scalar, or '' for the fastest)");
-            const float* q = qkv.data();
-            float* o = out.mutable_data();
-            const int64_t* g = groups.data();
-            const int64_t ng = groups.shape(0), T = qkv.shape(0);
-            py::gil_scoped_release release;
-            attention::attention_f32(q, T, heads, head_dim, g, ng, o, path, threads);
-        },
-        py::arg("qkv"), py::arg("out").noconvert(), py::arg("groups"), py::arg("heads"),
-        py::arg("path") = "", py::arg("threads") = 1,
+    def_attention<float>(
+        m, "attention_f32", {attention::Path::AVX512, attention::Path::Scalar},
+        [](int64_t) { return attention::best_path_f32(); }, attention::attention_f32,
         "Exact softmax attention over packed sequences, float32 in and out (see csrc/attention.h).");
 }
 

@@ -32,6 +32,13 @@ def _run(qkv, groups, heads, path, threads=1):
     return out.float()
 
 
+def _run_f32(qkv, groups, heads, path, threads=1):
+    out = torch.empty(qkv.shape[0], qkv.shape[1] // 3)
+    C.attention_f32(qkv.numpy(), out.numpy(), np.asarray(groups, dtype=np.int64).reshape(-1, 2), heads, path,
+                    threads)
+    return out
+
+
 CASES = [  # (heads, head_dim, groups)
     (12, 32, [(1, 1)]),
     (12, 32, [(2, 7), (1, 17), (3, 33)]),
@@ -63,21 +70,24 @@ def test_every_path_matches_fp32_attention_and_the_scalar_path(heads, head_dim, 
         torch.testing.assert_close(_run(qkv, groups, heads, path, threads=2), got, rtol=0, atol=0)
 
 
-def test_large_scores_and_a_single_key():
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_large_scores_and_a_single_key(dtype):
     # scores far apart (softmax saturates) and a one-token sequence (weight 1 on itself): output = its value
     heads, head_dim = 2, 32
     qkv = torch.zeros(1 + 40, 3 * heads * head_dim)
     qkv[:, : heads * head_dim] = 30.0
     qkv[:, heads * head_dim : 2 * heads * head_dim] = torch.linspace(-30, 30, 41)[:, None]
     qkv[:, 2 * heads * head_dim :] = torch.arange(41, dtype=torch.float32)[:, None]
-    qkv = qkv.bfloat16()
+    if dtype == "bf16":
+        qkv = qkv.bfloat16()
     groups = [(1, 1), (1, 40)]
     want = _reference(qkv, groups, heads, head_dim)
-    for path in C.attention_paths():
-        got = _run(qkv, groups, heads, path)
+    run, tol = (_run, 2 ** -7) if dtype == "bf16" else (_run_f32, 1e-5)
+    for path in C.attention_paths(dtype):
+        got = run(qkv, groups, heads, path)
         assert torch.isfinite(got).all()
-        torch.testing.assert_close(got, want, rtol=2 ** -7, atol=2 ** -6)
-    assert float(got[0, 0]) == 0.0  # the first sequence's value row is 0
+        torch.testing.assert_close(got, want, rtol=tol, atol=2 * tol)
+        assert float(got[0, 0]) == 0.0  # the first sequence's value row is 0
 
 
 def test_bad_arguments_are_refused():
@@ -120,13 +130,6 @@ def test_tower_with_the_kernel_equals_the_tower_without(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------------------ fp32
-def _run_f32(qkv, groups, heads, path, threads=1):
-    out = torch.empty(qkv.shape[0], qkv.shape[1] // 3)
-    C.attention_f32(qkv.numpy(), out.numpy(), np.asarray(groups, dtype=np.int64).reshape(-1, 2), heads, path,
-                    threads)
-    return out
-
-
 @pytest.mark.parametrize("heads,head_dim,groups", CASES)
 def test_fp32_paths_match_torch_attention(heads, head_dim, groups):
     seed = int(np.random.SeedSequence().generate_state(1)[0])
@@ -140,21 +143,6 @@ def test_fp32_paths_match_torch_attention(heads, head_dim, groups):
         # no roundings besides fp32's own: sums of up to 257 terms in another order, exp to 2e-7
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{path}, seed {seed}")
         torch.testing.assert_close(_run_f32(qkv, groups, heads, path, threads=2), got, rtol=0, atol=0)
-
-
-def test_fp32_large_scores_and_a_single_key():
-    heads, head_dim = 2, 32
-    qkv = torch.zeros(1 + 40, 3 * heads * head_dim)
-    qkv[:, : heads * head_dim] = 30.0
-    qkv[:, heads * head_dim : 2 * heads * head_dim] = torch.linspace(-30, 30, 41)[:, None]
-    qkv[:, 2 * heads * head_dim :] = torch.arange(41, dtype=torch.float32)[:, None]
-    groups = [(1, 1), (1, 40)]
-    want = _reference(qkv, groups, heads, head_dim)
-    for path in C.attention_paths("f32"):
-        got = _run_f32(qkv, groups, heads, path)
-        assert torch.isfinite(got).all()
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        assert float(got[0, 0]) == 0.0
 
 
 def test_fp32_bad_arguments_are_refused():
