@@ -290,16 +290,22 @@ def test_ivf4_codes_are_chosen_for_the_anisotropic_loss(data, ivf4):
     assert stored < nearest
 
 
-def test_ivf4_scores_and_results_equal_at_every_level(data, ivf4):
-    _, q, _ = data
+def _search_at_every_level(index, q, k, **params):
+    """{SIMD level: index.search(q, k, **params)} with each level forced in turn (the detected level restored)."""
     before = _C.simd_level()
     results = {}
     try:
         for level in LEVELS:
             _C.simd_force(level)
-            results[level] = ivf4.search(q, 20, nprobe=4, rerank=0)
+            results[level] = index.search(q, k, **params)
     finally:
         _C.simd_force(before)
+    return results
+
+
+def test_ivf4_scores_and_results_equal_at_every_level(data, ivf4):
+    _, q, _ = data
+    results = _search_at_every_level(ivf4, q, 20, nprobe=4, rerank=0)
     for level in LEVELS:
         # the integer sums are identical; the list scores <q, c> they are added to come from each level's float
         # kernels, so the dequantized scores may differ in the last bits
@@ -460,14 +466,7 @@ def test_ivf4_query_tables_are_identical_at_every_level(dsub):
     index = IVFPQIndex(d, nlist=1, m=m, nbits=4, store="fp16")
     index.set_trained(np.zeros((1, d), np.float32), (rng.normal(size=(m, 16, dsub)) * 1.3).astype(np.float32))
     index.add(x)
-    before = _C.simd_level()
-    results = {}
-    try:
-        for level in LEVELS:
-            _C.simd_force(level)
-            results[level] = index.search(q, 50, nprobe=1, rerank=0)
-    finally:
-        _C.simd_force(before)
+    results = _search_at_every_level(index, q, 50, nprobe=1, rerank=0)
     for level in LEVELS:
         np.testing.assert_array_equal(results[level][0], results["scalar"][0], err_msg=level)
         np.testing.assert_array_equal(results[level][1], results["scalar"][1], err_msg=level)
