@@ -118,8 +118,8 @@ void head_scalar(const uint16_t* qkv, size_t ld, const Task& task, int64_t H, in
     }
 }
 
-// fp32: the same attention without roundings, for fp32 towers. Keys are read from qkv directly here; the AVX-512
-// path lays them out transposed (16 keys per vector) and reads values in place.
+// fp32: the same attention without roundings, for fp32 towers. Keys and values are read from qkv directly here;
+// the AVX-512 path lays the keys out transposed (16 keys per vector) and copies the values to contiguous rows.
 void head_scalar_f32(const float* qkv, size_t ld, const Task& task, int64_t H, int64_t D, float scale, float* out,
                      size_t ldo, Scratch& w) {
     const int64_t L = task.length;
@@ -172,13 +172,18 @@ FASTDPR_AVX512F inline __m512 exp_nonpositive(__m512 x) {
 
 // One row of softmax weights: P = exp(s − top) over scores already scaled (padding keys at −inf), written as bf16
 // (zeros past L) for the second product; returns 1 / Σ P, the sum taken over the unrounded fp32 weights.
+// exp(s[jb .. jb + 16) − top), zero past L: one block of a softmax row.
+FASTDPR_AVX512F inline __m512 exp_block(const float* s, int64_t jb, int64_t L, __m512 vtop) {
+    const int64_t valid = std::min<int64_t>(16, L - jb);
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << valid) - 1u),
+                               exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + jb), vtop)));
+}
+
 FASTDPR_AVX512BF16 inline float exp_row(const float* s, int64_t L, int64_t lp, float top, uint16_t* pw) {
     const __m512 vtop = _mm512_set1_ps(top);
     __m512 vsum = _mm512_setzero_ps();
     for (int64_t jb = 0; jb < lp; jb += 16) {
-        const int64_t valid = std::min<int64_t>(16, L - jb);
-        const __m512 e = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << valid) - 1u),
-                                             exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + jb), vtop)));
+        const __m512 e = exp_block(s, jb, L, vtop);
         vsum = _mm512_add_ps(vsum, e);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(pw + jb), (__m256i)_mm512_cvtneps_pbh(e));
     }
@@ -336,9 +341,7 @@ FASTDPR_AVX512F void rows_f32(const float* const* q, float* const* o, const floa
         const __m512 vtop = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[r]));
         __m512 vsum = _mm512_setzero_ps();
         for (int64_t jb = 0; jb < lp; jb += 16) {
-            const int64_t valid = std::min<int64_t>(16, L - jb);
-            const __m512 e = _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << valid) - 1u),
-                                                 exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + jb), vtop)));
+            const __m512 e = exp_block(row, jb, L, vtop);
             vsum = _mm512_add_ps(vsum, e);
             _mm512_storeu_ps(row + jb, e);
         }
@@ -379,10 +382,6 @@ FASTDPR_AVX512F void head_avx512_f32(const float* qkv, size_t ld, const Task& ta
             o[r] = out + (task.first_row + i + r) * ldo + task.head * D;
         }
         switch (rows) {
-            case 12: rows_f32<12>(q, o, v, D, L, lp, D, scale, w); break;
-            case 11: rows_f32<11>(q, o, v, D, L, lp, D, scale, w); break;
-            case 10: rows_f32<10>(q, o, v, D, L, lp, D, scale, w); break;
-            case 9: rows_f32<9>(q, o, v, D, L, lp, D, scale, w); break;
             case 8: rows_f32<8>(q, o, v, D, L, lp, D, scale, w); break;
             case 7: rows_f32<7>(q, o, v, D, L, lp, D, scale, w); break;
             case 6: rows_f32<6>(q, o, v, D, L, lp, D, scale, w); break;
