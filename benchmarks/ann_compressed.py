@@ -67,8 +67,6 @@ def dataset(args):
 
 def child(args) -> int:
     """Open the index memory-mapped, measure memory, run the sweep; print one JSON line."""
-    import threadpoolctl  # noqa: F401  (loaded before measuring, like everything else the search imports)
-
     from fastdpr.index import load_index
 
     queries = np.load(args.queries_file)
@@ -154,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         path = tmp / "index.fdpr"
         index.save(path)
-        nlist = index.nlist if hasattr(index, "nlist") else None
+        nlist = index.nlist
         del index
         gc.collect()
         np.save(tmp / "q.npy", np.ascontiguousarray(ds.queries, dtype=np.float32))
