@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <queue>
+#include <type_traits>
 #include <stdexcept>
 
 #include "bounds.h"
@@ -72,18 +72,26 @@ private:
     std::mutex* mu_;
 };
 
-Visited& thread_visited() {
-    thread_local Visited v;
-    return v;
-}
-
 using Cand = std::pair<float, uint32_t>;  // (similarity, node)
-struct BestFirst {                        // priority_queue top = highest similarity
+struct BestFirst {                        // heap top = highest similarity
     bool operator()(const Cand& a, const Cand& b) const { return a.first < b.first; }
 };
-struct WorstFirst {  // priority_queue top = lowest similarity
+struct WorstFirst {  // heap top = lowest similarity
     bool operator()(const Cand& a, const Cand& b) const { return a.first > b.first; }
 };
+
+// One thread's search state, kept between searches so that a search allocates nothing.
+struct Scratch {
+    Visited visited;
+    std::vector<Cand> frontier, best;  // heaps: BestFirst / WorstFirst
+    std::vector<uint32_t> fresh;
+    std::vector<float> x;  // a query or a node's vector as fp32
+};
+
+Scratch& thread_scratch() {
+    thread_local Scratch s;
+    return s;
+}
 
 uint64_t splitmix(uint64_t& s) {
     uint64_t z = (s += 0x9e3779b97f4a7c15ull);
@@ -92,55 +100,76 @@ uint64_t splitmix(uint64_t& s) {
     return z ^ (z >> 31);
 }
 
-// Beam search on one level from `seeds`, returning up to `ef` nodes, best first. `sim(node)` scores a node;
-// `read_links(node, buf)` copies its list (under the node's lock while building) and returns the count.
-template <class Sim, class ReadLinks>
-std::vector<Cand> beam_search(const std::vector<Cand>& seeds, size_t ef, size_t n, Sim&& sim, ReadLinks&& read_links,
-                              std::vector<uint32_t>& buf) {
-    Visited& visited = thread_visited();
-    visited.prepare(n);
-    std::priority_queue<Cand, std::vector<Cand>, BestFirst> frontier;
-    std::priority_queue<Cand, std::vector<Cand>, WorstFirst> best;
-    for (const Cand& s : seeds) {
-        if (visited.test_and_set(s.second)) continue;
-        frontier.push(s);
-        best.push(s);
-        if (best.size() > ef) best.pop();
+// <q, stored vector> through the active SIMD level, the storage type fixed at compile time so that the hot loops
+// carry no storage branch.
+template <Storage S>
+struct Dot {
+    using Elem = std::conditional_t<S == Storage::F16, uint16_t, float>;
+    float (*fn)(const float*, const Elem*, size_t);
+    size_t d;
+    Dot(const simd::Kernels& K, size_t dim) : d(dim) {
+        if constexpr (S == Storage::F16) fn = K.dot_f16;
+        else fn = K.dot;
     }
+    float operator()(const float* q, const void* v) const { return fn(q, static_cast<const Elem*>(v), d); }
+};
+
+// Beam search on one level from the seeds in s.best (any order, already marked visited), leaving up to `ef` nodes
+// in s.best as a WorstFirst heap. `score(node)` scores a node; `read_links(node, out)` writes its list to `out`
+// (under the node's lock while building) and returns the count; `prefetch(node)` hints its record.
+template <class Score, class ReadLinks, class Prefetch>
+void beam_search(Scratch& s, size_t ef, Score&& score, ReadLinks&& read_links, Prefetch&& prefetch) {
+    auto& frontier = s.frontier;
+    auto& best = s.best;
+    frontier.assign(best.begin(), best.end());
+    std::make_heap(frontier.begin(), frontier.end(), BestFirst());
+    std::make_heap(best.begin(), best.end(), WorstFirst());
+    while (best.size() > ef) {
+        std::pop_heap(best.begin(), best.end(), WorstFirst());
+        best.pop_back();
+    }
+    uint32_t* buf = s.fresh.data();
     while (!frontier.empty()) {
-        const Cand c = frontier.top();
-        if (best.size() >= ef && c.first < best.top().first) break;
-        frontier.pop();
-        // Keep only the unvisited neighbours first, so that the vector prefetch one step ahead goes to a row that
-        // is scored next (late in a search most neighbours were seen already).
+        const Cand c = frontier.front();
+        if (best.size() >= ef && c.first < best.front().first) break;
+        std::pop_heap(frontier.begin(), frontier.end(), BestFirst());
+        frontier.pop_back();
+        // Keep only the unvisited neighbours first, so that the prefetch one step ahead goes to a record that is
+        // scored next (late in a search most neighbours were seen already).
         const size_t cnt = read_links(c.second, buf);
         size_t fresh = 0;
         for (size_t j = 0; j < cnt; ++j)
-            if (!visited.test_and_set(buf[j])) buf[fresh++] = buf[j];
+            if (!s.visited.test_and_set(buf[j])) buf[fresh++] = buf[j];
+        if (fresh) prefetch(buf[0]);
         for (size_t j = 0; j < fresh; ++j) {
             const uint32_t nb = buf[j];
-            const float s = sim(nb, j + 1 < fresh ? static_cast<int64_t>(buf[j + 1]) : -1);
-            if (best.size() < ef || s > best.top().first) {
-                frontier.emplace(s, nb);
-                best.emplace(s, nb);
-                if (best.size() > ef) best.pop();
+            if (j + 1 < fresh) prefetch(buf[j + 1]);
+            const float sim = score(nb);
+            if (best.size() < ef || sim > best.front().first) {
+                frontier.emplace_back(sim, nb);
+                std::push_heap(frontier.begin(), frontier.end(), BestFirst());
+                best.emplace_back(sim, nb);
+                std::push_heap(best.begin(), best.end(), WorstFirst());
+                if (best.size() > ef) {
+                    std::pop_heap(best.begin(), best.end(), WorstFirst());
+                    best.pop_back();
+                }
             }
         }
     }
-    std::vector<Cand> out(best.size());
-    for (size_t i = out.size(); i-- > 0;) {
-        out[i] = best.top();
-        best.pop();
-    }
-    return out;
+}
+
+// s.best as a list, best first.
+void sorted_best(Scratch& s, std::vector<Cand>& out) {
+    out.assign(s.best.begin(), s.best.end());
+    std::sort(out.begin(), out.end(), [](const Cand& x, const Cand& y) { return x.first > y.first; });
 }
 
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------------
 
-HNSWIndex::HNSWIndex(size_t dim, const HNSWParams& params)
-    : params_(params), store_(dim, params.storage), rng_state_(params.seed) {
+HNSWIndex::HNSWIndex(size_t dim, const HNSWParams& params) : params_(params), dim_(dim), rng_state_(params.seed) {
     // the same ranges the loader accepts, so that every index that can be built can be saved and loaded again
     if (dim < 1 || dim > static_cast<size_t>(kMaxDim))
         throw std::invalid_argument("dimension must be in [1, 2^20], got " + std::to_string(dim));
@@ -154,11 +183,16 @@ HNSWIndex::HNSWIndex(size_t dim, const HNSWParams& params)
     M0_ = 2 * params_.M;
     level_mult_ = 1.0 / std::log(static_cast<double>(params_.M));
     phi_ = params_.phi;
+    const size_t elem = params_.storage == Storage::F16 ? 2 : 4;
+    vec_bytes_ = (dim_ * elem + 3) / 4 * 4;
+    terms_off_ = vec_bytes_;
+    links_off_ = terms_off_ + 2 * sizeof(float);
+    stride_ = (links_off_ + (M0_ + 1) * sizeof(uint32_t) + 63) / 64 * 64;
 }
 
 size_t HNSWIndex::size() const {
     std::shared_lock<std::shared_mutex> lock(mutex_);
-    return store_.size();
+    return n_;
 }
 
 int HNSWIndex::random_level() {
@@ -167,180 +201,248 @@ int HNSWIndex::random_level() {
     return std::min(level, kMaxLevel);
 }
 
-void HNSWIndex::prepare_weights(size_t from) {
-    const size_t n = store_.size(), d = store_.dim();
-    weight_.resize(n, 1.0f);
-    extra_.resize(n, 0.0f);
-    std::vector<float> row(d);
+void HNSWIndex::resize(size_t n) {
+    const size_t bytes = checked_mul(n, stride_, "HNSW records");
+    if (bytes > records_.capacity()) records_.reserve(std::max(bytes, records_.capacity() + records_.capacity() / 2));
+    records_.resize(bytes, 0);
+    levels_.resize(n, 0);
+    upper_.resize(n);
+}
+
+void HNSWIndex::row(size_t i, float* out) const {
+    if (params_.storage == Storage::F16) simd::from_half(static_cast<const uint16_t*>(vec(i)), out, dim_);
+    else std::memcpy(out, vec(i), dim_ * sizeof(float));
+}
+
+void HNSWIndex::prepare_terms(size_t from) {
+    std::vector<float> x(dim_);
     const simd::Kernels& K = simd::kernels();
-    for (size_t i = from; i < n; ++i) {
-        store_.row(i, row.data());
-        const double sq = K.dot(row.data(), row.data(), d);
+    for (size_t i = from; i < n_; ++i) {
+        row(i, x.data());
+        const double sq = K.dot(x.data(), x.data(), dim_);
+        float* t = terms(i);
+        t[0] = 1.0f;
+        t[1] = 0.0f;
         if (params_.graph == Graph::Cosine) {
-            weight_[i] = sq > 0 ? static_cast<float>(1.0 / std::sqrt(sq)) : 0.0f;
+            t[0] = sq > 0 ? static_cast<float>(1.0 / std::sqrt(sq)) : 0.0f;
         } else if (params_.graph == Graph::L2) {
-            extra_[i] = static_cast<float>(std::sqrt(std::max(0.0, phi_ - sq)));  // clamp rounding at 0
+            t[1] = static_cast<float>(std::sqrt(std::max(0.0, phi_ - sq)));  // clamp rounding at 0
         }
     }
 }
 
-float HNSWIndex::build_sim(const float* xa, uint32_t a, uint32_t b) const {
-    const float ip = store_.dot(simd::kernels(), xa, b);
-    return ip * weight_[a] * weight_[b] + extra_[a] * extra_[b];
-}
+// Inserting nodes, with the graph's build similarity and the storage type fixed at compile time.
+template <Graph G, Storage S>
+struct BuildOps {
+    HNSWIndex& h;
+    Dot<S> dot;
 
-// The HNSW neighbour heuristic with the build similarity: keep (at most m) candidates only when no already kept
-// neighbour is more similar to it than the base node is (diversifies directions), then top up with the best of the
-// rest to at least `floor` so that nodes keep their degree (important for inner product, where high-norm nodes would
-// otherwise prune everything).
-void HNSWIndex::select_neighbors(const float* xbase, uint32_t base, std::vector<Cand>& cands, size_t m,
-                                 size_t floor) const {
-    if (cands.size() <= m) return;
-    std::sort(cands.begin(), cands.end(), [](const Cand& x, const Cand& y) { return x.first > y.first; });
-    std::vector<Cand> kept, pruned;
-    kept.reserve(m);
-    std::vector<float> xc(store_.dim());
-    for (const Cand& c : cands) {
-        if (kept.size() >= m) break;
-        const float* xcp = store_.row_f32(c.second, xc.data());
-        bool good = true;
-        for (const Cand& s : kept) {
-            if (build_sim(xcp, c.second, s.second) > c.first) {
-                good = false;
-                break;
+    BuildOps(HNSWIndex& index) : h(index), dot(simd::kernels(), index.dim_) {}
+
+    // sim(a, b) for a given as fp32 `xa` with terms `ta`
+    float sim(const float* xa, const float* ta, uint32_t b) const {
+        const float ip = dot(xa, h.vec(b));
+        if constexpr (G == Graph::IP) {
+            return ip;
+        } else if constexpr (G == Graph::Cosine) {
+            return ip * ta[0] * h.terms(b)[0];
+        } else {
+            return ip + ta[1] * h.terms(b)[1];
+        }
+    }
+
+    // Node i's vector as fp32: the record itself for fp32 storage, else converted into `buf`.
+    const float* as_f32(uint32_t i, std::vector<float>& buf) const {
+        if constexpr (S == Storage::F32) {
+            return static_cast<const float*>(h.vec(i));
+        } else {
+            buf.resize(h.dim_);
+            h.row(i, buf.data());
+            return buf.data();
+        }
+    }
+
+    void prefetch(uint32_t i) const { simd::prefetch(h.vec(i), h.vec_bytes_); }
+
+    // The HNSW neighbour heuristic with the build similarity: keep (at most m) candidates only when no already
+    // kept neighbour is more similar to it than the base node is (diversifies directions), then top up with the
+    // best of the rest to at least `floor` so that nodes keep their degree (important for inner product, where
+    // high-norm nodes would otherwise prune everything). `cands` sorted best first.
+    void select_neighbors(std::vector<Cand>& cands, size_t m, size_t floor, std::vector<Cand>& kept,
+                          std::vector<Cand>& pruned, std::vector<float>& buf) const {
+        if (cands.size() <= m) return;
+        kept.clear();
+        pruned.clear();
+        for (const Cand& c : cands) {
+            if (kept.size() >= m) break;
+            const float* xc = as_f32(c.second, buf);
+            const float* tc = h.terms(c.second);
+            bool good = true;
+            for (const Cand& s : kept) {
+                if (sim(xc, tc, s.second) > c.first) {
+                    good = false;
+                    break;
+                }
             }
+            (good ? kept : pruned).push_back(c);
         }
-        (good ? kept : pruned).push_back(c);
+        for (size_t i = 0; kept.size() < floor && i < pruned.size(); ++i) kept.push_back(pruned[i]);
+        cands.swap(kept);
     }
-    for (size_t i = 0; kept.size() < floor && i < pruned.size(); ++i) kept.push_back(pruned[i]);
-    cands.swap(kept);
-}
 
-void HNSWIndex::connect(uint32_t node, const float* xnode, int level, const std::vector<Cand>& nbrs) {
-    const size_t cap = capacity(level);
-    {
-        NodeGuard g(node_locks_[node], shared_build_);
-        uint32_t* l = links(node, level);
-        l[0] = static_cast<uint32_t>(std::min(nbrs.size(), cap));
-        for (size_t j = 0; j < l[0]; ++j) l[1 + j] = nbrs[j].second;
-    }
-    std::vector<float> xn(store_.dim());
-    std::vector<Cand> cands;
-    for (const Cand& nb : nbrs) {
-        const uint32_t other = nb.second;
-        NodeGuard g(node_locks_[other], shared_build_);
-        uint32_t* l = links(other, level);
-        const size_t cnt = l[0];
-        bool present = false;
-        for (size_t j = 0; j < cnt; ++j) present |= l[1 + j] == node;
-        if (present) continue;
-        if (cnt < cap) {
-            l[1 + cnt] = node;
-            l[0] = static_cast<uint32_t>(cnt + 1);
-            continue;
+    void connect(uint32_t node, int level, const std::vector<Cand>& nbrs) {
+        const size_t cap = h.capacity(level);
+        {
+            NodeGuard g(h.node_locks_[node], h.shared_build_);
+            uint32_t* l = h.links(node, level);
+            l[0] = static_cast<uint32_t>(std::min(nbrs.size(), cap));
+            for (size_t j = 0; j < l[0]; ++j) l[1 + j] = nbrs[j].second;
         }
-        // Full: re-select among the old links and the new node, by similarity to `other`. Topping up only to M
-        // (the degree a node starts with), not to the 2M capacity, leaves room: a list topped up to capacity would
-        // be full again at once and re-run this quadratic selection for every later link (most of the build time).
-        const float* xo = store_.row_f32(other, xn.data());
-        cands.clear();
-        cands.emplace_back(nb.first, node);
-        for (size_t j = 0; j < cnt; ++j) cands.emplace_back(build_sim(xo, other, l[1 + j]), l[1 + j]);
-        select_neighbors(xo, other, cands, cap, std::min(cap, params_.M));
-        l[0] = static_cast<uint32_t>(cands.size());
-        for (size_t j = 0; j < cands.size(); ++j) l[1 + j] = cands[j].second;
+        std::vector<float> xbuf, sbuf;
+        std::vector<Cand> cands, kept, pruned;
+        for (const Cand& nb : nbrs) {
+            const uint32_t other = nb.second;
+            NodeGuard g(h.node_locks_[other], h.shared_build_);
+            uint32_t* l = h.links(other, level);
+            const size_t cnt = l[0];
+            bool present = false;
+            for (size_t j = 0; j < cnt; ++j) present |= l[1 + j] == node;
+            if (present) continue;
+            if (cnt < cap) {
+                l[1 + cnt] = node;
+                l[0] = static_cast<uint32_t>(cnt + 1);
+                continue;
+            }
+            // Full: re-select among the old links and the new node, by similarity to `other`. Topping up only to
+            // M (the degree a node starts with), not to the 2M capacity, leaves room: a list topped up to capacity
+            // would be full again at once and re-run this quadratic selection for every later link.
+            const float* xo = as_f32(other, xbuf);
+            const float* to = h.terms(other);
+            cands.clear();
+            cands.emplace_back(nb.first, node);
+            for (size_t j = 0; j < cnt; ++j) {
+                if (j + 1 < cnt) prefetch(l[2 + j]);
+                cands.emplace_back(sim(xo, to, l[1 + j]), l[1 + j]);
+            }
+            std::sort(cands.begin(), cands.end(), [](const Cand& x, const Cand& y) { return x.first > y.first; });
+            select_neighbors(cands, cap, std::min(cap, h.params_.M), kept, pruned, sbuf);
+            l[0] = static_cast<uint32_t>(cands.size());
+            for (size_t j = 0; j < cands.size(); ++j) l[1 + j] = cands[j].second;
+        }
     }
-}
 
-void HNSWIndex::insert(uint32_t node) {
-    const size_t n = store_.size();
-    const int level = levels_[node];
-    std::vector<float> x(store_.dim());
-    store_.row(node, x.data());
-    std::unique_lock<std::mutex> entry_guard(entry_lock_);
-    const int top = max_level_;
-    const int64_t entry = entry_;
-    if (entry < 0) {  // first node
-        entry_ = node;
-        max_level_ = level;
-        return;
-    }
-    if (level <= top) entry_guard.unlock();  // a new top level keeps the lock until the entry point moves
+    void insert(uint32_t node) {
+        Scratch& s = thread_scratch();
+        const int level = h.levels_[node];
+        std::vector<float> own;
+        const float* x = as_f32(node, own);
+        const float* tx = h.terms(node);
+        std::unique_lock<std::mutex> entry_guard(h.entry_lock_);
+        const int top = h.max_level_;
+        const int64_t entry = h.entry_;
+        if (entry < 0) {  // first node
+            h.entry_ = node;
+            h.max_level_ = level;
+            return;
+        }
+        if (level <= top) entry_guard.unlock();  // a new top level keeps the lock until the entry point moves
 
-    auto sim = [&](uint32_t b, int64_t next) {
-        if (next >= 0) simd::prefetch(store_.row_ptr(static_cast<size_t>(next)), store_.bytes_per_vector());
-        return build_sim(x.data(), node, b);
-    };
-    std::vector<uint32_t> buf(M0_ + 1);
-    uint32_t cur = static_cast<uint32_t>(entry);
-    float cur_sim = build_sim(x.data(), node, cur);
-    for (int l = top; l > level; --l) {
-        bool changed = true;
-        while (changed) {
-            changed = false;
-            NodeGuard g(node_locks_[cur], shared_build_);
-            const uint32_t* ls = links(cur, l);
-            for (uint32_t j = 0; j < ls[0]; ++j) {
-                const float s = build_sim(x.data(), node, ls[1 + j]);
-                if (s > cur_sim) {
-                    cur_sim = s;
-                    cur = ls[1 + j];
-                    changed = true;
+        uint32_t cur = static_cast<uint32_t>(entry);
+        float cur_sim = sim(x, tx, cur);
+        for (int l = top; l > level; --l) {
+            bool changed = true;
+            while (changed) {
+                changed = false;
+                NodeGuard g(h.node_locks_[cur], h.shared_build_);
+                const uint32_t* ls = h.links(cur, l);
+                for (uint32_t j = 0; j < ls[0]; ++j) {
+                    const float sc = sim(x, tx, ls[1 + j]);
+                    if (sc > cur_sim) {
+                        cur_sim = sc;
+                        cur = ls[1 + j];
+                        changed = true;
+                    }
                 }
             }
         }
+        s.fresh.resize(h.M0_ + 1);
+        s.visited.prepare(h.n_);
+        s.visited.test_and_set(cur);
+        s.best.assign(1, Cand(cur_sim, cur));
+        std::vector<Cand> nbrs, kept, pruned;
+        std::vector<float> buf;
+        auto score = [&](uint32_t b) { return sim(x, tx, b); };
+        auto pre = [&](uint32_t b) { prefetch(b); };
+        for (int l = std::min(level, top); l >= 0; --l) {
+            auto read_links = [&](uint32_t c, uint32_t* out) -> size_t {
+                NodeGuard g(h.node_locks_[c], h.shared_build_);
+                const uint32_t* ls = h.links(c, l);
+                const size_t cnt = ls[0];
+                std::memcpy(out, ls + 1, cnt * sizeof(uint32_t));
+                return cnt;
+            };
+            beam_search(s, h.params_.ef_construction, score, read_links, pre);
+            // the results seed the next level down; its beam marks visited nodes anew
+            sorted_best(s, nbrs);
+            s.visited.prepare(h.n_);
+            for (const Cand& c : nbrs) s.visited.test_and_set(c.second);
+            std::vector<Cand> chosen;
+            chosen.reserve(nbrs.size());
+            for (const Cand& c : nbrs)
+                if (c.second != node) chosen.push_back(c);
+            select_neighbors(chosen, h.params_.M, h.params_.M, kept, pruned, buf);
+            connect(node, l, chosen);
+        }
+        if (level > top) {
+            h.entry_ = node;
+            h.max_level_ = level;
+        }
     }
-    std::vector<Cand> seeds{{cur_sim, cur}};
-    for (int l = std::min(level, top); l >= 0; --l) {
-        auto read_links = [&](uint32_t c, std::vector<uint32_t>& out) -> size_t {
-            NodeGuard g(node_locks_[c], shared_build_);
-            const uint32_t* ls = links(c, l);
-            const size_t cnt = ls[0];
-            std::memcpy(out.data(), ls + 1, cnt * sizeof(uint32_t));
-            return cnt;
-        };
-        std::vector<Cand> found = beam_search(seeds, params_.ef_construction, n, sim, read_links, buf);
-        seeds = found;
-        std::vector<Cand> nbrs;
-        for (const Cand& c : found)
-            if (c.second != node) nbrs.push_back(c);
-        select_neighbors(x.data(), node, nbrs, params_.M, params_.M);
-        connect(node, x.data(), l, nbrs);
+
+    void insert_range(size_t start, size_t end, int threads) {
+        if (h.entry_ < 0) insert(static_cast<uint32_t>(start++));
+        ParallelErrors errors;
+        h.shared_build_ = threads > 1 && end - std::min(start, end) > 1;
+        const long long b = static_cast<long long>(start), e = static_cast<long long>(end);
+#pragma omp parallel for schedule(dynamic, 64) num_threads(threads) if (h.shared_build_)
+        for (long long i = b; i < e; ++i) errors.run([&] { insert(static_cast<uint32_t>(i)); });
+        // A failed insert (out of memory) leaves nodes without links: they stay stored but unreachable, and the
+        // graph that was there before is intact. Report it.
+        errors.rethrow();
     }
-    if (level > top) {
-        entry_ = node;
-        max_level_ = level;
-    }
-}
+};
 
 void HNSWIndex::add(const float* x, size_t n, int n_threads) {
     const int threads = resolve_threads(n_threads);
     std::unique_lock<std::shared_mutex> lock(mutex_);
     if (n == 0) return;
-    const size_t d = store_.dim();
-    if (store_.size() + n > std::numeric_limits<uint32_t>::max() - 1)
-        throw std::invalid_argument("HNSW holds at most 2^32 - 2 vectors");
+    const size_t d = dim_;
+    if (n_ + n > std::numeric_limits<uint32_t>::max() - 1) throw std::invalid_argument("HNSW holds at most 2^32 - 2 vectors");
+    checked_mul(n, d, "vectors");
+    const simd::Kernels& K = simd::kernels();
     if (params_.graph == Graph::L2) {
         double max_sq = 0;
         size_t arg = 0;
-        const simd::Kernels& K = simd::kernels();
         for (size_t i = 0; i < n; ++i) {
             const double sq = K.dot(x + i * d, x + i * d, d);
             if (sq > max_sq) max_sq = sq, arg = i;
         }
-        if (phi_ <= 0 && store_.size() == 0) phi_ = max_sq;
+        if (phi_ <= 0 && n_ == 0) phi_ = max_sq;
         if (max_sq > phi_ * (1.0 + 1e-6))
             throw std::invalid_argument("mips=l2: vector " + std::to_string(arg) + " of this add has squared norm " +
                                         std::to_string(max_sq) + " above phi = " + std::to_string(phi_) +
                                         ", fixed by the first add; rebuild the index with phi set high enough "
                                         "or use the native inner-product graph");
     }
-    const size_t n0 = store_.size();
-    store_.append(x, n);
-    prepare_weights(n0);
-    levels_.resize(n0 + n);
-    upper_.resize(n0 + n);
-    links0_.resize((n0 + n) * (M0_ + 1), 0);
+    const size_t n0 = n_;
+    resize(n0 + n);
+    for (size_t i = 0; i < n; ++i) {
+        char* r = record(n0 + i);
+        if (params_.storage == Storage::F16) K.to_half(x + i * d, reinterpret_cast<uint16_t*>(r), d);
+        else std::memcpy(r, x + i * d, d * sizeof(float));
+    }
+    n_ = n0 + n;
+    prepare_terms(n0);
     for (size_t i = n0; i < n0 + n; ++i) {
         levels_[i] = static_cast<int8_t>(random_level());
         if (levels_[i] > 0) upper_[i].assign(static_cast<size_t>(levels_[i]) * (params_.M + 1), 0);
@@ -349,64 +451,79 @@ void HNSWIndex::add(const float* x, size_t n, int n_threads) {
         n_locks_ = n0 + n + (n0 + n) / 2;
         node_locks_.reset(new std::mutex[n_locks_]);
     }
-    size_t start = n0;
-    if (entry_ < 0) insert(static_cast<uint32_t>(start++));
-    const long long end = static_cast<long long>(n0 + n);
-    ParallelErrors errors;
-    shared_build_ = threads > 1 && end - static_cast<long long>(start) > 1;
-#pragma omp parallel for schedule(dynamic, 64) num_threads(threads) if (shared_build_)
-    for (long long i = static_cast<long long>(start); i < end; ++i)
-        errors.run([&] { insert(static_cast<uint32_t>(i)); });
-    // A failed insert (out of memory) leaves nodes without links: they stay stored but unreachable, and the graph
-    // that was there before is intact. Report it.
-    errors.rethrow();
+    const Storage st = params_.storage;
+    const size_t end = n0 + n;
+    switch (params_.graph) {
+        case Graph::IP:
+            if (st == Storage::F16) BuildOps<Graph::IP, Storage::F16>(*this).insert_range(n0, end, threads);
+            else BuildOps<Graph::IP, Storage::F32>(*this).insert_range(n0, end, threads);
+            break;
+        case Graph::Cosine:
+            if (st == Storage::F16) BuildOps<Graph::Cosine, Storage::F16>(*this).insert_range(n0, end, threads);
+            else BuildOps<Graph::Cosine, Storage::F32>(*this).insert_range(n0, end, threads);
+            break;
+        case Graph::L2:
+            if (st == Storage::F16) BuildOps<Graph::L2, Storage::F16>(*this).insert_range(n0, end, threads);
+            else BuildOps<Graph::L2, Storage::F32>(*this).insert_range(n0, end, threads);
+            break;
+    }
 }
 
-void HNSWIndex::search_one(const float* q, size_t k, size_t ef, size_t entry_points, float* scores,
-                           int64_t* ids) const {
-    const simd::Kernels& K = simd::kernels();
-    const size_t n = store_.size();
-    auto sim = [&](uint32_t b, int64_t next) {
-        if (next >= 0) simd::prefetch(store_.row_ptr(static_cast<size_t>(next)), store_.bytes_per_vector());
-        return store_.dot(K, q, b);
-    };
-    uint32_t cur = static_cast<uint32_t>(entry_);
-    float cur_sim = store_.dot(K, q, cur);
-    for (int l = max_level_; l > 1; --l) {
-        bool changed = true;
-        while (changed) {
-            changed = false;
-            const uint32_t* ls = links(cur, l);
-            for (uint32_t j = 0; j < ls[0]; ++j) {
-                const float s = store_.dot(K, q, ls[1 + j]);
-                if (s > cur_sim) {
-                    cur_sim = s;
-                    cur = ls[1 + j];
-                    changed = true;
+// Searching by the exact inner product with the stored vectors, the storage type fixed at compile time.
+template <Storage S>
+struct SearchOps {
+    const HNSWIndex& h;
+    Dot<S> dot;
+
+    SearchOps(const HNSWIndex& index) : h(index), dot(simd::kernels(), index.dim_) {}
+
+    void search_one(const float* q, size_t k, size_t ef, size_t entry_points, float* scores, int64_t* ids) const {
+        Scratch& s = thread_scratch();
+        uint32_t cur = static_cast<uint32_t>(h.entry_);
+        float cur_sim = dot(q, h.vec(cur));
+        for (int l = h.max_level_; l > 1; --l) {
+            bool changed = true;
+            while (changed) {
+                changed = false;
+                const uint32_t* ls = h.links(cur, l);
+                for (uint32_t j = 0; j < ls[0]; ++j) {
+                    const float sc = dot(q, h.vec(ls[1 + j]));
+                    if (sc > cur_sim) {
+                        cur_sim = sc;
+                        cur = ls[1 + j];
+                        changed = true;
+                    }
                 }
             }
         }
-    }
-    std::vector<uint32_t> buf(M0_ + 1);
-    std::vector<Cand> seeds{{cur_sim, cur}};
-    if (max_level_ >= 1) {  // a small beam on level 1 gives several well-spread entry points into level 0
-        auto read1 = [&](uint32_t c, std::vector<uint32_t>& out) -> size_t {
-            const uint32_t* ls = links(c, 1);
-            std::memcpy(out.data(), ls + 1, ls[0] * sizeof(uint32_t));
+        s.fresh.resize(h.M0_ + 1);
+        auto score = [&](uint32_t b) { return dot(q, h.vec(b)); };
+        auto pre = [&](uint32_t b) { simd::prefetch(h.vec(b), h.vec_bytes_); };
+        s.visited.prepare(h.n_);
+        s.visited.test_and_set(cur);
+        s.best.assign(1, Cand(cur_sim, cur));
+        if (h.max_level_ >= 1) {  // a small beam on level 1 gives several well-spread entry points into level 0
+            auto read1 = [&](uint32_t c, uint32_t* out) -> size_t {
+                const uint32_t* ls = h.links(c, 1);
+                std::memcpy(out, ls + 1, ls[0] * sizeof(uint32_t));
+                return ls[0];
+            };
+            beam_search(s, std::max<size_t>(1, entry_points), score, read1, pre);
+            // the level-0 beam starts from these, with fresh visited marks
+            s.visited.prepare(h.n_);
+            for (const Cand& c : s.best) s.visited.test_and_set(c.second);
+        }
+        auto read0 = [&](uint32_t c, uint32_t* out) -> size_t {
+            const uint32_t* ls = h.links(c, 0);
+            std::memcpy(out, ls + 1, ls[0] * sizeof(uint32_t));
             return ls[0];
         };
-        seeds = beam_search(seeds, std::max<size_t>(1, entry_points), n, sim, read1, buf);
+        beam_search(s, ef, score, read0, pre);
+        TopK top(std::min(k, s.best.size()));
+        for (const Cand& c : s.best) top.push(c.first, c.second);
+        top.write(scores, ids, k);
     }
-    auto read0 = [&](uint32_t c, std::vector<uint32_t>& out) -> size_t {
-        const uint32_t* ls = links(c, 0);
-        std::memcpy(out.data(), ls + 1, ls[0] * sizeof(uint32_t));
-        return ls[0];
-    };
-    std::vector<Cand> found = beam_search(seeds, ef, n, sim, read0, buf);
-    TopK top(std::min(k, found.size()));
-    for (const Cand& c : found) top.push(c.first, c.second);
-    top.write(scores, ids, k);
-}
+};
 
 void HNSWIndex::search(const float* q, size_t nq, size_t k, size_t ef, float* scores, int64_t* ids, int n_threads,
                        size_t entry_points) const {
@@ -415,40 +532,42 @@ void HNSWIndex::search(const float* q, size_t nq, size_t k, size_t ef, float* sc
         throw std::invalid_argument("HNSW search: ef must be <= 2^30 and entry_points <= 2^20");
     std::shared_lock<std::shared_mutex> lock(mutex_);
     if (k == 0 || nq == 0) return;
-    const size_t d = store_.dim();
+    const size_t d = dim_;
     if (entry_ < 0) {
         for (size_t i = 0; i < nq * k; ++i) scores[i] = -std::numeric_limits<float>::infinity(), ids[i] = -1;
         return;
     }
     // a beam wider than the graph finds nothing more: k beyond the size only pads the output
-    const size_t n = store_.size();
+    const size_t n = n_;
     ef = std::min(std::max(ef ? ef : params_.ef_search, std::min(k, n)), n);
     entry_points = std::min(entry_points ? entry_points : params_.entry_points, n);
     const long long total = static_cast<long long>(nq);
     ParallelErrors errors;
+    auto run = [&](auto ops) {
 #pragma omp parallel for schedule(dynamic, 4) num_threads(threads) if (threads > 1 && nq > 1)
-    for (long long i = 0; i < total; ++i)
-        errors.run([&] {
-            search_one(q + static_cast<size_t>(i) * d, k, ef, entry_points, scores + static_cast<size_t>(i) * k,
-                       ids + static_cast<size_t>(i) * k);
-        });
+        for (long long i = 0; i < total; ++i)
+            errors.run([&] {
+                ops.search_one(q + static_cast<size_t>(i) * d, k, ef, entry_points,
+                               scores + static_cast<size_t>(i) * k, ids + static_cast<size_t>(i) * k);
+            });
+    };
+    if (params_.storage == Storage::F16) run(SearchOps<Storage::F16>(*this));
+    else run(SearchOps<Storage::F32>(*this));
     errors.rethrow();
 }
 
 double HNSWIndex::mean_degree() const {
     std::shared_lock<std::shared_mutex> lock(mutex_);
-    const size_t n = store_.size();
-    if (n == 0) return 0;
+    if (n_ == 0) return 0;
     double total = 0;
-    for (size_t i = 0; i < n; ++i) total += links(static_cast<uint32_t>(i), 0)[0];
-    return total / static_cast<double>(n);
+    for (size_t i = 0; i < n_; ++i) total += links(static_cast<uint32_t>(i), 0)[0];
+    return total / static_cast<double>(n_);
 }
 
 size_t HNSWIndex::reachable() const {
     std::shared_lock<std::shared_mutex> lock(mutex_);
-    const size_t n = store_.size();
     if (entry_ < 0) return 0;
-    std::vector<char> seen(n, 0);
+    std::vector<char> seen(n_, 0);
     std::vector<uint32_t> stack{static_cast<uint32_t>(entry_)};
     seen[static_cast<size_t>(entry_)] = 1;
     size_t count = 1;
@@ -467,9 +586,9 @@ size_t HNSWIndex::reachable() const {
 
 void HNSWIndex::save(io::Writer& w) const {
     std::shared_lock<std::shared_mutex> lock(mutex_);
-    w.meta("dim", static_cast<int64_t>(store_.dim()));
-    w.meta("count", static_cast<int64_t>(store_.size()));
-    w.meta("storage", storage_name(store_.storage()));
+    w.meta("dim", static_cast<int64_t>(dim_));
+    w.meta("count", static_cast<int64_t>(n_));
+    w.meta("storage", storage_name(params_.storage));
     w.meta("M", static_cast<int64_t>(params_.M));
     w.meta("ef_construction", static_cast<int64_t>(params_.ef_construction));
     w.meta("ef_search", static_cast<int64_t>(params_.ef_search));
@@ -480,15 +599,29 @@ void HNSWIndex::save(io::Writer& w) const {
     w.meta("rng_state", std::to_string(rng_state_));
     w.meta("entry", entry_);
     w.meta("max_level", static_cast<int64_t>(max_level_));
-    store_.save(w, "vectors");
+    // the sections of the separate-array layout, gathered from the records
+    const size_t row_bytes = dim_ * (params_.storage == Storage::F16 ? 2 : 4);
+    {
+        std::vector<char> vectors(n_ * row_bytes);
+        for (size_t i = 0; i < n_; ++i) std::memcpy(&vectors[i * row_bytes], vec(i), row_bytes);
+        w.add_vector("vectors", vectors);
+    }
     w.add_vector("levels", levels_);
-    w.add_vector("links0", links0_);
+    {
+        const size_t stride0 = M0_ + 1;
+        std::vector<uint32_t> links0(n_ * stride0);
+        for (size_t i = 0; i < n_; ++i)
+            std::memcpy(&links0[i * stride0], links(static_cast<uint32_t>(i), 0), stride0 * sizeof(uint32_t));
+        w.add_vector("links0", links0);
+    }
     std::vector<uint32_t> upper;
     for (const auto& u : upper_) upper.insert(upper.end(), u.begin(), u.end());
     w.add_vector("upper", upper);
 }
 
-std::unique_ptr<HNSWIndex> HNSWIndex::load(const io::Reader& r, bool mmap) {
+// The records are built from the file's arrays whether or not it is memory-mapped (`mmap` only saves the copy of
+// the file's bytes on the way).
+std::unique_ptr<HNSWIndex> HNSWIndex::load(const io::Reader& r, bool /*mmap*/) {
     HNSWParams p;
     const size_t dim = static_cast<size_t>(r.meta_int("dim", 1, kMaxDim));
     const size_t n = static_cast<size_t>(r.meta_int("count", 0, std::numeric_limits<uint32_t>::max() - 1));
@@ -515,25 +648,36 @@ std::unique_ptr<HNSWIndex> HNSWIndex::load(const io::Reader& r, bool mmap) {
     const int64_t entry = r.meta_int("entry", -1, static_cast<int64_t>(n) - 1);
     const int max_level = static_cast<int>(r.meta_int("max_level", -1, kMaxLevel));
     if ((n == 0) != (entry < 0) || (entry < 0) != (max_level < 0)) r.fail("inconsistent entry point");
-    index->store_.load(r, "vectors", n, mmap);
-    index->levels_ = r.copy<int8_t>("levels", n);
+    const size_t row_bytes = dim * (p.storage == Storage::F16 ? 2 : 4);
     const size_t stride0 = index->M0_ + 1, stride = p.M + 1;
-    if (n > std::numeric_limits<size_t>::max() / stride0) r.fail("count too large");
-    index->links0_ = r.copy<uint32_t>("links0", n * stride0);
+    if (n > std::numeric_limits<size_t>::max() / std::max(stride0 * sizeof(uint32_t), index->stride_))
+        r.fail("count too large");
+    const io::Section vs = r.section("vectors");
+    if (vs.length / row_bytes != n || vs.length != n * row_bytes)
+        r.fail("section 'vectors' does not hold " + std::to_string(n) + " vectors of dimension " +
+               std::to_string(dim));
+    const int8_t* levels = r.array<int8_t>("levels", n);
+    const uint32_t* links0 = r.array<uint32_t>("links0", n * stride0);
     size_t upper_total = 0;
     int seen_max = -1;
     for (size_t i = 0; i < n; ++i) {
-        const int lv = index->levels_[i];
+        const int lv = levels[i];
         if (lv < 0 || lv > kMaxLevel) r.fail("node level out of range");
         seen_max = std::max(seen_max, lv);
         upper_total += static_cast<size_t>(lv) * stride;
     }
-    if (seen_max != max_level || (entry >= 0 && index->levels_[static_cast<size_t>(entry)] != max_level))
+    if (seen_max != max_level || (entry >= 0 && levels[static_cast<size_t>(entry)] != max_level))
         r.fail("entry point is not on the top level");
     const uint32_t* up = r.array<uint32_t>("upper", upper_total);
-    index->upper_.resize(n);
+    index->resize(n);
+    index->n_ = n;
+    for (size_t i = 0; i < n; ++i) {
+        index->levels_[i] = levels[i];
+        std::memcpy(index->record(i), vs.data + i * row_bytes, row_bytes);
+        std::memcpy(index->links(static_cast<uint32_t>(i), 0), links0 + i * stride0, stride0 * sizeof(uint32_t));
+    }
     for (size_t i = 0, off = 0; i < n; ++i) {
-        const size_t len = static_cast<size_t>(index->levels_[i]) * stride;
+        const size_t len = static_cast<size_t>(levels[i]) * stride;
         index->upper_[i].assign(up + off, up + off + len);
         off += len;
     }
@@ -544,12 +688,12 @@ std::unique_ptr<HNSWIndex> HNSWIndex::load(const io::Reader& r, bool mmap) {
             if (ls[1 + j] >= n || index->levels_[ls[1 + j]] < level) r.fail("link to a node that does not exist");
     };
     for (size_t i = 0; i < n; ++i) {
-        check(&index->links0_[i * stride0], index->M0_, 0);
+        check(index->links(static_cast<uint32_t>(i), 0), index->M0_, 0);
         for (int l = 1; l <= index->levels_[i]; ++l) check(&index->upper_[i][(l - 1) * stride], p.M, l);
     }
     index->entry_ = entry;
     index->max_level_ = max_level;
-    index->prepare_weights(0);
+    index->prepare_terms(0);
     index->n_locks_ = n + n / 2 + 1;
     index->node_locks_.reset(new std::mutex[index->n_locks_]);
     return index;
