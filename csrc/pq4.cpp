@@ -93,7 +93,8 @@ void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out) {
     out.max_sum = max_sum;
 }
 
-void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, uint16_t* out) {
+void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, uint16_t* out, const uint8_t*,
+          size_t) {
     const size_t bb = block_bytes(m);
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = blocks + b * bb;
@@ -127,6 +128,29 @@ static inline int64_t append_bits(uint32_t mask, uint32_t i0, uint32_t* out, int
     }
     return c;
 }
+
+// The wide scans' software prefetch (pq4.h kPrefetchBytes): a cursor that starts kPrefetchBytes past the first
+// block and requests the next 64 bytes once per 64 bytes read, on from the scanned blocks into `next` and never past
+// the end of that. Where a block is not a whole number of lines (an odd number of sub-space pairs) the distance
+// drifts by half a line per block, which stays small over a list.
+class Ahead {
+public:
+    Ahead(const uint8_t* blocks, size_t bytes, const uint8_t* next, size_t next_bytes)
+        : blocks_(blocks), next_(next), bytes_(bytes), stop_(bytes + next_bytes) {}
+    void step() {
+        if (at_ < stop_) {
+            const uint8_t* p = at_ < bytes_ ? blocks_ + at_ : next_ + (at_ - bytes_);
+            _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+        }
+        at_ += 64;
+    }
+
+private:
+    const uint8_t* blocks_;
+    const uint8_t* next_;
+    size_t bytes_, stop_;
+    size_t at_ = kPrefetchBytes;  // offset from `blocks` of the next request
+};
 
 // Bits of the vectors of a block that exist: the last block of a list is padded.
 static inline uint32_t live_bits(int64_t n, int64_t i0) {
@@ -167,16 +191,17 @@ FASTDPR_PQ4_AVX2 static inline void step(__m256i c, __m256i lut, __m256i& lo_e, 
     hi_o = _mm256_add_epi16(hi_o, _mm256_srli_epi16(hi, 8));
 }
 
-FASTDPR_PQ4_AVX2 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, uint16_t* out) {
+FASTDPR_PQ4_AVX2 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, uint16_t* out,
+                           const uint8_t* next, size_t next_bytes) {
     const int64_t pairs = padded_m(m) / 2;
     const size_t bb = block_bytes(m);
-    // no software prefetch: blocks are read in order, which the hardware prefetcher follows (issuing one
-    // prefetch per cache line of the next block cost more than it saved)
+    Ahead ahead(blocks, static_cast<size_t>(nb) * bb, next, next_bytes);
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = blocks + b * bb;
         __m256i lo_e = _mm256_setzero_si256(), lo_o = _mm256_setzero_si256();
         __m256i hi_e = _mm256_setzero_si256(), hi_o = _mm256_setzero_si256();
         for (int64_t p = 0; p < pairs; ++p) {
+            if ((p & 1) == 0) ahead.step();  // two pairs per line
             const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + p * 32));
             const __m256i lut = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(table + p * 32));
             step(c, lut, lo_e, lo_o, hi_e, hi_o);
@@ -217,17 +242,20 @@ FASTDPR_PQ4_AVX512 static inline __m256i fold(__m512i v) {
     return _mm256_add_epi16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
-FASTDPR_PQ4_AVX512 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, uint16_t* out) {
+FASTDPR_PQ4_AVX512 void scan(const uint8_t* blocks, int64_t nb, int64_t m, const uint8_t* table, uint16_t* out,
+                             const uint8_t* next, size_t next_bytes) {
     const int64_t mp = padded_m(m);
     const int64_t quads = mp / 4;
     const bool pair = (mp % 4) != 0;
     const size_t bb = block_bytes(m);
     const __m512i nib = _mm512_set1_epi8(0x0f);
+    Ahead ahead(blocks, static_cast<size_t>(nb) * bb, next, next_bytes);
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = blocks + b * bb;
         __m512i lo_e = _mm512_setzero_si512(), lo_o = _mm512_setzero_si512();
         __m512i hi_e = _mm512_setzero_si512(), hi_o = _mm512_setzero_si512();
         for (int64_t p = 0; p < quads; ++p) {
+            ahead.step();
             const __m512i c = _mm512_loadu_si512(blk + p * 64);
             const __m512i lut = _mm512_loadu_si512(table + p * 64);
             const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(c, nib));
@@ -382,7 +410,9 @@ void topk(const uint8_t* blocks, int64_t n, int64_t m, const uint8_t* table, int
     const int64_t nb = nblocks(n);
     for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
         const int64_t cb = std::min(kChunk, nb - b0);
-        scan(blocks + b0 * block_bytes(m), cb, m, table, buf.data());
+        const int64_t rest = nb - (b0 + cb);  // the blocks of the next chunk are read next
+        scan(blocks + b0 * block_bytes(m), cb, m, table, buf.data(), blocks + (b0 + cb) * block_bytes(m),
+             static_cast<size_t>(std::min(kChunk, rest)) * block_bytes(m));
         const int64_t i0 = b0 * kBlock, cn = std::min(cb * kBlock, n - i0);
         float thr = heap.threshold();
         for (int64_t i = 0; i < cn; ++i) {

@@ -108,7 +108,7 @@ void bind_pq4(py::module_& m) {
             std::vector<uint16_t> buf(static_cast<size_t>(pq4::nblocks(n) * pq4::kBlock));
             {
                 py::gil_scoped_release release;
-                scan(blocks.data(), pq4::nblocks(n), ms, table.data(), buf.data());
+                scan(blocks.data(), pq4::nblocks(n), ms, table.data(), buf.data(), nullptr, 0);
             }
             py::array_t<uint16_t> out(static_cast<py::ssize_t>(n));
             std::copy(buf.begin(), buf.begin() + n, out.mutable_data());
