@@ -139,8 +139,11 @@ public:
     // Scores below it cannot be among the `keep` best (-inf until the first cut).
     float threshold() const { return thr_; }
 
-    // v >= threshold(), never NaN
-    void push(float v, int64_t pos) {
+    // v >= threshold(), never NaN. `pos` points at the candidate's position in its list's positions, which are
+    // read only for the candidates that survive to take() (and for ties at a cut): most candidates are cut, and
+    // reading each one's position where it is found, a cache miss in a list's positions, cost ~10% of a search
+    // (1M x 384, nprobe 512, rerank 1000: ~3,900 candidates per query).
+    void push(float v, const int64_t* pos) {
         keys_.push_back(uint64_t{order_bits(v)} << 32 | static_cast<uint32_t>(pos_.size()));
         pos_.push_back(pos);
         if (keys_.size() >= 2 * keep_) cut();
@@ -150,7 +153,7 @@ public:
     void take(std::vector<Scored>& out) {
         cut();
         out.resize(keys_.size());
-        for (size_t i = 0; i < keys_.size(); ++i) out[i] = {score_of(keys_[i]), pos_[slot(keys_[i])]};
+        for (size_t i = 0; i < keys_.size(); ++i) out[i] = {score_of(keys_[i]), *pos_[slot(keys_[i])]};
     }
 
 private:
@@ -204,14 +207,14 @@ private:
         tie_keys_.clear();
         for (size_t i : tie_at_) tie_keys_.push_back(keys_[i]);
         std::sort(tie_keys_.begin(), tie_keys_.end(),
-                  [&](uint64_t a, uint64_t b) { return pos_[slot(a)] < pos_[slot(b)]; });
+                  [&](uint64_t a, uint64_t b) { return *pos_[slot(a)] < *pos_[slot(b)]; });
         for (size_t t = 0; t < tie_at_.size(); ++t) keys_[tie_at_[t]] = tie_keys_[t];
     }
 
     size_t keep_ = 0;
     float thr_ = 0.f;
     std::vector<uint64_t> keys_, tie_keys_, scratch_;
-    std::vector<int64_t> pos_, kept_pos_;
+    std::vector<const int64_t*> pos_, kept_pos_;
     std::vector<size_t> tie_at_;
 };
 
@@ -601,7 +604,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                         for (int64_t h = 0; h < nhits; ++h) {
                             const uint32_t i = sc.hits[static_cast<size_t>(h)];
                             const float v = pq4::score(base, delta, sums[i]);
-                            if (v >= cand.threshold()) cand.push(v, pos[i]);  // it may have risen in this list
+                            if (v >= cand.threshold()) cand.push(v, pos + i);  // it may have risen in this list
                         }
                         continue;
                     }
