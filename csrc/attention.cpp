@@ -306,7 +306,7 @@ FASTDPR_AVX512F inline void scores_f32(const float* const* q, const float* kt, i
 
 template <int R, int B>
 FASTDPR_AVX512F inline void values_f32(const float* p, int64_t lp, const float* v, size_t ld, int64_t L, int64_t db,
-                                       const float (&inv)[R], float* const* o) {
+                                       float* const* o) {
     __m512 acc[R][B];
     for (int r = 0; r < R; ++r)
         for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
@@ -319,8 +319,7 @@ FASTDPR_AVX512F inline void values_f32(const float* p, int64_t lp, const float* 
         }
     }
     for (int r = 0; r < R; ++r)
-        for (int b = 0; b < B; ++b)
-            _mm512_storeu_ps(o[r] + db + 16 * b, _mm512_mul_ps(acc[r][b], _mm512_set1_ps(inv[r])));
+        for (int b = 0; b < B; ++b) _mm512_storeu_ps(o[r] + db + 16 * b, acc[r][b]);
 }
 
 template <int R>
@@ -335,7 +334,8 @@ FASTDPR_AVX512F void rows_f32(const float* const* q, float* const* o, const floa
         if (jb + 16 < lp) scores_f32<R, 2>(q, kt, lp, D, L, jb, vscale, s, vmax);
         else scores_f32<R, 1>(q, kt, lp, D, L, jb, vscale, s, vmax);
     }
-    float inv[R];
+    // The weights are divided by their sum before O = P V, not O after it: R reciprocals held through the value
+    // loop pushed one of its operands out of registers (a store and reload per key, ~15% of this path).
     for (int r = 0; r < R; ++r) {
         float* row = s + r * lp;
         const __m512 vtop = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[r]));
@@ -345,11 +345,13 @@ FASTDPR_AVX512F void rows_f32(const float* const* q, float* const* o, const floa
             vsum = _mm512_add_ps(vsum, e);
             _mm512_storeu_ps(row + jb, e);
         }
-        inv[r] = 1.0f / _mm512_reduce_add_ps(vsum);
+        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+        for (int64_t jb = 0; jb < lp; jb += 16)
+            _mm512_storeu_ps(row + jb, _mm512_mul_ps(_mm512_loadu_ps(row + jb), inv));
     }
     for (int64_t db = 0; db < D; db += 32) {
-        if (db + 16 < D) values_f32<R, 2>(s, lp, v, ld, L, db, inv, o);
-        else values_f32<R, 1>(s, lp, v, ld, L, db, inv, o);
+        if (db + 16 < D) values_f32<R, 2>(s, lp, v, ld, L, db, o);
+        else values_f32<R, 1>(s, lp, v, ld, L, db, o);
     }
 }
 
