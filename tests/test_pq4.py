@@ -178,7 +178,7 @@ def test_pack_rejects_codes_above_4_bits_and_scan_checks_sizes():
 
 @pytest.mark.parametrize("k", [1, 10, 100, 5000])
 def test_topk_equals_sorting_the_scalar_scan(k):
-    n, m = 1500, 24
+    n, m = 5000, 24  # three chunks of up to 64 blocks: the scan of each is told the next one to prefetch
     rng = np.random.default_rng(k)
     codes = rng.integers(0, 16, (n, m)).astype(np.uint8)
     blocks = _C.pq4_pack(codes)
