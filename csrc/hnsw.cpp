@@ -84,6 +84,7 @@ struct WorstFirst {  // heap top = lowest similarity
 struct Scratch {
     Visited visited;
     std::vector<Cand> frontier, best;  // heaps: BestFirst / WorstFirst
+    std::vector<Cand> results;         // WorstFirst heap of the best `keep` nodes scored, when keep > ef
     std::vector<uint32_t> fresh;
     std::vector<float> x;  // a query or a node's vector as fp32
 };
@@ -100,25 +101,39 @@ uint64_t splitmix(uint64_t& s) {
     return z ^ (z >> 31);
 }
 
-// <q, stored vector> through the active SIMD level, the storage type fixed at compile time so that the hot loops
-// carry no storage branch.
-template <Storage S>
+// <q, a record's half vector> through the active SIMD level. With fp32 storage the halves are the vector divided
+// by the record's power-of-two scale, which the score multiplies back (`scaled`, fixed at compile time so that the
+// hot loops carry no storage branch).
+template <bool scaled>
 struct Dot {
-    using Elem = std::conditional_t<S == Storage::F16, uint16_t, float>;
-    float (*fn)(const float*, const Elem*, size_t);
+    float (*fn)(const float*, const uint16_t*, size_t);
     size_t d;
-    Dot(const simd::Kernels& K, size_t dim) : d(dim) {
-        if constexpr (S == Storage::F16) fn = K.dot_f16;
-        else fn = K.dot;
+    Dot(const simd::Kernels& K, size_t dim) : fn(K.dot_f16), d(dim) {}
+    float operator()(const float* q, const char* rec, const float* terms) const {
+        const float ip = fn(q, reinterpret_cast<const uint16_t*>(rec), d);
+        if constexpr (scaled) return ip * terms[2];
+        else return ip;
     }
-    float operator()(const float* q, const void* v) const { return fn(q, static_cast<const Elem*>(v), d); }
 };
 
 // Beam search on one level from the seeds in s.best (any order, already marked visited), leaving up to `ef` nodes
 // in s.best as a WorstFirst heap. `score(node)` scores a node; `read_links(node, out)` writes its list to `out`
 // (under the node's lock while building) and returns the count; `prefetch(node)` hints its record.
+// With keep > ef, s.results also collects the best `keep` of every node scored (seeds included): s.best holds the
+// best ef of them anyway, so only a beam narrower than the result list needs the second heap.
 template <class Score, class ReadLinks, class Prefetch>
-void beam_search(Scratch& s, size_t ef, Score&& score, ReadLinks&& read_links, Prefetch&& prefetch) {
+void beam_search(Scratch& s, size_t ef, Score&& score, ReadLinks&& read_links, Prefetch&& prefetch,
+                 size_t keep = 0) {
+    auto& results = s.results;
+    const bool collect = keep > ef;
+    if (collect) {
+        results.assign(s.best.begin(), s.best.end());
+        std::make_heap(results.begin(), results.end(), WorstFirst());
+        while (results.size() > keep) {
+            std::pop_heap(results.begin(), results.end(), WorstFirst());
+            results.pop_back();
+        }
+    }
     auto& frontier = s.frontier;
     auto& best = s.best;
     frontier.assign(best.begin(), best.end());
@@ -145,6 +160,14 @@ void beam_search(Scratch& s, size_t ef, Score&& score, ReadLinks&& read_links, P
             const uint32_t nb = buf[j];
             if (j + 1 < fresh) prefetch(buf[j + 1]);
             const float sim = score(nb);
+            if (collect && (results.size() < keep || sim > results.front().first)) {
+                results.emplace_back(sim, nb);
+                std::push_heap(results.begin(), results.end(), WorstFirst());
+                if (results.size() > keep) {
+                    std::pop_heap(results.begin(), results.end(), WorstFirst());
+                    results.pop_back();
+                }
+            }
             if (best.size() < ef || sim > best.front().first) {
                 frontier.emplace_back(sim, nb);
                 std::push_heap(frontier.begin(), frontier.end(), BestFirst());
@@ -169,7 +192,8 @@ void sorted_best(Scratch& s, std::vector<Cand>& out) {
 
 // ---------------------------------------------------------------------------------------------------------------
 
-HNSWIndex::HNSWIndex(size_t dim, const HNSWParams& params) : params_(params), dim_(dim), rng_state_(params.seed) {
+HNSWIndex::HNSWIndex(size_t dim, const HNSWParams& params)
+    : params_(params), dim_(dim), exact_(dim, Storage::F32), rng_state_(params.seed) {
     // the same ranges the loader accepts, so that every index that can be built can be saved and loaded again
     if (dim < 1 || dim > static_cast<size_t>(kMaxDim))
         throw std::invalid_argument("dimension must be in [1, 2^20], got " + std::to_string(dim));
@@ -180,13 +204,14 @@ HNSWIndex::HNSWIndex(size_t dim, const HNSWParams& params) : params_(params), di
         throw std::invalid_argument("HNSW ef_search must be in [1, 2^30]");
     if (params_.entry_points < 1 || params_.entry_points > static_cast<size_t>(kMaxEntryPoints))
         throw std::invalid_argument("HNSW entry_points must be in [1, 2^20]");
+    if (params_.floor < -1 || params_.floor > static_cast<int64_t>(params_.M))
+        throw std::invalid_argument("HNSW floor must be in [0, M] (or -1: M)");
     M0_ = 2 * params_.M;
     level_mult_ = 1.0 / std::log(static_cast<double>(params_.M));
     phi_ = params_.phi;
-    const size_t elem = params_.storage == Storage::F16 ? 2 : 4;
-    vec_bytes_ = (dim_ * elem + 3) / 4 * 4;
+    vec_bytes_ = (dim_ * 2 + 3) / 4 * 4;
     terms_off_ = vec_bytes_;
-    links_off_ = terms_off_ + 2 * sizeof(float);
+    links_off_ = terms_off_ + 3 * sizeof(float);
     stride_ = (links_off_ + (M0_ + 1) * sizeof(uint32_t) + 63) / 64 * 64;
 }
 
@@ -210,8 +235,31 @@ void HNSWIndex::resize(size_t n) {
 }
 
 void HNSWIndex::row(size_t i, float* out) const {
-    if (params_.storage == Storage::F16) simd::from_half(static_cast<const uint16_t*>(vec(i)), out, dim_);
-    else std::memcpy(out, vec(i), dim_ * sizeof(float));
+    if (params_.storage == Storage::F16) simd::from_half(reinterpret_cast<const uint16_t*>(vec(i)), out, dim_);
+    else std::memcpy(out, exact_.f32() + i * dim_, dim_ * sizeof(float));
+}
+
+// Record i's half vector from the stored one: a copy for fp16 storage, else the fp32 vector divided by a power of
+// two that brings its largest component into [0.5, 1] (exact scaling, so the halves keep fp16's relative precision
+// whatever the vector's range, and nothing overflows).
+void HNSWIndex::fill_half(size_t i, std::vector<float>& buf) {
+    const simd::Kernels& K = simd::kernels();
+    uint16_t* half = reinterpret_cast<uint16_t*>(record(i));
+    float* t = terms(i);
+    if (params_.storage == Storage::F16) {
+        t[2] = 1.0f;
+        return;
+    }
+    const float* x = exact_.f32() + i * dim_;
+    float peak = 0;
+    for (size_t j = 0; j < dim_; ++j) peak = std::max(peak, std::fabs(x[j]));
+    int e = 0;
+    if (peak > 0) std::frexp(peak, &e);  // peak = m 2^e, m in [0.5, 1)
+    const float scale = std::ldexp(1.0f, e), inv = std::ldexp(1.0f, -e);
+    buf.resize(dim_);
+    for (size_t j = 0; j < dim_; ++j) buf[j] = x[j] * inv;
+    K.to_half(buf.data(), half, dim_);
+    t[2] = scale;
 }
 
 void HNSWIndex::prepare_terms(size_t from) {
@@ -220,7 +268,7 @@ void HNSWIndex::prepare_terms(size_t from) {
     for (size_t i = from; i < n_; ++i) {
         row(i, x.data());
         const double sq = K.dot(x.data(), x.data(), dim_);
-        float* t = terms(i);
+        float* t = terms(i);  // t[2], the half vector's scale, is fill_half's
         t[0] = 1.0f;
         t[1] = 0.0f;
         if (params_.graph == Graph::Cosine) {
@@ -235,13 +283,14 @@ void HNSWIndex::prepare_terms(size_t from) {
 template <Graph G, Storage S>
 struct BuildOps {
     HNSWIndex& h;
-    Dot<S> dot;
+    Dot<S == Storage::F32> dot;
+    const simd::Kernels& K;
 
-    BuildOps(HNSWIndex& index) : h(index), dot(simd::kernels(), index.dim_) {}
+    BuildOps(HNSWIndex& index) : h(index), dot(simd::kernels(), index.dim_), K(simd::kernels()) {}
 
-    // sim(a, b) for a given as fp32 `xa` with terms `ta`
+    // sim(a, b) for a given as fp32 `xa` with terms `ta`, b's side from its record
     float sim(const float* xa, const float* ta, uint32_t b) const {
-        const float ip = dot(xa, h.vec(b));
+        const float ip = dot(xa, h.record(b), h.terms(b));
         if constexpr (G == Graph::IP) {
             return ip;
         } else if constexpr (G == Graph::Cosine) {
@@ -251,10 +300,10 @@ struct BuildOps {
         }
     }
 
-    // Node i's vector as fp32: the record itself for fp32 storage, else converted into `buf`.
+    // Node i's vector as fp32: the stored one for fp32 storage, else converted into `buf`.
     const float* as_f32(uint32_t i, std::vector<float>& buf) const {
         if constexpr (S == Storage::F32) {
-            return static_cast<const float*>(h.vec(i));
+            return h.exact_.f32() + static_cast<size_t>(i) * h.dim_;
         } else {
             buf.resize(h.dim_);
             h.row(i, buf.data());
@@ -273,13 +322,24 @@ struct BuildOps {
         if (cands.size() <= m) return;
         kept.clear();
         pruned.clear();
+        // The kept nodes' half vectors, converted once into buf (slot j: kept[j]; the candidate under test in the
+        // next slot): the pairwise similarities are then fp32 dot products in cache, where converting halves for
+        // every pair made them ~75% of a build.
+        const size_t d = h.dim_;
+        buf.resize((m + 1) * d);
         for (const Cand& c : cands) {
             if (kept.size() >= m) break;
-            const float* xc = as_f32(c.second, buf);
+            float* xc = &buf[kept.size() * d];
+            K.from_half(reinterpret_cast<const uint16_t*>(h.record(c.second)), xc, d);
             const float* tc = h.terms(c.second);
             bool good = true;
-            for (const Cand& s : kept) {
-                if (sim(xc, tc, s.second) > c.first) {
+            for (size_t j = 0; j < kept.size(); ++j) {
+                const float* ts = h.terms(kept[j].second);
+                float sc = K.dot(xc, &buf[j * d], d);
+                if constexpr (S == Storage::F32) sc *= tc[2] * ts[2];
+                if constexpr (G == Graph::Cosine) sc *= tc[0] * ts[0];
+                if constexpr (G == Graph::L2) sc += tc[1] * ts[1];
+                if (sc > c.first) {
                     good = false;
                     break;
                 }
@@ -325,7 +385,7 @@ struct BuildOps {
                 cands.emplace_back(sim(xo, to, l[1 + j]), l[1 + j]);
             }
             std::sort(cands.begin(), cands.end(), [](const Cand& x, const Cand& y) { return x.first > y.first; });
-            select_neighbors(cands, cap, std::min(cap, h.params_.M), kept, pruned, sbuf);
+            select_neighbors(cands, cap, std::min(cap, h.params_.degree_floor()), kept, pruned, sbuf);
             l[0] = static_cast<uint32_t>(cands.size());
             for (size_t j = 0; j < cands.size(); ++j) l[1 + j] = cands[j].second;
         }
@@ -390,7 +450,7 @@ struct BuildOps {
             chosen.reserve(nbrs.size());
             for (const Cand& c : nbrs)
                 if (c.second != node) chosen.push_back(c);
-            select_neighbors(chosen, h.params_.M, h.params_.M, kept, pruned, buf);
+            select_neighbors(chosen, h.params_.M, h.params_.degree_floor(), kept, pruned, buf);
             connect(node, l, chosen);
         }
         if (level > top) {
@@ -435,11 +495,12 @@ void HNSWIndex::add(const float* x, size_t n, int n_threads) {
                                         "or use the native inner-product graph");
     }
     const size_t n0 = n_;
+    if (params_.storage == Storage::F32) exact_.append(x, n);
     resize(n0 + n);
+    std::vector<float> buf;
     for (size_t i = 0; i < n; ++i) {
-        char* r = record(n0 + i);
-        if (params_.storage == Storage::F16) K.to_half(x + i * d, reinterpret_cast<uint16_t*>(r), d);
-        else std::memcpy(r, x + i * d, d * sizeof(float));
+        if (params_.storage == Storage::F16) K.to_half(x + i * d, reinterpret_cast<uint16_t*>(record(n0 + i)), d);
+        fill_half(n0 + i, buf);
     }
     n_ = n0 + n;
     prepare_terms(n0);
@@ -473,21 +534,23 @@ void HNSWIndex::add(const float* x, size_t n, int n_threads) {
 template <Storage S>
 struct SearchOps {
     const HNSWIndex& h;
-    Dot<S> dot;
+    Dot<S == Storage::F32> dot;
 
     SearchOps(const HNSWIndex& index) : h(index), dot(simd::kernels(), index.dim_) {}
+
+    float score(const float* q, uint32_t b) const { return dot(q, h.record(b), h.terms(b)); }
 
     void search_one(const float* q, size_t k, size_t ef, size_t entry_points, float* scores, int64_t* ids) const {
         Scratch& s = thread_scratch();
         uint32_t cur = static_cast<uint32_t>(h.entry_);
-        float cur_sim = dot(q, h.vec(cur));
+        float cur_sim = score(q, cur);
         for (int l = h.max_level_; l > 1; --l) {
             bool changed = true;
             while (changed) {
                 changed = false;
                 const uint32_t* ls = h.links(cur, l);
                 for (uint32_t j = 0; j < ls[0]; ++j) {
-                    const float sc = dot(q, h.vec(ls[1 + j]));
+                    const float sc = score(q, ls[1 + j]);
                     if (sc > cur_sim) {
                         cur_sim = sc;
                         cur = ls[1 + j];
@@ -497,7 +560,7 @@ struct SearchOps {
             }
         }
         s.fresh.resize(h.M0_ + 1);
-        auto score = [&](uint32_t b) { return dot(q, h.vec(b)); };
+        auto scorer = [&](uint32_t b) { return score(q, b); };
         auto pre = [&](uint32_t b) { simd::prefetch(h.vec(b), h.vec_bytes_); };
         s.visited.prepare(h.n_);
         s.visited.test_and_set(cur);
@@ -508,7 +571,7 @@ struct SearchOps {
                 std::memcpy(out, ls + 1, ls[0] * sizeof(uint32_t));
                 return ls[0];
             };
-            beam_search(s, std::max<size_t>(1, entry_points), score, read1, pre);
+            beam_search(s, std::max<size_t>(1, entry_points), scorer, read1, pre);
             // the level-0 beam starts from these, with fresh visited marks
             s.visited.prepare(h.n_);
             for (const Cand& c : s.best) s.visited.test_and_set(c.second);
@@ -518,9 +581,20 @@ struct SearchOps {
             std::memcpy(out, ls + 1, ls[0] * sizeof(uint32_t));
             return ls[0];
         };
-        beam_search(s, ef, score, read0, pre);
-        TopK top(std::min(k, s.best.size()));
-        for (const Cand& c : s.best) top.push(c.first, c.second);
+        beam_search(s, ef, scorer, read0, pre, k);
+        std::vector<Cand>& found = k > ef ? s.results : s.best;
+        if constexpr (S == Storage::F32) {
+            // the beam ranked by the half vectors; the list it found is ranked by the stored ones
+            const simd::Kernels& K = simd::kernels();
+            for (size_t j = 0; j < found.size(); ++j) {
+                if (j + 1 < found.size())
+                    simd::prefetch(h.exact_.f32() + static_cast<size_t>(found[j + 1].second) * h.dim_,
+                                   h.dim_ * sizeof(float));
+                found[j].first = K.dot(q, h.exact_.f32() + static_cast<size_t>(found[j].second) * h.dim_, h.dim_);
+            }
+        }
+        TopK top(std::min(k, found.size()));
+        for (const Cand& c : found) top.push(c.first, c.second);
         top.write(scores, ids, k);
     }
 };
@@ -539,7 +613,7 @@ void HNSWIndex::search(const float* q, size_t nq, size_t k, size_t ef, float* sc
     }
     // a beam wider than the graph finds nothing more: k beyond the size only pads the output
     const size_t n = n_;
-    ef = std::min(std::max(ef ? ef : params_.ef_search, std::min(k, n)), n);
+    ef = std::min(ef ? ef : params_.ef_search, n);
     entry_points = std::min(entry_points ? entry_points : params_.entry_points, n);
     const long long total = static_cast<long long>(nq);
     ParallelErrors errors;
@@ -593,6 +667,7 @@ void HNSWIndex::save(io::Writer& w) const {
     w.meta("ef_construction", static_cast<int64_t>(params_.ef_construction));
     w.meta("ef_search", static_cast<int64_t>(params_.ef_search));
     w.meta("entry_points", static_cast<int64_t>(params_.entry_points));
+    w.meta("floor", params_.floor);
     w.meta("graph", graph_name(params_.graph));
     w.meta_float("phi", phi_);
     w.meta("seed", static_cast<int64_t>(params_.seed & 0x7fffffffffffffffull));
@@ -600,8 +675,10 @@ void HNSWIndex::save(io::Writer& w) const {
     w.meta("entry", entry_);
     w.meta("max_level", static_cast<int64_t>(max_level_));
     // the sections of the separate-array layout, gathered from the records
-    const size_t row_bytes = dim_ * (params_.storage == Storage::F16 ? 2 : 4);
-    {
+    if (params_.storage == Storage::F32) {
+        exact_.save(w, "vectors");
+    } else {
+        const size_t row_bytes = dim_ * 2;
         std::vector<char> vectors(n_ * row_bytes);
         for (size_t i = 0; i < n_; ++i) std::memcpy(&vectors[i * row_bytes], vec(i), row_bytes);
         w.add_vector("vectors", vectors);
@@ -619,9 +696,9 @@ void HNSWIndex::save(io::Writer& w) const {
     w.add_vector("upper", upper);
 }
 
-// The records are built from the file's arrays whether or not it is memory-mapped (`mmap` only saves the copy of
-// the file's bytes on the way).
-std::unique_ptr<HNSWIndex> HNSWIndex::load(const io::Reader& r, bool /*mmap*/) {
+// The records are built from the file's arrays; with `mmap`, fp32 vectors stay in the file mapping (the records
+// hold their half copies).
+std::unique_ptr<HNSWIndex> HNSWIndex::load(const io::Reader& r, bool mmap) {
     HNSWParams p;
     const size_t dim = static_cast<size_t>(r.meta_int("dim", 1, kMaxDim));
     const size_t n = static_cast<size_t>(r.meta_int("count", 0, std::numeric_limits<uint32_t>::max() - 1));
@@ -630,6 +707,8 @@ std::unique_ptr<HNSWIndex> HNSWIndex::load(const io::Reader& r, bool /*mmap*/) {
     p.ef_search = static_cast<size_t>(r.meta_int("ef_search", 1, kMaxBeam));
     p.entry_points = static_cast<size_t>(r.meta_int("entry_points", 1, kMaxEntryPoints));
     p.seed = static_cast<uint64_t>(r.meta_int("seed"));
+    // files written before the floor was a setting were built with floor M
+    p.floor = r.has_meta("floor") ? r.meta_int("floor", -1, static_cast<int64_t>(p.M)) : -1;
     try {
         p.storage = parse_storage(r.meta("storage"));
         p.graph = parse_graph(r.meta("graph"));
@@ -669,11 +748,14 @@ std::unique_ptr<HNSWIndex> HNSWIndex::load(const io::Reader& r, bool /*mmap*/) {
     if (seen_max != max_level || (entry >= 0 && levels[static_cast<size_t>(entry)] != max_level))
         r.fail("entry point is not on the top level");
     const uint32_t* up = r.array<uint32_t>("upper", upper_total);
+    if (p.storage == Storage::F32) index->exact_.load(r, "vectors", n, mmap);
     index->resize(n);
     index->n_ = n;
+    std::vector<float> buf;
     for (size_t i = 0; i < n; ++i) {
         index->levels_[i] = levels[i];
-        std::memcpy(index->record(i), vs.data + i * row_bytes, row_bytes);
+        if (p.storage == Storage::F16) std::memcpy(index->record(i), vs.data + i * row_bytes, row_bytes);
+        index->fill_half(i, buf);
         std::memcpy(index->links(static_cast<uint32_t>(i), 0), links0 + i * stride0, stride0 * sizeof(uint32_t));
     }
     for (size_t i = 0, off = 0; i < n; ++i) {

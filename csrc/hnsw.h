@@ -43,12 +43,17 @@ Graph parse_graph(const std::string& s);  // "ip" | "cos" | "l2"
 struct HNSWParams {
     size_t M = 32;                // links per node on upper levels; 2M on level 0
     size_t ef_construction = 200;
-    size_t ef_search = 128;       // default beam width (raised to k when smaller)
+    size_t ef_search = 128;       // default beam width
     size_t entry_points = 1;      // beam width on level 1, whose results all seed the level-0 search
     Graph graph = Graph::IP;
     Storage storage = Storage::F32;
     double phi = 0.0;             // L2 reduction: max squared norm; 0 = take it from the first add
     uint64_t seed = 12345;
+    // Degree floor: after the neighbour heuristic, lists are topped up with the best pruned candidates to at least
+    // this many links (-1: M). M keeps hub-heavy inner-product data searchable; 0 is the plain heuristic (sparser
+    // graph, faster build and search where hubs are no problem).
+    int64_t floor = -1;
+    size_t degree_floor() const { return floor < 0 ? M : std::min(static_cast<size_t>(floor), M); }
 };
 
 class HNSWIndex {
@@ -65,7 +70,8 @@ public:
     // reduction when a vector's squared norm exceeds phi.
     void add(const float* x, size_t n, int n_threads = 0);
 
-    // ef = 0: params().ef_search. ef is raised to k. entry_points = 0: params().entry_points.
+    // ef = 0: params().ef_search. A beam narrower than k (ef < k) returns the best k of every node it scored.
+    // entry_points = 0: params().entry_points.
     void search(const float* q, size_t nq, size_t k, size_t ef, float* scores, int64_t* ids, int n_threads = 0,
                 size_t entry_points = 0) const;
 
@@ -86,7 +92,7 @@ private:
     char* record(size_t i) { return records_.data() + i * stride_; }
     const char* record(size_t i) const { return records_.data() + i * stride_; }
     const void* vec(size_t i) const { return record(i); }
-    float* terms(size_t i) { return reinterpret_cast<float*>(record(i) + terms_off_); }  // {w, e}
+    float* terms(size_t i) { return reinterpret_cast<float*>(record(i) + terms_off_); }  // {w, e, scale}
     const float* terms(size_t i) const { return reinterpret_cast<const float*>(record(i) + terms_off_); }
     uint32_t* links(uint32_t node, int level) {
         return level == 0 ? reinterpret_cast<uint32_t*>(record(node) + links_off_)
@@ -97,6 +103,7 @@ private:
                           : &upper_[node][static_cast<size_t>(level - 1) * (params_.M + 1)];
     }
     void row(size_t i, float* out) const;  // the stored vector as fp32
+    void fill_half(size_t i, std::vector<float>& buf);
     void prepare_terms(size_t from);
     void resize(size_t n);  // records for n nodes (new ones zeroed), keeping the first n_
     int random_level();
@@ -108,10 +115,13 @@ private:
     double phi_ = 0.0;
     size_t n_ = 0;
     size_t vec_bytes_ = 0;    // the vector's bytes in a record (padded to 4)
-    size_t terms_off_ = 0;    // offset of {w, e}: sim(a, b) = <a, b> w_a w_b + e_a e_b while building
+    size_t terms_off_ = 0;    // offset of {w, e, scale}: sim(a, b) = <a, b> w_a w_b + e_a e_b while building;
+                              // the half vector times scale approximates the stored one
     size_t links_off_ = 0;    // offset of the level-0 count and links
     size_t stride_ = 0;       // bytes per record, a multiple of 64
     std::vector<char, HugePageAllocator<char>> records_;
+    VectorStore exact_;
+    simd::DotFn dot_ = nullptr;  // fp32 storage: the vectors results are ranked by (fp16 storage: the records' halves)
     std::vector<int8_t> levels_;
     std::vector<std::vector<uint32_t>> upper_;
     std::unique_ptr<std::mutex[]> node_locks_;

@@ -12,7 +12,8 @@ namespace fastdpr::bind {
 void bind_hnsw(py::module_& m) {
     py::class_<HNSWIndex>(m, "HNSWIndex")
         .def(py::init([](py::handle dim, py::handle M, py::handle efc, py::handle ef, const std::string& graph,
-                         const std::string& storage, double phi, py::handle entry_points, py::handle seed) {
+                         const std::string& storage, double phi, py::handle entry_points, py::handle seed,
+                         py::handle floor) {
                  if (!std::isfinite(phi) || phi < 0) throw std::invalid_argument("phi must be a finite number >= 0");
                  HNSWParams p;
                  p.M = static_cast<size_t>(arg_int(M, "M", 2, 4096));
@@ -23,11 +24,12 @@ void bind_hnsw(py::module_& m) {
                  p.phi = phi;
                  p.entry_points = static_cast<size_t>(arg_int(entry_points, "entry_points", 1, kMaxEntryPoints));
                  p.seed = static_cast<uint64_t>(arg_int(seed, "seed"));
+                 p.floor = arg_int(floor, "floor", -1, static_cast<int64_t>(p.M));
                  return std::make_unique<HNSWIndex>(static_cast<size_t>(arg_int(dim, "dim", 1, kMaxDim)), p);
              }),
              py::arg("dim"), py::arg("M") = 32, py::arg("ef_construction") = 200, py::arg("ef_search") = 128,
              py::arg("graph") = "ip", py::arg("storage") = "fp32", py::arg("phi") = 0.0, py::arg("entry_points") = 1,
-             py::arg("seed") = 12345)
+             py::arg("seed") = 12345, py::arg("floor") = -1)
         .def_property_readonly("dim", &HNSWIndex::dim)
         .def_property_readonly("phi", &HNSWIndex::phi)
         .def_property_readonly("max_level", &HNSWIndex::max_level)
@@ -35,6 +37,7 @@ void bind_hnsw(py::module_& m) {
         .def_property_readonly("ef_construction", [](const HNSWIndex& h) { return h.params().ef_construction; })
         .def_property_readonly("ef_search", [](const HNSWIndex& h) { return h.params().ef_search; })
         .def_property_readonly("entry_points", [](const HNSWIndex& h) { return h.params().entry_points; })
+        .def_property_readonly("floor", [](const HNSWIndex& h) { return h.params().floor; })
         .def_property_readonly("graph", [](const HNSWIndex& h) { return std::string(graph_name(h.params().graph)); })
         .def_property_readonly("storage",
                                [](const HNSWIndex& h) { return std::string(storage_name(h.params().storage)); })

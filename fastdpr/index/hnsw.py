@@ -1,12 +1,13 @@
 """HNSW graph index for maximum inner product (compiled), with an exact-search fallback.
 
-Spec: ``"hnsw,M=32,efc=200,ef=128,fp16,graph=ip|cos|l2,mips=l2,phi=...,entry=1"``.
+Spec: ``"hnsw,M=32,efc=200,ef=128,fp16,graph=ip|cos|l2,mips=l2,phi=...,entry=1,floor=..."``.
 
 - ``graph=ip`` (default): native inner-product graph; ``graph=cos`` builds on directions; ``mips=l2`` (or
   ``graph=l2``) uses the MIPS->L2 reduction, with phi fixed by the first add (or given) and larger vectors
   rejected afterwards. Every variant searches and scores by the exact inner product with the stored vectors.
-- ``ef``: beam width of the level-0 search (raised to ``k``); ``entry``: width of the level-1 beam whose results all
-  seed level 0 (1 = plain greedy descent). Both can be overridden per search: ``index.search(q, 100, ef=256)``.
+- ``ef``: beam width of the level-0 search; a beam narrower than ``k`` returns the best ``k`` of every node it
+  scored (cheaper than raising ``ef`` to ``k``, at lower recall); ``entry``: width of the level-1 beam whose results
+  all seed level 0 (1 = plain greedy descent). Both can be overridden per search: ``index.search(q, 100, ef=256)``.
   Measured on the clustered non-normalised mixture (20k x 128, M=16, efc=200, k=100, ef=100): extra entry points
   change nothing on the inner-product graph (recall@100 0.993 either way) but lift the L2-reduced graph from
   0.87 to 0.96, so ``mips=l2`` wants ``entry=8``.
@@ -16,7 +17,13 @@ Spec: ``"hnsw,M=32,efc=200,ef=128,fp16,graph=ip|cos|l2,mips=l2,phi=...,entry=1"`
   links, most of them to those hubs; this graph tops every list back up to M with the best pruned candidates (see
   ``select_neighbors`` in ``csrc/hnsw.cpp``), which keeps local structure reachable around the hubs. Measured
   with ``benchmarks/index_core_bench.py hnsw`` (50k x 384, M=16, efc=200, k=100, ef=128, 1 thread): recall@100
-  0.995 here against 0.79 (hnswlib) and 0.74 (faiss HNSW-IP).
+  0.995 here against 0.79 (hnswlib) and 0.74 (faiss HNSW-IP). ``floor`` sets that top-up (default M; 0 is the
+  plain heuristic, hnswlib's graph): on the real MiniLM mean-pooled pool the plain heuristic reaches the same recall
+  with a quarter of the links, so it builds ~4x faster and searches faster there, while on the calibrated synthetic
+  and mixture sets it loses recall (``benchmarks/results/hnsw_paired*.md``).
+- Memory layout: one record per node with the level-0 links next to a half-precision copy of the vector, which is
+  what the graph walk scores (half the bytes per neighbour); with fp32 storage the list the walk found is re-ranked
+  with the fp32 vectors, so returned scores are exact inner products.
 - Without the compiled core (or with ``FASTDPR_NO_NATIVE=1``) the index stores the vectors and searches them
   exactly: the same results or better. It saves them with its parameters and no graph, and loading that file with
   the compiled core builds the graph then.
@@ -42,7 +49,7 @@ from fastdpr.index.flat import numpy_exact_search
 from fastdpr.index.rows import RowStore
 
 DEFAULTS = {"M": 32, "efc": 200, "ef": 128, "fp16": False, "fp32": False, "graph": "ip", "mips": "ip", "phi": 0.0,
-            "entry": 1, "seed": 12345}
+            "entry": 1, "seed": 12345, "floor": -1}
 
 
 class HNSWIndex(Index):
@@ -52,13 +59,13 @@ class HNSWIndex(Index):
     search_params = {"ef": 0, "threads": 0, "entry": 0}
 
     def __init__(self, dim: int, M: int = 32, efc: int = 200, ef: int = 128, fp16: bool = False, graph: str = "ip",
-                 phi: float = 0.0, entry: int = 1, seed: int = 12345):
+                 phi: float = 0.0, entry: int = 1, seed: int = 12345, floor: int = -1):
         super().__init__(dim)
         if graph not in ("ip", "cos", "l2"):
             raise InputError(f"hnsw: graph must be ip, cos or l2, got {graph!r}")
         # the ranges the compiled graph and its file loader accept (csrc/hnsw.cpp)
         for name, value, lo, hi in (("M", M, 2, 4096), ("efc", efc, 1, 1 << 30), ("ef", ef, 1, 1 << 30),
-                                    ("entry", entry, 1, 1 << 20), ("seed", seed, 0, None)):
+                                    ("entry", entry, 1, 1 << 20), ("seed", seed, 0, None), ("floor", floor, -1, M)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise InputError(f"hnsw: {name} must be an integer, got {value!r}")
             if value < lo or (hi is not None and value > hi):
@@ -66,13 +73,14 @@ class HNSWIndex(Index):
         if not np.isfinite(phi) or phi < 0:
             raise InputError(f"hnsw: phi must be a finite number >= 0, got {phi}")
         self.M, self.efc, self.ef, self.fp16, self.graph, self.entry, self.seed = M, efc, ef, fp16, graph, entry, seed
+        self.floor = floor
         self._phi = float(phi)
         C = native()
         self._impl = None
         if C is not None:
             self._impl = C.HNSWIndex(self._dim, M=M, ef_construction=efc, ef_search=ef, graph=graph,
                                      storage="fp16" if fp16 else "fp32", phi=float(phi), entry_points=entry,
-                                     seed=int(seed) & 0x7FFFFFFFFFFFFFFF)
+                                     seed=int(seed) & 0x7FFFFFFFFFFFFFFF, floor=floor)
         self._store = RowStore(self._dim, fp16)  # the fallback's rows
 
     @classmethod
@@ -86,7 +94,7 @@ class HNSWIndex(Index):
                 raise InputError("hnsw: mips=l2 and graph= conflict; give one of them")
             graph = "l2"
         return cls(dim, M=p["M"], efc=p["efc"], ef=p["ef"], fp16=p["fp16"], graph=graph, phi=p["phi"],
-                   entry=p["entry"], seed=p["seed"])
+                   entry=p["entry"], seed=p["seed"], floor=p["floor"])
 
     @property
     def native(self) -> bool:
@@ -151,7 +159,7 @@ class HNSWIndex(Index):
         self._store.write(writer)
         for key, value in (("M", self.M), ("ef_construction", self.efc), ("ef_search", self.ef),
                            ("entry_points", self.entry), ("graph", self.graph), ("phi", float(self.phi)),
-                           ("seed", int(self.seed) & 0x7FFFFFFFFFFFFFFF)):
+                           ("seed", int(self.seed) & 0x7FFFFFFFFFFFFFFF), ("floor", self.floor)):
             writer.meta(key, value)
 
     @classmethod
@@ -164,6 +172,7 @@ class HNSWIndex(Index):
             index.M, index.efc, index.ef = impl.M, impl.ef_construction, impl.ef_search
             index.fp16, index.graph, index.entry = impl.storage == "fp16", impl.graph, impl.entry_points
             index.seed = int(reader.meta("seed"))
+            index.floor = impl.floor
             index._phi = impl.phi
             index._impl = impl
             index._store = RowStore(impl.dim, index.fp16)
@@ -173,9 +182,11 @@ class HNSWIndex(Index):
         params = {}
         for key, name, lo, hi in (("M", "M", 2, 4096), ("ef_construction", "efc", 1, 1 << 30),
                                   ("ef_search", "ef", 1, 1 << 30), ("entry_points", "entry", 1, 1 << 20),
-                                  ("seed", "seed", 0, None)):
+                                  ("seed", "seed", 0, None), ("floor", "floor", -1, 4096)):
             if reader.has_meta(key):
                 params[name] = reader.meta_int(key, lo, hi)
+        if params.get("floor", -1) > params.get("M", DEFAULTS["M"]):
+            reader.fail("floor above M")
         if reader.has_meta("graph"):
             params["graph"] = reader.meta("graph")
             if params["graph"] not in ("ip", "cos", "l2"):
