@@ -147,3 +147,82 @@ def test_bad_parameters():
     index = build_index(np.eye(4, dtype=np.float32), "hnsw,M=4")
     with pytest.raises(InputError):
         index.search(np.ones(4, np.float32), 1, ef=-1)
+
+
+def test_ef_below_k_returns_the_best_k_of_every_node_scored(clustered):
+    x, q, truth = clustered
+    for spec in ("hnsw,M=16,efc=100,fp16", "hnsw,M=16,efc=100"):
+        index = build_index(x, spec)
+        narrow_s, narrow_i = index.search(q, 30, ef=30)
+        wide_s, wide_i = index.search(q, 100, ef=30)  # the same walk, collecting its 100 best
+        assert (wide_i >= 0).all() and all(len(set(r)) == 100 for r in wide_i.tolist())
+        stored = x.astype(np.float16) if "fp16" in spec else x
+        ref = np.einsum("qd,qkd->qk", q.astype(np.float64), stored[wide_i].astype(np.float64))
+        np.testing.assert_allclose(wide_s, ref, rtol=1e-4, atol=1e-4)
+        if "fp16" in spec:  # the walk's own scores rank both lists: the first 30 are the narrow list
+            np.testing.assert_array_equal(wide_i[:, :30], narrow_i)
+        else:  # re-ranked by the fp32 vectors: the wider list can only hold better ones
+            assert (wide_s[:, :30] >= narrow_s - 1e-5).all()
+        assert recall_at(wide_i, truth, 100) > 0.6
+        assert recall_at(index.search(q, 100, ef=100)[1], truth, 100) >= recall_at(wide_i, truth, 100)
+
+
+def test_degree_floor(clustered, tmp_path):
+    x, q, truth = clustered
+    default = build_index(x, "hnsw,M=16,efc=100")
+    topped = build_index(x, "hnsw,M=16,efc=100,floor=16")
+    plain = build_index(x, "hnsw,M=16,efc=100,floor=0")
+    assert default.floor == -1 and plain.floor == 0
+    np.testing.assert_array_equal(default.search(q, 50, ef=64)[1], topped.search(q, 50, ef=64)[1])
+    assert plain.mean_degree() < 0.8 * default.mean_degree()
+    assert recall_at(plain.search(q, 100, ef=400)[1], truth, 100) >= 0.8
+    again = load_index(plain.save(tmp_path / "p.fdpr"))
+    assert again.floor == 0
+    np.testing.assert_array_equal(again.search(q, 20, ef=64)[1], plain.search(q, 20, ef=64)[1])
+    again.add(x[:50])  # grows with its own floor, like the original
+    plain.add(x[:50])
+    np.testing.assert_array_equal(again.search(q, 20, ef=64)[1], plain.search(q, 20, ef=64)[1])
+    for bad in ("hnsw,M=16,floor=17", "hnsw,M=16,floor=-2"):
+        with pytest.raises(InputError, match="floor"):
+            build_index(x[:10], bad)
+
+
+@pytest.mark.parametrize("power", [20, -30])
+def test_fp32_vectors_beyond_the_half_range(clustered, power):
+    """The walk scores half copies scaled per vector by a power of two: vectors far outside fp16's range (or deep in
+    its subnormals) build the same graph as unscaled ones and return exact scores."""
+    x, q, truth = clustered
+    x, q = x[:3000], q[:20]
+    base = build_index(x, "hnsw,M=12,efc=60")
+    scaled = build_index(x * np.float32(2.0 ** power), "hnsw,M=12,efc=60")
+    s0, i0 = base.search(q, 50, ef=80)
+    s1, i1 = scaled.search(q, 50, ef=80)
+    np.testing.assert_array_equal(i0, i1)
+    np.testing.assert_allclose(s1, s0 * 2.0 ** power, rtol=1e-5)
+    assert np.isfinite(s1).all()
+
+
+def test_search_at_every_simd_level(clustered):
+    C = native()
+    levels = [lvl for lvl in ("scalar", "avx2", "avx512") if C.simd_supported(lvl)]
+    x, q, truth = clustered
+    before = C.simd_level()
+    results = {}
+    try:
+        for spec in ("hnsw,M=16,efc=100", "hnsw,M=16,efc=100,fp16,graph=cos", "hnsw,M=16,efc=100,mips=l2"):
+            for level in levels:
+                C.simd_force(level)
+                index = build_index(x, spec)  # built and searched at this level
+                results[spec, level] = index.search(q, 100, ef=150)
+    finally:
+        C.simd_force(before)
+    for spec in ("hnsw,M=16,efc=100", "hnsw,M=16,efc=100,fp16,graph=cos", "hnsw,M=16,efc=100,mips=l2"):
+        ref_s, ref_i = results[spec, "scalar"]
+        for level in levels:
+            s, i = results[spec, level]
+            # kernels differ in the last bits, which may flip a near-tie in the walk: nearly the same lists
+            assert recall_at(i, ref_i, 100) >= 0.98, (spec, level)
+            assert recall_at(i, truth, 100) >= recall_at(ref_i, truth, 100) - 0.02, (spec, level)
+            stored = x.astype(np.float16) if "fp16" in spec else x
+            ref = np.einsum("qd,qkd->qk", q.astype(np.float64), stored[i].astype(np.float64))
+            np.testing.assert_allclose(s, ref, rtol=1e-4, atol=1e-4)
