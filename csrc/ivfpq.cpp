@@ -235,7 +235,7 @@ IVFPQ::IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage sto
         throw std::invalid_argument("ivfpq: 4-bit codes take at most " + str(pq4::kMaxM) + " sub-quantizers, got m=" +
                                     str(m));
     dsub_ = dim / m;
-    list_codes_.resize(nlist);
+    code_off_.assign(static_cast<size_t>(nlist), 0);
     list_pos_.resize(nlist);
 }
 
@@ -251,14 +251,36 @@ size_t IVFPQ::vector_bytes() const {
     }
 }
 
+size_t IVFPQ::list_code_bytes(int64_t l) const {
+    const int64_t len = list_size(l);
+    return nbits_ == 4 ? pq4::packed_bytes(len, m_) : static_cast<size_t>(len * m_);
+}
+
+// Room for len[l] rows per list; each list's start rounded up to a cache line.
+static std::vector<size_t> code_offsets(const std::vector<int64_t>& len, int64_t m, int nbits, size_t& total) {
+    std::vector<size_t> off(len.size());
+    total = 0;
+    for (size_t l = 0; l < len.size(); ++l) {
+        off[l] = total;
+        const size_t bytes = nbits == 4 ? pq4::packed_bytes(len[l], m) : static_cast<size_t>(len[l] * m);
+        total = (total + bytes + 63) & ~size_t{63};
+    }
+    return off;
+}
+
+void IVFPQ::relayout(const std::vector<int64_t>& len) {
+    size_t total = 0;
+    std::vector<size_t> off = code_offsets(len, m_, nbits_, total);
+    std::vector<uint8_t, HugePageAllocator<uint8_t>> codes(total, 0);  // zeros: the padding of 4-bit blocks
+    for (int64_t l = 0; l < nlist_; ++l)
+        if (const size_t bytes = list_code_bytes(l)) std::memcpy(codes.data() + off[l], list_codes(l), bytes);
+    codes_.swap(codes);
+    code_off_.swap(off);
+}
+
 size_t IVFPQ::memory_bytes() const {
     const size_t n = static_cast<size_t>(ntotal_);
-    size_t codes = n * static_cast<size_t>(m_);
-    if (nbits_ == 4) {
-        codes = 0;
-        for (const auto& c : list_codes_) codes += c.size();
-    }
-    return codes + n * (sizeof(int64_t) + vector_bytes()) +
+    return codes_.size() + n * (sizeof(int64_t) + vector_bytes()) +
            sizeof(float) * (centroids_.size() + codebooks_.size());
 }
 
@@ -443,15 +465,15 @@ void IVFPQ::refine_anisotropic(const float* x, int64_t n, const int64_t* lists, 
     errors.rethrow();
 }
 
+// The row goes at index list_size(l), inside the room relayout() made (4-bit: on zero padding).
 void IVFPQ::append_codes(int64_t l, const uint8_t* row) {
-    std::vector<uint8_t>& dst = list_codes_[l];
+    uint8_t* dst = codes_.data() + code_off_[l];
+    const int64_t len = list_size(l);
     if (nbits_ == 8) {
-        dst.insert(dst.end(), row, row + m_);
+        std::memcpy(dst + len * m_, row, static_cast<size_t>(m_));
         return;
     }
-    const int64_t len = static_cast<int64_t>(list_pos_[l].size());  // the row goes at this index
-    if (len % pq4::kBlock == 0) dst.resize(dst.size() + pq4::block_bytes(m_), 0);
-    for (int64_t j = 0; j < m_; ++j) pq4::set_code(dst.data(), m_, len, j, row[j]);
+    for (int64_t j = 0; j < m_; ++j) pq4::set_code(dst, m_, len, j, row[j]);
 }
 
 void IVFPQ::encode(const float* x, int64_t n, int64_t* lists, uint8_t* codes) const {
@@ -478,7 +500,16 @@ void IVFPQ::add(const float* x, int64_t n) {
                                     " is more");
     own_vectors();
     constexpr int64_t kChunk = 1 << 15;  // bounds the residual buffers on large adds
-    std::vector<int64_t> lists;
+    // every row's list first, so that the codes are laid out once with room for all of them
+    std::vector<int64_t> all_lists(static_cast<size_t>(n));
+    for (int64_t c0 = 0; c0 < n; c0 += kChunk)
+        assign_lists(x + c0 * d_, std::min(kChunk, n - c0), all_lists.data() + c0);
+    {
+        std::vector<int64_t> len(static_cast<size_t>(nlist_));
+        for (int64_t l = 0; l < nlist_; ++l) len[l] = list_size(l);
+        for (const int64_t l : all_lists) ++len[l];
+        relayout(len);
+    }
     std::vector<uint8_t> codes;
     const simd::Kernels& K = simd::kernels();
     const size_t vb = vector_bytes();
@@ -486,10 +517,9 @@ void IVFPQ::add(const float* x, int64_t n) {
     for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
         const int64_t nc = std::min(kChunk, n - c0);
         const float* xc = x + c0 * d_;
-        lists.resize(nc);
+        const int64_t* lists = all_lists.data() + c0;
         codes.resize(static_cast<size_t>(nc) * m_);
-        assign_lists(xc, nc, lists.data());
-        encode_residuals(xc, nc, lists.data(), codes.data());
+        encode_residuals(xc, nc, lists, codes.data());
         const int64_t pos0 = size();
         for (int64_t i = 0; i < nc; ++i) {
             const int64_t l = lists[i];
@@ -594,10 +624,10 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                         // the scan's prefetch runs on into the head of the next list (each list is its own
                         // allocation: the hardware prefetcher would restart on every list); it may be skipped,
                         // which costs only a few wasted requests
-                        const std::vector<uint8_t>* next =
-                            li + 1 < lists.size() ? &list_codes_[lists[li + 1].id] : nullptr;
-                        scan4(list_codes_[l].data(), nb, m_, sc.qlut.table.data(), sc.sums.data(),
-                              next ? next->data() : nullptr, next ? next->size() : 0);
+                        const bool more = li + 1 < lists.size();
+                        scan4(list_codes(l), nb, m_, sc.qlut.table.data(), sc.sums.data(),
+                              more ? list_codes(lists[li + 1].id) : nullptr,
+                              more ? list_code_bytes(lists[li + 1].id) : 0);
                         const uint16_t* sums = sc.sums.data();
                         const int64_t* pos = list_pos_[l].data();
                         const int64_t nhits = filter4(sums, len, floor, sc.hits.data());
@@ -609,7 +639,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                         continue;
                     }
                     buf.resize(len);
-                    adc_scan(list_codes_[l].data(), len, m_, lut.data(), ls.score, buf.data());
+                    adc_scan(list_codes(l), len, m_, lut.data(), ls.score, buf.data());
                     const int64_t* pos = list_pos_[l].data();
                     float thr = heap.threshold();
                     for (int64_t i = 0; i < len; ++i) {
@@ -679,7 +709,7 @@ void IVFPQ::save(io::Writer& w) const {
                               : static_cast<size_t>(ntotal_) * m_);
     pos.reserve(ntotal_);
     for (int64_t l = 0; l < nlist_; ++l) {
-        codes.insert(codes.end(), list_codes_[l].begin(), list_codes_[l].end());
+        codes.insert(codes.end(), list_codes(l), list_codes(l) + list_code_bytes(l));
         pos.insert(pos.end(), list_pos_[l].begin(), list_pos_[l].end());
     }
     w.add_vector("list_offsets", offsets);
@@ -741,12 +771,17 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
     auto idx = std::make_unique<IVFPQ>(d, nlist, m, nbits, storage, by_ip);
     if (trained) idx->set_trained(c, cb);
     idx->aniso_eta_ = eta;
+    {
+        std::vector<int64_t> len(static_cast<size_t>(nlist));
+        for (int64_t l = 0; l < nlist; ++l) len[l] = off[l + 1] - off[l];
+        idx->relayout(len);  // empty lists of the new sizes
+    }
     size_t at = 0;
     for (int64_t l = 0; l < nlist; ++l) {
-        const size_t bytes = nbits == 4 ? pq4::packed_bytes(off[l + 1] - off[l], m) : (off[l + 1] - off[l]) * m;
-        idx->list_codes_[l].assign(codes + at, codes + at + bytes);
-        at += bytes;
         idx->list_pos_[l].assign(pos + off[l], pos + off[l + 1]);
+        const size_t bytes = idx->list_code_bytes(l);
+        std::memcpy(idx->codes_.data() + idx->code_off_[l], codes + at, bytes);
+        at += bytes;
     }
     idx->ntotal_ = n;
     if (storage != VectorStorage::None) {

@@ -139,12 +139,12 @@ void bind_ivfpq(py::module_& m) {
             "list_codes",
             [](const IVFPQ& s, py::handle list) {
                 const int64_t l = list_index(s, list);
-                const auto& c = s.list_codes(l);
+                const uint8_t* c = s.list_codes(l);
                 py::array_t<uint8_t> a({static_cast<py::ssize_t>(s.list_size(l)), static_cast<py::ssize_t>(s.m())});
                 if (s.nbits() == 4)
-                    pq4::unpack(c.data(), s.list_size(l), s.m(), a.mutable_data());
+                    pq4::unpack(c, s.list_size(l), s.m(), a.mutable_data());
                 else
-                    std::copy(c.begin(), c.end(), a.mutable_data());
+                    std::copy(c, c + s.list_code_bytes(l), a.mutable_data());
                 return a;
             },
             py::arg("list"))
