@@ -236,6 +236,7 @@ IVFPQ::IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage sto
                                     str(m));
     dsub_ = dim / m;
     code_off_.assign(static_cast<size_t>(nlist), 0);
+    code_room_.assign(static_cast<size_t>(nlist), 0);
     list_pos_.resize(nlist);
 }
 
@@ -268,14 +269,15 @@ static std::vector<size_t> code_offsets(const std::vector<int64_t>& len, int64_t
     return off;
 }
 
-void IVFPQ::relayout(const std::vector<int64_t>& len) {
+void IVFPQ::relayout(const std::vector<int64_t>& room) {
     size_t total = 0;
-    std::vector<size_t> off = code_offsets(len, m_, nbits_, total);
+    std::vector<size_t> off = code_offsets(room, m_, nbits_, total);
     std::vector<uint8_t, HugePageAllocator<uint8_t>> codes(total, 0);  // zeros: the padding of 4-bit blocks
     for (int64_t l = 0; l < nlist_; ++l)
         if (const size_t bytes = list_code_bytes(l)) std::memcpy(codes.data() + off[l], list_codes(l), bytes);
     codes_.swap(codes);
     code_off_.swap(off);
+    code_room_ = room;
 }
 
 size_t IVFPQ::memory_bytes() const {
@@ -508,7 +510,15 @@ void IVFPQ::add(const float* x, int64_t n) {
         std::vector<int64_t> len(static_cast<size_t>(nlist_));
         for (int64_t l = 0; l < nlist_; ++l) len[l] = list_size(l);
         for (const int64_t l : all_lists) ++len[l];
-        relayout(len);
+        bool fits = true;
+        for (int64_t l = 0; l < nlist_; ++l) fits = fits && len[l] <= code_room_[l];
+        // the first add gets exact room; later ones half as much again, so that adding in many batches copies
+        // the codes a logarithmic number of times, not once per batch
+        if (!fits) {
+            if (ntotal_ > 0)
+                for (int64_t& r : len) r += r / 2;
+            relayout(len);
+        }
     }
     std::vector<uint8_t> codes;
     const simd::Kernels& K = simd::kernels();

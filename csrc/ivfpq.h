@@ -108,8 +108,8 @@ private:
     void assign_lists(const float* x, int64_t n, int64_t* lists) const;
     void encode_residuals(const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const;
     void refine_anisotropic(const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const;
-    // Lays the lists out again in one new allocation with room for `len[l]` rows in list l (>= its size).
-    void relayout(const std::vector<int64_t>& len);
+    // Lays the lists out again in one new allocation with room for `room[l]` rows in list l (>= its size).
+    void relayout(const std::vector<int64_t>& room);
     void append_codes(int64_t list, const uint8_t* code_row);
     void own_vectors();  // copy memory-mapped vectors into owned memory before appending
 
@@ -128,10 +128,11 @@ private:
     std::vector<float> codebooks_T_;  // per sub-quantizer: its ksub codewords packed (packed_size(ksub, dsub))
     // Every list's codes in one allocation on huge pages, list l from code_off_[l] (64-byte aligned): a search
     // streams codes from DRAM, and with 4 KiB pages it also missed the TLB once per page (4-bit, 1M vectors, scan
-    // only: m 192 18 -> 22.7 GB/s, m 384 15 -> 17.5; whole searches 1.12-1.35x). add() lays everything out again
-    // (one copy of the codes).
+    // only: m 192 18 -> 22.7 GB/s, m 384 15 -> 17.5; whole searches 1.12-1.35x). List l has room for
+    // code_room_[l] rows; add() lays everything out again (one copy of the codes) only when a list runs out.
     std::vector<uint8_t, HugePageAllocator<uint8_t>> codes_;
     std::vector<size_t> code_off_;
+    std::vector<int64_t> code_room_;
     std::vector<std::vector<int64_t>> list_pos_;    // per list: positions (row numbers in the order added)
     int64_t ntotal_ = 0;
     std::vector<uint8_t, HugePageAllocator<uint8_t>> vec_owned_;  // re-rank rows: on huge pages

@@ -470,3 +470,24 @@ def test_ivf4_query_tables_are_identical_at_every_level(dsub):
     for level in LEVELS:
         np.testing.assert_array_equal(results[level][0], results["scalar"][0], err_msg=level)
         np.testing.assert_array_equal(results[level][1], results["scalar"][1], err_msg=level)
+
+
+@pytest.mark.parametrize("nbits", [4, 8])
+def test_ivf_adds_in_batches_equal_one_add(data, nbits):
+    # the codes live in one allocation with room per list: batches that fit the room left by an earlier add and
+    # batches that make the lists move must both give what one add gives
+    x, q, _ = data
+    one = _C.IVFPQ(x.shape[1], 16, 16, nbits, "fp16")
+    one.train(x, niter=4, pq_niter=4)
+    many = _C.IVFPQ(x.shape[1], 16, 16, nbits, "fp16")
+    many.set_trained(one.centroids(), one.codebooks())
+    one.add(x)
+    for a, b in [(0, 3000), (3000, 3010), (3010, 3500), (3500, 6000)]:
+        many.add(x[a:b])
+    assert len(many) == len(one) == len(x)
+    for ln in range(16):
+        np.testing.assert_array_equal(many.list_codes(ln), one.list_codes(ln))
+        np.testing.assert_array_equal(many.list_positions(ln), one.list_positions(ln))
+    for rerank in (0, 40):
+        for a, b in zip(one.search(q, 10, 6, rerank), many.search(q, 10, 6, rerank)):
+            np.testing.assert_array_equal(a, b)
