@@ -3,9 +3,13 @@
 // Memory layout: one record per node holds what scoring and expanding it on level 0 reads, so that a neighbour's
 // score and, later, its expansion touch one contiguous block (the separate link and vector arrays cost two cache
 // misses per neighbour, ~45% of a build's profile):
-//   [vector: d floats or d halves, padded to 4 bytes][w, e: the node's build-similarity terms][count][M0 links]
-// padded to a multiple of 64 bytes. Upper levels are per node (few nodes have them). Visited marks are reset by
-// bumping a tag; the next fresh neighbours' records are prefetched while the current one is scored.
+//   [half vector: d halves, padded to 4 bytes][w, e, scale][count][M0 links]
+// padded to a multiple of 64 bytes. The graph walk (build and search) scores the half vectors: a search is bound by
+// fetching neighbours' vectors, and halves are half the bytes (real MiniLM pool: 1.3-1.4x the q/s of fp32 records
+// at the same recall). With fp16 storage they are the stored vectors; with fp32 storage they are the vectors
+// divided by a power of two (`scale`, so any range fits), the fp32 vectors are kept apart, and the list a search
+// found is re-ranked with them, so returned scores are exact. Upper levels are per node (few nodes have them).
+// Visited marks are reset by bumping a tag; the next fresh neighbour's record is prefetched while one is scored.
 //
 // Searches always rank by the exact inner product with the stored vectors; what varies is the similarity the graph
 // is built with (`Graph`):
@@ -17,8 +21,8 @@
 // |q' - p'|^2 = |q|^2 + phi - 2 <q, p>, the same order.
 //
 // The file layout is the one of the separate arrays (sections "vectors", "links0", "upper"): files written before
-// the record layout load unchanged, and a reader without the compiled core still finds the vectors. Loading
-// (memory-mapped or not) copies them into records.
+// the record layout load unchanged, and a reader without the compiled core still finds the vectors. Loading builds
+// the records; memory-mapped fp32 vectors stay in the mapping.
 #pragma once
 
 #include <atomic>
