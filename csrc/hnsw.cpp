@@ -373,9 +373,13 @@ struct BuildOps {
                 l[0] = static_cast<uint32_t>(cnt + 1);
                 continue;
             }
-            // Full: re-select among the old links and the new node, by similarity to `other`. Topping up only to
-            // M (the degree a node starts with), not to the 2M capacity, leaves room: a list topped up to capacity
-            // would be full again at once and re-run this quadratic selection for every later link.
+            // Full: re-select among the old links and the new node, by similarity to `other`, down to M (the
+            // degree a node starts with), not to the 2M capacity, which leaves room: a list cut back to near its
+            // capacity is full again at once and re-runs this quadratic selection for every later link. On
+            // topped-up inner-product lists the heuristic keeps most of 2M candidates (53 of 65 on average on the
+            // real MiniLM pool), so a cut to capacity re-selected on nearly every append: 11 selections per insert,
+            // 60% of the build in their pairwise dot products (15.1 s); cut to M, 1.8 per insert, 3.0 s, recall@100
+            // at ef 110 0.9808 (was 0.9834).
             const float* xo = as_f32(other, xbuf);
             const float* to = h.terms(other);
             cands.clear();
@@ -385,7 +389,8 @@ struct BuildOps {
                 cands.emplace_back(sim(xo, to, l[1 + j]), l[1 + j]);
             }
             std::sort(cands.begin(), cands.end(), [](const Cand& x, const Cand& y) { return x.first > y.first; });
-            select_neighbors(cands, cap, std::min(cap, h.params_.degree_floor()), kept, pruned, sbuf);
+            select_neighbors(cands, std::min(cap, h.params_.M), std::min(cap, h.params_.degree_floor()), kept,
+                             pruned, sbuf);
             l[0] = static_cast<uint32_t>(cands.size());
             for (size_t j = 0; j < cands.size(); ++j) l[1 + j] = cands[j].second;
         }
