@@ -124,7 +124,7 @@ void select_top(uint64_t* v, size_t n, size_t k, std::vector<uint64_t>& scratch)
 // than the scan, so candidates at or above a threshold go into a buffer that is cut back to the `keep` best (the
 // order of `better`, hence the same set as a heap) whenever it holds 2 keep. A candidate is one 64-bit key: the
 // order-preserving bits of its score above a slot that indexes its position, so a cut is a selection on distinct
-// integers (select_top), and positions are looked at only when scores tie across the cut.
+// integers (select_top), and positions are read only when scores tie across a cut and for the candidates kept.
 class Candidates {
 public:
     void reset(size_t keep) {
