@@ -9,7 +9,7 @@
 // at the same recall). With fp16 storage they are the stored vectors; with fp32 storage they are the vectors
 // divided by a power of two (`scale`, so any range fits), the fp32 vectors are kept apart, and the list a search
 // found is re-ranked with them, so returned scores are exact. Upper levels are per node (few nodes have them).
-// Visited marks are reset by bumping a tag; the next fresh neighbour's record is prefetched while one is scored.
+// Visited marks are reset by bumping a tag; records two fresh neighbours ahead are prefetched while one is scored.
 //
 // Searches always rank by the exact inner product with the stored vectors; what varies is the similarity the graph
 // is built with (`Graph`):
