@@ -17,6 +17,7 @@ reaches it) against fastdpr's cheapest ef with at least that recall.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -119,6 +120,7 @@ def main(argv=None) -> int:
         if lib.startswith("fastdpr"):
             extra = "".join("," + o for o in lib.split(":")[1:])
             builders[lib] = lambda b, extra=extra: build_fastdpr(b, args.M, args.efc, args.build_threads, extra)
+    loads = [os.getloadavg()[0]]  # other processes share the cores: the file records how busy they were
     indexes, build_s = {}, {}
     for lib in libs:
         t0 = time.perf_counter()
@@ -126,6 +128,7 @@ def main(argv=None) -> int:
         build_s[lib] = time.perf_counter() - t0
         print(f"{lib}: built in {build_s[lib]:.2f} s", file=sys.stderr)
 
+    loads.append(os.getloadavg()[0])
     configs = [(lib, ef) for lib in libs for ef in efs]
     run = {lib: searcher(lib, indexes[lib], args.threads) for lib in libs}
     rec = {}
@@ -144,6 +147,7 @@ def main(argv=None) -> int:
                 run[lib](q[s:e], ef)
                 seconds[lib, ef] += time.perf_counter() - t0
                 searched[lib, ef] += e - s
+    loads.append(os.getloadavg()[0])
     rows = [{"library": lib, "ef": ef, "recall@100": round(rec[lib, ef], 4),
              "qps": round(searched[lib, ef] / seconds[lib, ef], 1), "build_s": round(build_s[lib], 2)}
             for lib, ef in configs]
@@ -169,7 +173,8 @@ def main(argv=None) -> int:
     name = args.name or f"hnsw_paired_{ds.name}"
     desc = (f"{ds.description}; {ds.n} x {ds.dim}, {len(q)} queries, top-{K}; M={args.M}, efC={args.efc}, "
             f"build threads {args.build_threads}, search threads {args.threads}; {args.rounds} rounds of "
-            f"{args.block}-query blocks, configurations interleaved")
+            f"{args.block}-query blocks, configurations interleaved; 1-minute load average before the builds / "
+            f"after them / after the searches: {' / '.join(f'{v:.1f}' for v in loads)}")
     body = (f"Data: {desc}\n\nfastdpr spec: `hnsw,M={args.M},efc={args.efc}` plus the options after `fastdpr:`\n\n"
             f"### Summary (search_ratio = fastdpr q/s / peer q/s at recall@100 >= the peer's; build_ratio = "
             f"fastdpr build s / peer build s)\n\n" + markdown_table(summary) + "\n### All configurations\n\n"
