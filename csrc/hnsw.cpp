@@ -316,9 +316,7 @@ struct BuildOps {
         }
     }
 
-    void prefetch(uint32_t i, bool whole = true) const {
-        simd::prefetch(h.vec(i), whole ? h.vec_bytes_ : 1);
-    }
+    void prefetch(uint32_t i, bool whole = true) const { h.prefetch(i, whole); }
 
     // The HNSW neighbour heuristic with the build similarity: keep (at most m) candidates only when no already
     // kept neighbour is more similar to it than the base node is (diversifies directions), then top up with the
@@ -573,7 +571,7 @@ struct SearchOps {
         }
         s.fresh.resize(h.M0_ + 1);
         auto scorer = [&](uint32_t b) { return score(q, b); };
-        auto pre = [&](uint32_t b, bool whole) { simd::prefetch(h.vec(b), whole ? h.vec_bytes_ : 1); };
+        auto pre = [&](uint32_t b, bool whole) { h.prefetch(b, whole); };
         s.visited.prepare(h.n_);
         s.visited.test_and_set(cur);
         s.best.assign(1, Cand(cur_sim, cur));

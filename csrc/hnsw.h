@@ -9,7 +9,8 @@
 // at the same recall). With fp16 storage they are the stored vectors; with fp32 storage they are the vectors
 // divided by a power of two (`scale`, so any range fits), the fp32 vectors are kept apart, and the list a search
 // found is re-ranked with them, so returned scores are exact. Upper levels are per node (few nodes have them).
-// Visited marks are reset by bumping a tag; records two fresh neighbours ahead are prefetched while one is scored.
+// Visited marks are reset by bumping a tag; the first line of every fresh neighbour's record is requested at once,
+// then each whole half vector one neighbour ahead of its scoring.
 //
 // Searches always rank by the exact inner product with the stored vectors; what varies is the similarity the graph
 // is built with (`Graph`):
@@ -96,6 +97,8 @@ private:
     char* record(size_t i) { return records_.data() + i * stride_; }
     const char* record(size_t i) const { return records_.data() + i * stride_; }
     const void* vec(size_t i) const { return record(i); }
+    // hints node i's half vector into cache (whole = false: only its first line)
+    void prefetch(size_t i, bool whole) const { simd::prefetch(vec(i), whole ? vec_bytes_ : 1); }
     float* terms(size_t i) { return reinterpret_cast<float*>(record(i) + terms_off_); }  // {w, e, scale}
     const float* terms(size_t i) const { return reinterpret_cast<const float*>(record(i) + terms_off_); }
     uint32_t* links(uint32_t node, int level) {

@@ -252,10 +252,12 @@ size_t IVFPQ::vector_bytes() const {
     }
 }
 
-size_t IVFPQ::list_code_bytes(int64_t l) const {
-    const int64_t len = list_size(l);
-    return nbits_ == 4 ? pq4::packed_bytes(len, m_) : static_cast<size_t>(len * m_);
+// Bytes of `rows` code rows of one list: 8-bit (rows, m); 4-bit whole pq4 blocks.
+static size_t code_bytes(int64_t rows, int64_t m, int nbits) {
+    return nbits == 4 ? pq4::packed_bytes(rows, m) : static_cast<size_t>(rows * m);
 }
+
+size_t IVFPQ::list_code_bytes(int64_t l) const { return code_bytes(list_size(l), m_, nbits_); }
 
 // Room for len[l] rows per list; each list's start rounded up to a cache line.
 static std::vector<size_t> code_offsets(const std::vector<int64_t>& len, int64_t m, int nbits, size_t& total) {
@@ -263,8 +265,7 @@ static std::vector<size_t> code_offsets(const std::vector<int64_t>& len, int64_t
     total = 0;
     for (size_t l = 0; l < len.size(); ++l) {
         off[l] = total;
-        const size_t bytes = nbits == 4 ? pq4::packed_bytes(len[l], m) : static_cast<size_t>(len[l] * m);
-        total = (total + bytes + 63) & ~size_t{63};
+        total = (total + code_bytes(len[l], m, nbits) + 63) & ~size_t{63};
     }
     return off;
 }
@@ -631,9 +632,9 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                         const int64_t nb = pq4::nblocks(len);
                         sc.sums.resize(static_cast<size_t>(nb * pq4::kBlock));
                         sc.hits.resize(static_cast<size_t>(len));
-                        // the scan's prefetch runs on into the head of the next list (each list is its own
-                        // allocation: the hardware prefetcher would restart on every list); it may be skipped,
-                        // which costs only a few wasted requests
+                        // the scan's prefetch runs on into the head of the next list (lists probed in score
+                        // order are far apart in codes_, and the hardware prefetcher stops at every 4 KiB page);
+                        // it may be skipped, which costs only a few wasted requests
                         const bool more = li + 1 < lists.size();
                         scan4(list_codes(l), nb, m_, sc.qlut.table.data(), sc.sums.data(),
                               more ? list_codes(lists[li + 1].id) : nullptr,
@@ -765,12 +766,9 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
     for (int64_t l = 0; l < nlist; ++l)
         if (off[l + 1] < off[l]) rd.fail("list offsets are not increasing");
     // 8-bit: (n, m) codes; 4-bit: each list's pq4 blocks, one list after the other
-    size_t code_bytes = static_cast<size_t>(n * m);
-    if (nbits == 4) {
-        code_bytes = 0;
-        for (int64_t l = 0; l < nlist; ++l) code_bytes += pq4::packed_bytes(off[l + 1] - off[l], m);
-    }
-    const uint8_t* codes = rd.array<uint8_t>("codes", code_bytes);
+    size_t all_code_bytes = 0;
+    for (int64_t l = 0; l < nlist; ++l) all_code_bytes += code_bytes(off[l + 1] - off[l], m, nbits);
+    const uint8_t* codes = rd.array<uint8_t>("codes", all_code_bytes);
     const int64_t* pos = rd.array<int64_t>("list_pos", static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i)
         if (pos[i] < 0 || pos[i] >= n) rd.fail("list position out of range");
