@@ -53,6 +53,7 @@ struct Scratch {
     std::vector<uint32_t> kp, vp;
     std::vector<float> s, o, kt;
     std::vector<uint16_t> p, q;
+    float inv[16];  // per query row of a block: 1 / Σ of its softmax weights
 };
 
 // Key pairs, lane-major: kp[p * lp + j] = (k_j[2p], k_j[2p+1]), zero for j >= length. Value pairs: vp[t * D + d] =
@@ -306,7 +307,7 @@ FASTDPR_AVX512F inline void scores_f32(const float* const* q, const float* kt, i
 
 template <int R, int B>
 FASTDPR_AVX512F inline void values_f32(const float* p, int64_t lp, const float* v, size_t ld, int64_t L, int64_t db,
-                                       float* const* o) {
+                                       const float* inv, float* const* o) {
     __m512 acc[R][B];
     for (int r = 0; r < R; ++r)
         for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
@@ -318,8 +319,10 @@ FASTDPR_AVX512F inline void values_f32(const float* p, int64_t lp, const float* 
             for (int b = 0; b < B; ++b) acc[r][b] = _mm512_fmadd_ps(pt, vv[b], acc[r][b]);
         }
     }
-    for (int r = 0; r < R; ++r)
-        for (int b = 0; b < B; ++b) _mm512_storeu_ps(o[r] + db + 16 * b, acc[r][b]);
+    for (int r = 0; r < R; ++r) {
+        const __m512 scale = _mm512_set1_ps(inv[r]);
+        for (int b = 0; b < B; ++b) _mm512_storeu_ps(o[r] + db + 16 * b, _mm512_mul_ps(acc[r][b], scale));
+    }
 }
 
 template <int R>
@@ -334,8 +337,10 @@ FASTDPR_AVX512F void rows_f32(const float* const* q, float* const* o, const floa
         if (jb + 16 < lp) scores_f32<R, 2>(q, kt, lp, D, L, jb, vscale, s, vmax);
         else scores_f32<R, 1>(q, kt, lp, D, L, jb, vscale, s, vmax);
     }
-    // The weights are divided by their sum before O = P V, not O after it: R reciprocals held through the value
-    // loop pushed one of its operands out of registers (a store and reload per key, ~15% of this path).
+    // O = (Σ_t e_t v_t) / Σ_t e_t, the division applied to each output row as it is stored. The R reciprocals wait
+    // in memory (scratch), not in registers: held through the value loop as vectors they pushed one of its
+    // operands out of registers (a store and reload per key).
+    float* inv = w.inv;
     for (int r = 0; r < R; ++r) {
         float* row = s + r * lp;
         const __m512 vtop = _mm512_set1_ps(_mm512_reduce_max_ps(vmax[r]));
@@ -345,20 +350,20 @@ FASTDPR_AVX512F void rows_f32(const float* const* q, float* const* o, const floa
             vsum = _mm512_add_ps(vsum, e);
             _mm512_storeu_ps(row + jb, e);
         }
-        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
-        for (int64_t jb = 0; jb < lp; jb += 16)
-            _mm512_storeu_ps(row + jb, _mm512_mul_ps(_mm512_loadu_ps(row + jb), inv));
+        inv[r] = 1.0f / _mm512_reduce_add_ps(vsum);
     }
     for (int64_t db = 0; db < D; db += 32) {
-        if (db + 16 < D) values_f32<R, 2>(s, lp, v, ld, L, db, o);
-        else values_f32<R, 1>(s, lp, v, ld, L, db, o);
+        if (db + 16 < D) values_f32<R, 2>(s, lp, v, ld, L, db, inv, o);
+        else values_f32<R, 1>(s, lp, v, ld, L, db, inv, o);
     }
 }
 
 constexpr int kRowsF32 = 8;
 
-FASTDPR_AVX512F void head_avx512_f32(const float* qkv, size_t ld, const Task& task, int64_t H, int64_t D,
-                                     float scale, float* out, size_t ldo, Scratch& w) {
+FASTDPR_AVX512F void head_avx512_f32(const float* qkv, size_t ld, const Task& task, const Task* after, int64_t H,
+                                     int64_t D, float scale, float* out, size_t ldo, Scratch& w) {
+    const float* next_rows = after == nullptr ? nullptr : qkv + after->first_row * ld;
+    const int64_t next_head = after == nullptr ? 0 : after->head, next_length = after == nullptr ? 0 : after->length;
     const int64_t L = task.length, lp = (L + 15) / 16 * 16;
     const float* base = qkv + task.first_row * ld;
     const float* k = base + (H + task.head) * D;
@@ -375,10 +380,18 @@ FASTDPR_AVX512F void head_avx512_f32(const float* qkv, size_t ld, const Task& ta
     for (int64_t t = 0; t < L; ++t) std::memcpy(&w.o[t * D], vsrc + t * ld, D * sizeof(float));
     const float* v = w.o.data();
     w.s.resize(static_cast<size_t>(kRowsF32 * lp));
+    // The next task's query, key and value slices are 128-byte pieces of rows 4.5 KiB apart, which no hardware
+    // prefetcher follows: fetch them into L2 while this head computes, a few rows per block of query rows.
+    const float* next = next_rows == nullptr ? nullptr : next_rows + next_head * D;
     for (int64_t i = 0; i < L; i += kRowsF32) {
         const float* q[kRowsF32];
         float* o[kRowsF32];
         const int rows = static_cast<int>(std::min<int64_t>(kRowsF32, L - i));
+        if (next != nullptr)
+            for (int64_t t = i; t < std::min(i + kRowsF32, next_length); ++t)
+                for (int64_t part = 0; part < 3; ++part)
+                    for (int64_t b = 0; b < D * 4; b += 64) __builtin_prefetch(
+                        reinterpret_cast<const char*>(next + t * ld + part * H * D) + b, 0, 2);
         for (int r = 0; r < rows; ++r) {
             q[r] = base + (i + r) * ld + task.head * D;
             o[r] = out + (task.first_row + i + r) * ldo + task.head * D;
@@ -565,8 +578,9 @@ std::vector<Task> make_tasks(const char* name, int64_t T, int64_t heads, int64_t
     return tasks;
 }
 
-// Runs head(task, scratch) for every task on `threads` threads, one scratch per thread; AMX tiles are configured
-// per thread.
+// Runs head(task, next, scratch) for every task on `threads` threads, one scratch per thread, where next is the
+// task after it in the list (nullptr for the last), so that a head may prefetch its successor's rows; AMX tiles
+// are configured per thread.
 template <class Head>
 void run_tasks(const std::vector<Task>& tasks, int threads, bool amx, Head head) {
     const int nt = resolve_threads(threads);
@@ -579,7 +593,7 @@ void run_tasks(const std::vector<Task>& tasks, int threads, bool amx, Head head)
         if (amx) amx_configure();
 #endif
 #pragma omp for schedule(dynamic, 4)
-        for (int64_t t = 0; t < n; ++t) errors.run([&] { head(tasks[t], w); });
+        for (int64_t t = 0; t < n; ++t) errors.run([&] { head(tasks[t], t + 1 < n ? &tasks[t + 1] : nullptr, w); });
 #if defined(__x86_64__) || defined(_M_X64)
         if (amx) amx_release();
 #endif
@@ -599,7 +613,7 @@ void attention_bf16(const uint16_t* qkv, int64_t T, int64_t heads, int64_t head_
                                     std::to_string(head_dim));
     const size_t ld = static_cast<size_t>(3 * heads * head_dim), ldo = static_cast<size_t>(heads * head_dim);
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    run_tasks(tasks, threads, path == Path::AMX, [&](const Task& task, Scratch& w) {
+    run_tasks(tasks, threads, path == Path::AMX, [&](const Task& task, const Task*, Scratch& w) {
 #if defined(__x86_64__) || defined(_M_X64)
         if (path == Path::AMX) return head_amx(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
         if (path == Path::AVX512BF16) return head_avx512(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
@@ -616,9 +630,10 @@ void attention_f32(const float* qkv, int64_t T, int64_t heads, int64_t head_dim,
     const std::vector<Task> tasks = make_tasks("f32", T, heads, head_dim, groups, n_groups, path);
     const size_t ld = static_cast<size_t>(3 * heads * head_dim), ldo = static_cast<size_t>(heads * head_dim);
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    run_tasks(tasks, threads, false, [&](const Task& task, Scratch& w) {
+    run_tasks(tasks, threads, false, [&](const Task& task, const Task* after, Scratch& w) {
 #if defined(__x86_64__) || defined(_M_X64)
-        if (path == Path::AVX512) return head_avx512_f32(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
+        if (path == Path::AVX512)
+            return head_avx512_f32(qkv, ld, task, after, heads, head_dim, scale, out, ldo, w);
 #endif
         head_scalar_f32(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
     });

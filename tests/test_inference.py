@@ -15,7 +15,7 @@ from tiny_models import tiny_biencoder
 import fastdpr.models.inference as inference
 from fastdpr.errors import InputError
 from fastdpr.models import BiEncoder
-from fastdpr.models.batching import pad_batch
+from fastdpr.models.batching import pad_batch, token_runs
 
 DATA = Path(__file__).parent / "data"
 WORDS = "the of and to in a is was for on that with as by at from city river king france paris war".split()
@@ -50,6 +50,36 @@ def test_packed_encoding_equals_padded_encoding(tmp_path, pooling, similarity, p
     got = model.encode_passages(passages, batch_size=7, precision="fp32")
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
     assert isinstance(model._inference[("passage", "fp32", "cpu")][-1], inference.PackedBert)
+
+
+@pytest.mark.parametrize("lengths,budget,want", [
+    ([], 8, [(0, 0)]),
+    ([3, 4, 5], None, [(0, 3)]),
+    ([3, 4, 5], 12, [(0, 3)]),
+    ([3, 4, 5], 7, [(0, 2), (2, 3)]),
+    ([9, 2, 2, 9], 4, [(0, 1), (1, 3), (3, 4)]),  # a sequence above the budget runs alone
+    ([1, 1, 1], 1, [(0, 1), (1, 2), (2, 3)]),
+])
+def test_token_runs_cover_every_sequence_once_within_the_budget(lengths, budget, want):
+    runs = token_runs(lengths, budget)
+    assert [(r.start, r.stop) for r in runs] == want
+    for r in runs:
+        assert r.stop - r.start == 1 or budget is None or sum(lengths[r]) <= budget
+
+
+def test_token_budgeted_passes_give_the_same_vectors(tmp_path, monkeypatch):
+    model = tiny_biencoder(tmp_path, pooling="mean").eval()
+    passages = mixed_passages(41, seed=3)
+    whole = model.encode_passages(passages, batch_size=16, precision="fp32")
+    tower = model._inference[("passage", "fp32", "cpu")][-1]
+    assert tower.token_budget == inference.cpu_token_budget(tower.layers[0], torch.float32)
+    passes = []
+    monkeypatch.setattr(tower, "token_budget", 40)
+    original = model._forward_pass
+    monkeypatch.setattr(model, "_forward_pass", lambda *a: passes.append(len(a[2])) or original(*a))
+    split = model.encode_passages(passages, batch_size=16, precision="fp32")
+    assert len(passes) > 3 and sum(passes) == len(passages)
+    np.testing.assert_allclose(split, whole, rtol=0, atol=2e-6)
 
 
 def test_other_encoders_run_padded_with_the_same_result(tmp_path, monkeypatch):

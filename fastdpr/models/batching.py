@@ -47,3 +47,18 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[np.nd
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def token_runs(lengths: Sequence[int], budget: int | None) -> list[slice]:
+    """Consecutive runs of sequences with at most ``budget`` tokens each (a longer sequence runs alone); one run
+    of everything when ``budget`` is None."""
+    if budget is None or sum(lengths) <= budget:
+        return [slice(0, len(lengths))]
+    runs, start, tokens = [], 0, 0
+    for i, n in enumerate(lengths):
+        if tokens and tokens + n > budget:
+            runs.append(slice(start, i))
+            start, tokens = i, 0
+        tokens += n
+    runs.append(slice(start, len(lengths)))
+    return runs

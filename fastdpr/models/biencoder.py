@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from fastdpr.errors import InputError
-from fastdpr.models.batching import TokenLists, TokenSeq, length_sorted_batches, pad_batch
+from fastdpr.models.batching import TokenLists, TokenSeq, length_sorted_batches, pad_batch, token_runs
 from fastdpr.models.config import CONFIG_NAME, BiEncoderConfig
 from fastdpr.models.inference import build_tower, pack, pool_packed, resolve_precision, weights_state
 from fastdpr.models.loading import (
@@ -496,6 +496,13 @@ class BiEncoder(nn.Module):
             return self._forward_packed(engine, projection, seqs, device)
 
     def _forward_packed(self, engine, projection, seqs: Sequence[TokenSeq], device) -> np.ndarray:
+        # on a CPU a batch runs in passes of at most engine.token_budget tokens (inference.cpu_token_budget)
+        runs = token_runs([len(ids) for ids, _ in seqs], getattr(engine, "token_budget", None))
+        if len(runs) > 1:
+            return np.concatenate([self._forward_pass(engine, projection, seqs[run], device) for run in runs])
+        return self._forward_pass(engine, projection, seqs, device)
+
+    def _forward_pass(self, engine, projection, seqs: Sequence[TokenSeq], device) -> np.ndarray:
         batch = pack(seqs, device)
         vec = pool_packed(engine(batch), batch.groups, self.config.pooling)
         if projection is not None:
