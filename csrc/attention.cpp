@@ -24,6 +24,7 @@
 #include "parallel.h"
 #include "simd.h"
 #include "transpose.h"
+#include "vecmath.h"
 
 namespace fastdpr::attention {
 namespace {
@@ -153,23 +154,7 @@ void head_scalar_f32(const float* qkv, size_t ld, const Task& task, int64_t H, i
 #define FASTDPR_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #define FASTDPR_AVX512F __attribute__((target("avx512f")))
 
-// e^x for x <= 0: x = n·ln2 + r with |r| <= ln2/2, e^r by its degree-6 Taylor polynomial (relative error below
-// 2e-7 there), scaled by 2^n; inputs below -87 (e^x under fp32's normal range) give 0 after the scaling.
-FASTDPR_AVX512F inline __m512 exp_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.4426950408889634f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+using vecmath::exp_nonpositive;
 
 // One row of softmax weights: P = exp(s − top) over scores already scaled (padding keys at −inf), written as bf16
 // (zeros past L) for the second product; returns 1 / Σ P, the sum taken over the unrounded fp32 weights.

@@ -61,9 +61,16 @@ _ONEDNN_ACTIVATIONS = {
     "gelu_pytorch_tanh": ("gelu", "tanh"),
     "relu": ("relu", ""),
 }
+# the same activations in the few-rows kernel (csrc/linear_bf16.h)
+_FEW_ROWS_ACTIVATIONS = {None: "", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                         "relu": "relu"}
 # rows of a typical batch; oneDNN picks the packed layout for it, and the layout stays correct for any row count
 # (measured on a 384→1536 layer: a hint of 4,096 is as fast as the exact row count at 12 and at 4,300 rows)
 _PACK_ROWS_HINT = 4096
+# bf16 products of at most this many rows (a question, a small batch) go through fastdpr's few-rows kernel where
+# it runs (csrc/linear_bf16.h): on an AMD EPYC (Zen 4) MiniLM's layers ran 1.3-1.7x oneDNN's speed at 1-16 rows,
+# 1.1-1.2x at 32-64 (a 6-layer weight rotation, so the weights come from L3 as in a real question)
+_FEW_ROWS = 64
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -172,6 +179,7 @@ class FusedLinear(nn.Module):
         self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False) if bias is not None else None
         self.activation = activation
         self.packed: torch.Tensor | None = None
+        self.few_rows: tuple[np.ndarray, np.ndarray | None] | None = None  # (packed weight, fp32 bias)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, activation: str | None = None) -> "FusedLinear":
@@ -187,16 +195,24 @@ class FusedLinear(nn.Module):
 
     def prepack(self) -> "FusedLinear":
         """Re-lay the weight out for oneDNN once (after the final device and dtype are set); no-op elsewhere."""
-        self.packed = None
+        self.packed, self.few_rows = None, None
         if onednn_linear_available(self.weight.device, self.weight.dtype):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), _PACK_ROWS_HINT)
+        kernel = _few_rows_kernel() if self.weight.dtype == torch.bfloat16 and self.weight.device.type == "cpu" \
+            else None
+        if kernel is not None and self.out_features % 32 == 0 and self.in_features % 2 == 0:
+            bias = None if self.bias is None else self.bias.detach().float().numpy()
+            self.few_rows = (kernel.linear_bf16_pack(_bits(self.weight.detach().contiguous())), bias)
         return self
 
     def _apply(self, fn, recurse=True):
-        self.packed = None  # a packed copy of the old weight would be stale after .to()/.float()
+        # packed copies of the old weight would be stale after .to()/.float()
+        self.packed, self.few_rows = None, None
         return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self.few_rows is not None and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= _FEW_ROWS:
+            return self._forward_few_rows(x, residual)
         if self.packed is not None and x.dtype == self.weight.dtype:
             x = x.contiguous()
             if residual is not None:
@@ -210,6 +226,16 @@ class FusedLinear(nn.Module):
         if residual is not None:
             y = y.add_(residual)
         return y
+
+    def _forward_few_rows(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The few-rows kernel: fp32 sums, + bias, activation, + residual, rounded to bf16 once (the order of
+        oneDNN's fused epilogue)."""
+        packed, bias = self.few_rows
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.bfloat16)
+        _few_rows_kernel().linear_bf16(_bits(x.contiguous()), packed, self.out_features, bias,
+                                       _FEW_ROWS_ACTIVATIONS[self.activation],
+                                       None if residual is None else _bits(residual.contiguous()), _bits(out))
+        return out
 
 
 class _PackedLayer(nn.Module):
@@ -295,6 +321,20 @@ def _attention_kernel(dtype: torch.dtype):
     if dtype not in names or module is None or not hasattr(module, "attention_f32"):
         return None
     return module if module.attention_paths(names[dtype])[0] != "scalar" else None
+
+
+@functools.lru_cache(maxsize=None)
+def _few_rows_kernel():
+    """``fastdpr._C`` where its few-rows bf16 linear layer is the fastest choice: AVX512-BF16 without AMX (on AMX
+    CPUs oneDNN's tiles are used at every row count); else None. Off under ``FASTDPR_NO_NATIVE=1``."""
+    from fastdpr.index._native import native
+
+    module = native()
+    if module is None or not hasattr(module, "linear_bf16_paths"):
+        return None
+    if module.linear_bf16_paths()[0] != "avx512bf16" or module.attention_paths("bf16")[0] == "amx":
+        return None
+    return module
 
 
 def onednn_int8_available() -> bool:

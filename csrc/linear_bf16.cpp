@@ -1,0 +1,184 @@
+// bf16 linear layer for few rows (see linear_bf16.h for the layout and why it is written by hand).
+#include "linear_bf16.h"
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which its uninitialised-use analysis reports
+// once they are inlined; the values are always overwritten
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "attention.h"
+#include "vecmath.h"
+
+namespace fastdpr::linear {
+namespace {
+
+inline float bf16_to_float(uint16_t h) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// Round to nearest even, as vcvtneps2bf16 does; NaN stays NaN (a quiet one).
+inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return static_cast<uint16_t>(bits >> 16);
+}
+
+inline uint32_t pair_at(const uint16_t* row, int64_t p) {
+    uint32_t v;
+    std::memcpy(&v, row + 2 * p, sizeof v);
+    return v;
+}
+
+// The packed pair of column `col` at pair index p of its panel: low half w[col][2p], high half w[col][2p+1] (the
+// order vdpbf16ps pairs them with the broadcast row pair).
+inline uint32_t packed_at(const uint32_t* packed, int64_t k, int64_t col, int64_t p) {
+    return packed[(col / kPanel) * (k / 2) * kPanel + p * kPanel + col % kPanel];
+}
+
+inline float finish(float acc, const float* bias, Activation act, const uint16_t* residual, int64_t row,
+                    int64_t col, int64_t n) {
+    if (bias != nullptr) acc += bias[col];
+    switch (act) {
+        case Activation::None: break;
+        case Activation::Gelu: acc = 0.5f * acc * (1.0f + std::erf(acc * 0.70710678118654752f)); break;
+        case Activation::GeluTanh:
+            acc = 0.5f * acc * (1.0f + std::tanh(0.79788456080286536f * (acc + 0.044715f * acc * acc * acc)));
+            break;
+        case Activation::Relu: acc = std::max(acc, 0.0f); break;
+    }
+    if (residual != nullptr) acc += bf16_to_float(residual[row * n + col]);
+    return acc;
+}
+
+void linear_scalar(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed, int64_t n, const float* bias,
+                   Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32) {
+    for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < n; ++c) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < k / 2; ++p) {
+                const uint32_t xp = pair_at(x + r * k, p), wp = packed_at(packed, k, c, p);
+                acc += bf16_to_float(static_cast<uint16_t>(xp)) * bf16_to_float(static_cast<uint16_t>(wp));
+                acc += bf16_to_float(static_cast<uint16_t>(xp >> 16)) * bf16_to_float(static_cast<uint16_t>(wp >> 16));
+            }
+            const float y = finish(acc, bias, act, residual, r, c, n);
+            if (out_bf16 != nullptr) out_bf16[r * n + c] = float_to_bf16(y);
+            else out_f32[r * n + c] = y;
+        }
+}
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define FASTDPR_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// Pairs of weights prefetched ahead of the loads: 16 pairs of a 32-column panel are 2 KiB, enough to cover the
+// latency of L3 on the CPUs this path is for.
+constexpr int64_t kPrefetchPairs = 16;
+
+// R rows (R <= 14: 28 accumulators, 2 weight vectors and the broadcast row pair in the 32 registers) × one
+// 32-column panel.
+template <int R>
+FASTDPR_AVX512BF16 void rows_panel(const uint16_t* x, int64_t k, const uint32_t* panel, int64_t col,
+                                   const float* bias, Activation act, const uint16_t* residual, int64_t row,
+                                   int64_t n, uint16_t* out_bf16, float* out_f32) {
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const int64_t pairs = k / 2;
+    for (int64_t p = 0; p < pairs; ++p) {
+        // past the end of the last panel this prefetches addresses that are never read; prefetches do not fault
+        _mm_prefetch(reinterpret_cast<const char*>(panel + (p + kPrefetchPairs) * kPanel), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(panel + (p + kPrefetchPairs) * kPanel + 16), _MM_HINT_T0);
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + p * kPanel);
+        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + p * kPanel + 16);
+        for (int r = 0; r < R; ++r) {
+            const __m512bh xr = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair_at(x + r * k, p)));
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, w0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, w1);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) {
+            const int64_t c = col + 16 * h, at = (row + r) * n + c;
+            __m512 y = acc[r][h];
+            if (bias != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + c));
+            if (act == Activation::Gelu) y = vecmath::gelu_erf(y);
+            else if (act == Activation::GeluTanh) y = vecmath::gelu_tanh(y);
+            else if (act == Activation::Relu) y = _mm512_max_ps(y, _mm512_setzero_ps());
+            if (residual != nullptr) {
+                const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(residual + at));
+                y = _mm512_add_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
+            }
+            if (out_bf16 != nullptr)
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_bf16 + at), (__m256i)_mm512_cvtneps_pbh(y));
+            else
+                _mm512_storeu_ps(out_f32 + at, y);
+        }
+}
+
+using RowsPanel = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, const float*, Activation,
+                           const uint16_t*, int64_t, int64_t, uint16_t*, float*);
+
+constexpr int kRows = 14;
+constexpr RowsPanel kRowsPanel[kRows + 1] = {
+    nullptr,       rows_panel<1>, rows_panel<2>,  rows_panel<3>,  rows_panel<4>,  rows_panel<5>,  rows_panel<6>,
+    rows_panel<7>, rows_panel<8>, rows_panel<9>,  rows_panel<10>, rows_panel<11>, rows_panel<12>, rows_panel<13>,
+    rows_panel<14>};
+
+void linear_avx512(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed, int64_t n, const float* bias,
+                   Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32) {
+    // panels outer: a panel's weights (k × 128 bytes) are read from memory once and stay in L1/L2 for the next
+    // block of rows
+    // the rows split into blocks of equal size (15 rows: 8 + 7, not 14 + 1: a block of one row would pay a
+    // whole pass over the panel for one row's products)
+    const int64_t panel_size = (k / 2) * kPanel, blocks = (m + kRows - 1) / kRows, per = (m + blocks - 1) / blocks;
+    for (int64_t c = 0; c < n; c += kPanel)
+        for (int64_t r = 0; r < m; r += per) {
+            const int rows = static_cast<int>(std::min<int64_t>(per, m - r));
+            kRowsPanel[rows](x + r * k, k, packed + (c / kPanel) * panel_size, c, bias, act, residual, r, n,
+                             out_bf16, out_f32);
+        }
+}
+#endif
+
+}  // namespace
+
+bool supported(Path path) {
+    if (path == Path::Scalar) return true;
+    return attention::supported(attention::Path::AVX512BF16);
+}
+
+const char* path_name(Path path) { return path == Path::AVX512BF16 ? "avx512bf16" : "scalar"; }
+
+void pack_weight(const uint16_t* w, int64_t n, int64_t k, uint32_t* packed) {
+    if (n % kPanel != 0 || k % 2 != 0 || n <= 0 || k <= 0)
+        throw std::invalid_argument("linear_bf16_pack: weight (" + std::to_string(n) + ", " + std::to_string(k) +
+                                    ") must have a multiple of 32 rows and an even number of columns");
+    const int64_t pairs = k / 2;
+    for (int64_t c = 0; c < n; ++c)
+        for (int64_t p = 0; p < pairs; ++p)
+            packed[(c / kPanel) * pairs * kPanel + p * kPanel + c % kPanel] = pair_at(w + c * k, p);
+}
+
+void linear_bf16(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed, int64_t n, const float* bias,
+                 Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32, Path path) {
+    if ((out_bf16 == nullptr) == (out_f32 == nullptr))
+        throw std::invalid_argument("linear_bf16: exactly one of a bf16 and a float32 output");
+    if (!supported(path))
+        throw std::invalid_argument(std::string("linear_bf16: path '") + path_name(path) + "' does not run here");
+#if defined(__x86_64__) || defined(_M_X64)
+    if (path == Path::AVX512BF16) return linear_avx512(x, m, k, packed, n, bias, act, residual, out_bf16, out_f32);
+#endif
+    linear_scalar(x, m, k, packed, n, bias, act, residual, out_bf16, out_f32);
+}
+
+}  // namespace fastdpr::linear
