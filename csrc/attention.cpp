@@ -21,6 +21,7 @@
 #include <unistd.h>
 #endif
 
+#include "bf16.h"
 #include "parallel.h"
 #include "simd.h"
 #include "transpose.h"
@@ -29,20 +30,6 @@
 namespace fastdpr::attention {
 namespace {
 
-inline float bf16_to_float(uint16_t h) {
-    const uint32_t bits = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-// Round to nearest even, as vcvtneps2bf16 does (NaN never occurs here: softmax weights are in [0, 1]).
-inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    std::memcpy(&bits, &f, sizeof bits);
-    bits += 0x7FFFu + ((bits >> 16) & 1u);
-    return static_cast<uint16_t>(bits >> 16);
-}
 
 // One (sequence, head): rows `q`, `k`, `v` of `length` tokens with row stride `ld`; output rows of stride `ldo`.
 struct Task {
@@ -93,8 +80,8 @@ void head_scalar(const uint16_t* qkv, size_t ld, const Task& task, int64_t H, in
             float acc = 0.0f;
             for (int64_t p = 0; p < pairs; ++p) {  // the odd element of a pair first, as vdpbf16ps adds them
                 const uint32_t kk = w.kp[p * lp + j];
-                acc += bf16_to_float(q[2 * p + 1]) * bf16_to_float(static_cast<uint16_t>(kk >> 16));
-                acc += bf16_to_float(q[2 * p]) * bf16_to_float(static_cast<uint16_t>(kk & 0xFFFFu));
+                acc += bf16::to_float(q[2 * p + 1]) * bf16::to_float(static_cast<uint16_t>(kk >> 16));
+                acc += bf16::to_float(q[2 * p]) * bf16::to_float(static_cast<uint16_t>(kk & 0xFFFFu));
             }
             w.s[j] = acc * scale;
             top = std::max(top, w.s[j]);
@@ -103,7 +90,7 @@ void head_scalar(const uint16_t* qkv, size_t ld, const Task& task, int64_t H, in
         for (int64_t j = 0; j < L; ++j) {
             const float e = std::exp(w.s[j] - top);
             sum += e;
-            w.p[j] = float_to_bf16(e);
+            w.p[j] = bf16::from_float(e);
         }
         const float inv = 1.0f / sum;
         uint16_t* o = out + (task.first_row + i) * ldo + task.head * D;
@@ -111,11 +98,11 @@ void head_scalar(const uint16_t* qkv, size_t ld, const Task& task, int64_t H, in
             float acc = 0.0f;
             for (int64_t t = 0; t < tpairs; ++t) {
                 const uint32_t vv = w.vp[t * D + d];
-                const float p0 = bf16_to_float(w.p[2 * t]), p1 = 2 * t + 1 < L ? bf16_to_float(w.p[2 * t + 1]) : 0.0f;
-                acc += p1 * bf16_to_float(static_cast<uint16_t>(vv >> 16));
-                acc += p0 * bf16_to_float(static_cast<uint16_t>(vv & 0xFFFFu));
+                const float p0 = bf16::to_float(w.p[2 * t]), p1 = 2 * t + 1 < L ? bf16::to_float(w.p[2 * t + 1]) : 0.0f;
+                acc += p1 * bf16::to_float(static_cast<uint16_t>(vv >> 16));
+                acc += p0 * bf16::to_float(static_cast<uint16_t>(vv & 0xFFFFu));
             }
-            o[d] = float_to_bf16(acc * inv);
+            o[d] = bf16::from_float(acc * inv);
         }
     }
 }

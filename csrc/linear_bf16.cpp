@@ -14,26 +14,12 @@
 #include <string>
 
 #include "attention.h"
+#include "bf16.h"
 #include "vecmath.h"
 
 namespace fastdpr::linear {
 namespace {
 
-inline float bf16_to_float(uint16_t h) {
-    const uint32_t bits = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-// Round to nearest even, as vcvtneps2bf16 does; NaN stays NaN (a quiet one).
-inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    std::memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-    bits += 0x7FFFu + ((bits >> 16) & 1u);
-    return static_cast<uint16_t>(bits >> 16);
-}
 
 inline uint32_t pair_at(const uint16_t* row, int64_t p) {
     uint32_t v;
@@ -58,7 +44,7 @@ inline float finish(float acc, const float* bias, Activation act, const uint16_t
             break;
         case Activation::Relu: acc = std::max(acc, 0.0f); break;
     }
-    if (residual != nullptr) acc += bf16_to_float(residual[row * n + col]);
+    if (residual != nullptr) acc += bf16::to_float(residual[row * n + col]);
     return acc;
 }
 
@@ -69,11 +55,13 @@ void linear_scalar(const uint16_t* x, int64_t m, int64_t k, const uint32_t* pack
             float acc = 0.0f;
             for (int64_t p = 0; p < k / 2; ++p) {
                 const uint32_t xp = pair_at(x + r * k, p), wp = packed_at(packed, k, c, p);
-                acc += bf16_to_float(static_cast<uint16_t>(xp)) * bf16_to_float(static_cast<uint16_t>(wp));
-                acc += bf16_to_float(static_cast<uint16_t>(xp >> 16)) * bf16_to_float(static_cast<uint16_t>(wp >> 16));
+                const auto lo = [](uint32_t v) { return bf16::to_float(static_cast<uint16_t>(v)); };
+                const auto hi = [](uint32_t v) { return bf16::to_float(static_cast<uint16_t>(v >> 16)); };
+                acc += lo(xp) * lo(wp);
+                acc += hi(xp) * hi(wp);
             }
             const float y = finish(acc, bias, act, residual, r, c, n);
-            if (out_bf16 != nullptr) out_bf16[r * n + c] = float_to_bf16(y);
+            if (out_bf16 != nullptr) out_bf16[r * n + c] = bf16::from_float(y);
             else out_f32[r * n + c] = y;
         }
 }
