@@ -20,7 +20,6 @@
 namespace fastdpr::linear {
 namespace {
 
-
 inline uint32_t pair_at(const uint16_t* row, int64_t p) {
     uint32_t v;
     std::memcpy(&v, row + 2 * p, sizeof v);
@@ -124,10 +123,9 @@ constexpr RowsPanel kRowsPanel[kRows + 1] = {
 
 void linear_avx512(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed, int64_t n, const float* bias,
                    Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32) {
-    // panels outer: a panel's weights (k × 128 bytes) are read from memory once and stay in L1/L2 for the next
-    // block of rows
-    // the rows split into blocks of equal size (15 rows: 8 + 7, not 14 + 1: a block of one row would pay a
-    // whole pass over the panel for one row's products)
+    // Panels outer: a panel's weights (k × 128 bytes) are read from memory once and stay in L1/L2 for the next
+    // block of rows. The rows split into blocks of equal size (15 rows: 8 + 7, not 14 + 1: a block of one row
+    // would pay a whole pass over the panel for one row's products).
     const int64_t panel_size = (k / 2) * kPanel, blocks = (m + kRows - 1) / kRows, per = (m + blocks - 1) / blocks;
     for (int64_t c = 0; c < n; c += kPanel)
         for (int64_t r = 0; r < m; r += per) {

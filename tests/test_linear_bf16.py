@@ -119,4 +119,5 @@ def test_fused_linear_through_the_kernel_equals_the_onednn_path(monkeypatch, act
     # more rows than the kernel takes go the other way
     layer.prepack()
     monkeypatch.setattr(layer, "_forward_few_rows", lambda *a: pytest.fail("few-rows kernel at too many rows"))
-    assert layer(torch.randn(inference._FEW_ROWS + 1, 64, generator=g).bfloat16()).shape == (inference._FEW_ROWS + 1, 96)
+    many = inference._FEW_ROWS + 1
+    assert layer(torch.randn(many, 64, generator=g).bfloat16()).shape == (many, 96)

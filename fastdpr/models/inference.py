@@ -194,7 +194,8 @@ class FusedLinear(nn.Module):
         return self.weight.shape[0]
 
     def prepack(self) -> "FusedLinear":
-        """Re-lay the weight out for oneDNN once (after the final device and dtype are set); no-op elsewhere."""
+        """Re-lay the weight out once (after the final device and dtype are set): for oneDNN, and for the few-rows
+        bf16 kernel where it runs (:func:`_few_rows_kernel`); no-op elsewhere."""
         self.packed, self.few_rows = None, None
         if onednn_linear_available(self.weight.device, self.weight.dtype):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), _PACK_ROWS_HINT)
