@@ -2,7 +2,7 @@
 // with AVX512-BF16 but no AMX.
 //
 // Why by hand: at a dozen rows a layer is one pass over its weights, and oneDNN's bf16 kernels spend most of it
-// waiting: on an AMD EPYC (Zen 4) the four layers of a MiniLM block ran at ~400-500 µs per question with the
+// waiting: on an AMD EPYC (Zen 4) the four layers of a MiniLM block ran at ~470-610 µs per question with the
 // weights in L3, 60-90 GFLOP/s. Here each weight vector is loaded once and used by every row: the packed weight
 // holds, for 32 output columns at a time, the column pairs (w_n[2p], w_n[2p+1]) lane by lane, so that one
 // vdpbf16ps adds x_m[2p]·w_n[2p] + x_m[2p+1]·w_n[2p+1] for 16 columns with the row's pair broadcast; 14 rows × 32

@@ -68,8 +68,8 @@ _FEW_ROWS_ACTIVATIONS = {None: "", "gelu": "gelu", "gelu_new": "gelu_tanh", "gel
 # (measured on a 384→1536 layer: a hint of 4,096 is as fast as the exact row count at 12 and at 4,300 rows)
 _PACK_ROWS_HINT = 4096
 # bf16 products of at most this many rows (a question, a small batch) go through fastdpr's few-rows kernel where
-# it runs (csrc/linear_bf16.h): on an AMD EPYC (Zen 4) MiniLM's layers ran 1.3-1.7x oneDNN's speed at 1-16 rows,
-# 1.1-1.2x at 32-64 (a 6-layer weight rotation, so the weights come from L3 as in a real question)
+# it runs (csrc/linear_bf16.h): on an AMD EPYC (Zen 4) MiniLM's layers ran 1.27-1.44x oneDNN's speed at 1-32 rows,
+# 1.08x at 64, 1.02x at 128 (benchmarks/few_rows_bench.py: a 6-layer weight rotation, weights from L3 as in a question)
 _FEW_ROWS = 64
 
 
