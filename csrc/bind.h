@@ -83,5 +83,6 @@ void bind_kmeans(py::module_& m);
 void bind_pq4(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_linear(py::module_& m);
+void bind_layer_norm(py::module_& m);
 
 }  // namespace fastdpr::bind

@@ -1,6 +1,7 @@
 // The pybind11 module `fastdpr._C`: the shared argument checks (bind.h) and the module definition, which calls one
 // binding unit per part of the core (simd_bindings.cpp, io_bindings.cpp, flat_bindings.cpp, hnsw_bindings.cpp,
-// ivfpq_bindings.cpp, kmeans_bindings.cpp, pq4_bindings.cpp, attention_bindings.cpp, linear_bf16_bindings.cpp).
+// ivfpq_bindings.cpp, kmeans_bindings.cpp, pq4_bindings.cpp, attention_bindings.cpp, linear_bf16_bindings.cpp,
+// layer_norm_bindings.cpp).
 // Numpy in, numpy out, shapes and integers checked at this boundary,
 // the GIL released around work, C++ exceptions turned into Python ones (std::invalid_argument -> ValueError,
 // std::bad_alloc -> MemoryError, io::FormatError -> fastdpr._C.FormatError, a ValueError).
@@ -188,4 +189,5 @@ PYBIND11_MODULE(_C, m) {
     bind::bind_pq4(m);
     bind::bind_attention(m);
     bind::bind_linear(m);
+    bind::bind_layer_norm(m);
 }

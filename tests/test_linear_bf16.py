@@ -121,3 +121,44 @@ def test_fused_linear_through_the_kernel_equals_the_onednn_path(monkeypatch, act
     monkeypatch.setattr(layer, "_forward_few_rows", lambda *a: pytest.fail("few-rows kernel at too many rows"))
     many = inference._FEW_ROWS + 1
     assert layer(torch.randn(many, 64, generator=g).bfloat16()).shape == (many, 96)
+
+
+def test_few_rows_tower_equals_the_torch_path(tmp_path, monkeypatch):
+    """The numpy/compiled forward of a bf16 tower at few tokens (inference.FewRowsTower) against the same tower's
+    torch forward (oneDNN or F.linear, torch's layer norm and the attention kernel); more tokens than it takes, fp32
+    and int8 towers go the torch way."""
+    from tiny_models import tiny_bert_dir
+
+    from fastdpr.models import BiEncoder, BiEncoderConfig
+
+    monkeypatch.setattr(inference, "_few_rows_kernel", lambda: C)  # whatever the CPU's first choice is
+    monkeypatch.setattr(inference, "_attention_kernel", lambda dtype: C)
+    # head dimension 16 and widths that are multiples of 32, as the kernels need
+    qdir = tiny_bert_dir(tmp_path, name="tiny-few-rows", hidden=64, layers=2, heads=4, intermediate=128, seed=3)
+    model = BiEncoder.from_encoders(qdir, None, config=BiEncoderConfig(shared=True, pooling="mean")).eval()
+    tower = inference.build_tower(model.question_encoder, "bf16", torch.device("cpu"), model._pad_id())
+    assert isinstance(tower.few_rows, inference.FewRowsTower)
+    rng = np.random.default_rng(int(np.random.SeedSequence().generate_state(1)[0]))
+    seqs = [(list(rng.integers(1, 100, size=n)), None) for n in (5, 5, 9, 1)]
+    batch = inference.pack(seqs, torch.device("cpu"))
+    with torch.inference_mode():
+        got = tower(batch)
+        few_rows, tower.few_rows = tower.few_rows, None
+        want = tower(batch)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape == (20, 64)
+    # the same kernels and roundings; the embeddings' and layer norms' fp32 sums may run in other orders, so an
+    # element may land one bf16 step apart, and that propagates through two layers
+    np.testing.assert_allclose(got.float(), want.float(), rtol=2 ** -6, atol=2 ** -6)
+    assert float((got != want).float().mean()) < 0.01
+
+    tower.few_rows = few_rows
+    monkeypatch.setattr(inference.FewRowsTower, "__call__",
+                        lambda *a: pytest.fail("few-rows tower at too many tokens"))
+    many = [(list(rng.integers(1, 100, size=inference._FEW_ROWS + 1)), None)]
+    with torch.inference_mode():
+        assert tower(inference.pack(many, torch.device("cpu"))).shape == (inference._FEW_ROWS + 1, 64)
+    for precision in ("fp32", "int8"):
+        assert inference.build_tower(model.question_encoder, precision, torch.device("cpu"),
+                                     model._pad_id()).few_rows is None
+    # moved or cast towers drop the views of their old weights
+    assert tower.float().few_rows is None

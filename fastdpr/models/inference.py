@@ -12,7 +12,10 @@ Encoding needs no gradients, no dropout and no padding, so it gets its own forwa
   AMX/AVX-512, instead of on every call) and their **epilogue fused**: bias + GELU for the feed-forward input, bias
   + residual add for the two output projections, so the largest activations are written once instead of three
   times. Where oneDNN is missing (other CPUs' builds, CUDA, fp16 on CPU) the same layers run as
-  ``F.linear`` + activation + add, with the same answers.
+  ``F.linear`` + activation + add, with the same answers;
+- on CPUs with AVX512-BF16 but no AMX, a bf16 question (at most ``_FEW_ROWS`` tokens) runs through compiled calls
+  on numpy arrays (:class:`FewRowsTower`: fastdpr's few-rows linear layer, attention and layer norm), with no torch
+  operator between them.
 
 BERT-family encoders (BERT, MiniLM, DPR's towers) take the packed path; any other encoder runs padded through its
 own ``transformers`` forward in the same precision. A tower is built once per (tower, precision, device) and
@@ -437,6 +440,7 @@ class PackedBert(nn.Module):
                                     for layer in encoder.encoder.layer)
         self.compute_dtype = torch.float32
         self.token_budget: int | None = None
+        self.few_rows: FewRowsTower | None = None
 
     def set_precision(self, precision: str) -> "PackedBert":
         for m in (self.word, self.position, self.token_type, self.emb_ln):
@@ -462,14 +466,94 @@ class PackedBert(nn.Module):
                 module.prepack()
         self.token_budget = cpu_token_budget(self.layers[0], self.compute_dtype) \
             if self.word.weight.device.type == "cpu" and len(self.layers) else None
+        self.few_rows = FewRowsTower.build(self)
         return self
 
     def forward(self, batch: Packed) -> torch.Tensor:
+        if self.few_rows is not None and batch.seq_index is None and len(batch.input_ids) <= _FEW_ROWS:
+            return self.few_rows(batch)
         x = self.word(batch.input_ids) + self.position(batch.position_ids) + self.token_type(batch.token_type_ids)
         x = self.emb_ln(x).to(self.compute_dtype)
         for layer in self.layers:
             x = layer(x, batch)
         return x
+
+    def _apply(self, fn, recurse=True):
+        self.few_rows = None  # its arrays are views of the old weights
+        return super()._apply(fn, recurse)
+
+
+class FewRowsTower:
+    """A bf16 tower's forward pass for a few rows (a question at query time) in numpy arrays and compiled calls:
+    the few-rows linear kernel, the attention kernel and the layer norm of ``fastdpr._C``, seven calls per layer
+    and no torch operator, used by :class:`PackedBert` at up to ``_FEW_ROWS`` tokens where the few-rows kernel
+    runs (:func:`_few_rows_kernel`).
+
+    Why: at a dozen tokens each torch call around the kernels costs microseconds of dispatch (``torch.empty``
+    ~2 µs, a bf16 tensor's numpy view ~3 µs, ``layer_norm`` ~13 µs against ~4 µs compiled), ~0.5 ms of a ~3.5 ms
+    MiniLM question. The arithmetic and its roundings are those of the torch path through the same kernels:
+    embeddings summed and normalised in fp32, rounded to bf16 once; each layer's sums in fp32, rounded once."""
+
+    def __init__(self, kernel, embeddings, emb_norm, layers, heads: int, hidden: int):
+        self.kernel, self.embeddings, self.emb_norm, self.layers = kernel, embeddings, emb_norm, layers
+        self.heads, self.hidden = heads, hidden
+
+    @classmethod
+    def build(cls, bert: "PackedBert") -> "FewRowsTower | None":
+        """The few-rows forward of ``bert`` after its ``set_precision``, or None where it does not apply (not bf16
+        on a CPU, no few-rows or attention kernel here, an int8 layer, a head dimension the attention kernel does
+        not take)."""
+        kernel = _few_rows_kernel()
+        if (kernel is None or not hasattr(kernel, "layer_norm") or bert.compute_dtype != torch.bfloat16
+                or bert.word.weight.device.type != "cpu" or _attention_kernel(torch.bfloat16) is None
+                or not len(bert.layers)):
+            return None
+        first = bert.layers[0]
+        if (first.hidden // first.heads) % 16:
+            return None
+
+        def norm(ln: nn.LayerNorm):
+            return (ln.weight.detach().float().numpy(), ln.bias.detach().float().numpy(), float(ln.eps))
+
+        def linear(layer):
+            if not isinstance(layer, FusedLinear) or layer.few_rows is None:
+                raise LookupError
+            packed, bias = layer.few_rows
+            return packed, bias, layer.out_features, _FEW_ROWS_ACTIVATIONS[layer.activation]
+
+        try:
+            layers = [(linear(lay.qkv), linear(lay.attn_out), norm(lay.ln1), linear(lay.inter), linear(lay.out),
+                       norm(lay.ln2)) for lay in bert.layers]
+        except LookupError:
+            return None
+        embeddings = tuple(m.weight.detach().numpy() for m in (bert.word, bert.position, bert.token_type))
+        return cls(kernel, embeddings, norm(bert.emb_ln), layers, first.heads, first.hidden)
+
+    def __call__(self, batch: Packed) -> torch.Tensor:
+        k, tokens = self.kernel, len(batch.input_ids)
+        word, position, token_type = self.embeddings
+        e = word[batch.input_ids.numpy()]
+        e += position[batch.position_ids.numpy()]
+        e += token_type[batch.token_type_ids.numpy()]
+        x = np.empty((tokens, self.hidden), dtype=np.uint16)
+        k.layer_norm(e, *self.emb_norm, x)
+        groups = np.asarray(batch.groups, dtype=np.int64).reshape(-1, 2)
+        threads = torch.get_num_threads()
+
+        def linear(spec, inp, residual=None):
+            packed, bias, width, activation = spec
+            out = np.empty((tokens, width), dtype=np.uint16)
+            k.linear_bf16(inp, packed, width, bias, activation, residual, out)
+            return out
+
+        for qkv, attn_out, ln1, inter, out, ln2 in self.layers:
+            ctx = np.empty((tokens, self.hidden), dtype=np.uint16)
+            k.attention_bf16(linear(qkv, x), ctx, groups, self.heads, "", threads)
+            y = linear(attn_out, ctx, residual=x)
+            k.layer_norm(y, *ln1, y)
+            x = linear(out, linear(inter, y), residual=y)
+            k.layer_norm(x, *ln2, x)
+        return torch.from_numpy(x).view(torch.bfloat16)
 
 
 class PaddedTower(nn.Module):

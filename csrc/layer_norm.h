@@ -1,0 +1,27 @@
+// Layer normalisation of a few rows, fp32 or bf16 in and out, for the few-rows encoder path (a question at query
+// time): y = (x − mean) / sqrt(var + eps) · gamma + beta per row, statistics in fp32.
+//
+// Why by hand: at a dozen rows of 384 torch's layer_norm costs ~9-13 µs a call, almost all of it dispatch; a
+// MiniLM question runs 13 of them (the embeddings' and two per layer), and the arithmetic is under a microsecond.
+//
+// The mean and the variance are two passes over the row in fp32 (the variance of x − mean, as torch's CPU kernel
+// computes it); bf16 output is rounded once, to nearest even. The scalar path sums in order; the AVX-512 one in
+// 16 lanes, so the two differ by fp32 rounding only.
+#pragma once
+
+#include <cstdint>
+
+namespace fastdpr::layer_norm {
+
+enum class Path : int { Scalar = 0, AVX512 = 1 };
+
+bool supported(Path path);
+Path best_path();
+const char* path_name(Path path);
+
+// x: (rows, width) float32 (x_f32) or bf16 bits (x_bf16), exactly one non-null; gamma, beta: width floats;
+// out: (rows, width), exactly one of out_bf16 / out_f32 non-null. `out` may be `x` itself (same type).
+void layer_norm(const float* x_f32, const uint16_t* x_bf16, int64_t rows, int64_t width, const float* gamma,
+                const float* beta, float eps, float* out_f32, uint16_t* out_bf16, Path path);
+
+}  // namespace fastdpr::layer_norm
