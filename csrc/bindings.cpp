@@ -1,6 +1,6 @@
 // The pybind11 module `fastdpr._C`: the shared argument checks (bind.h) and the module definition, which calls one
 // binding unit per part of the core (simd_bindings.cpp, io_bindings.cpp, flat_bindings.cpp, hnsw_bindings.cpp,
-// ivfpq_bindings.cpp, kmeans_bindings.cpp, pq4_bindings.cpp, attention_bindings.cpp, linear_bf16_bindings.cpp,
+// ivfpq_bindings.cpp, kmeans_bindings.cpp, pq4_bindings.cpp, attention_bindings.cpp, few_rows_linear_bindings.cpp,
 // layer_norm_bindings.cpp).
 // Numpy in, numpy out, shapes and integers checked at this boundary,
 // the GIL released around work, C++ exceptions turned into Python ones (std::invalid_argument -> ValueError,

@@ -77,7 +77,8 @@ FASTDPR_AVX512F void avx512(const float* x_f32, const uint16_t* x_bf16, int64_t 
         for (int64_t i = 0; i < width; i += 16) {
             const __mmask16 m = mask_at(i);
             const __m512 d = _mm512_mul_ps(_mm512_sub_ps(load(x_f32, x_bf16, base + i, m), vmean), vrstd);
-            const __m512 y = _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(m, gamma + i), _mm512_maskz_loadu_ps(m, beta + i));
+            const __m512 y =
+                _mm512_fmadd_ps(d, _mm512_maskz_loadu_ps(m, gamma + i), _mm512_maskz_loadu_ps(m, beta + i));
             if (out_f32 != nullptr) _mm512_mask_storeu_ps(out_f32 + base + i, m, y);
             else _mm256_mask_storeu_epi16(out_bf16 + base + i, m, to_bf16(y));
         }

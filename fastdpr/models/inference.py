@@ -13,9 +13,9 @@ Encoding needs no gradients, no dropout and no padding, so it gets its own forwa
   + residual add for the two output projections, so the largest activations are written once instead of three
   times. Where oneDNN is missing (other CPUs' builds, CUDA, fp16 on CPU) the same layers run as
   ``F.linear`` + activation + add, with the same answers;
-- on CPUs with AVX512-BF16 but no AMX, a bf16 question (at most ``_FEW_ROWS`` tokens) runs through compiled calls
-  on numpy arrays (:class:`FewRowsTower`: fastdpr's few-rows linear layer, attention and layer norm), with no torch
-  operator between them.
+- on CPUs with AVX-512 but no AMX, a bf16 or fp32 question (at most ``_FEW_ROWS`` tokens) runs through compiled
+  calls on numpy arrays (:class:`FewRowsTower`: fastdpr's few-rows linear layer, attention and layer norm), with no
+  torch operator between them.
 
 BERT-family encoders (BERT, MiniLM, DPR's towers) take the packed path; any other encoder runs padded through its
 own ``transformers`` forward in the same precision. A tower is built once per (tower, precision, device) and
@@ -64,15 +64,15 @@ _ONEDNN_ACTIVATIONS = {
     "gelu_pytorch_tanh": ("gelu", "tanh"),
     "relu": ("relu", ""),
 }
-# the same activations in the few-rows kernel (csrc/linear_bf16.h)
+# the same activations in the few-rows kernel (csrc/few_rows_linear.h)
 _FEW_ROWS_ACTIVATIONS = {None: "", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                          "relu": "relu"}
 # rows of a typical batch; oneDNN picks the packed layout for it, and the layout stays correct for any row count
 # (measured on a 384→1536 layer: a hint of 4,096 is as fast as the exact row count at 12 and at 4,300 rows)
 _PACK_ROWS_HINT = 4096
-# bf16 products of at most this many rows (a question, a small batch) go through fastdpr's few-rows kernel where
-# it runs (csrc/linear_bf16.h): on an AMD EPYC (Zen 4) MiniLM's layers ran 1.27-1.44x oneDNN's speed at 1-32 rows,
-# 1.08x at 64, 1.02x at 128 (benchmarks/few_rows_bench.py: a 6-layer weight rotation, weights from L3 as in a question)
+# products of at most this many rows (a question, a small batch) go through fastdpr's few-rows kernel where it runs
+# (csrc/few_rows_linear.h); above it oneDNN is as fast (benchmarks/results/few_rows.md: MiniLM's layers in a 6-layer
+# weight rotation on an AMD EPYC, bf16 and fp32, the gain shrinking to a few percent at 64 rows)
 _FEW_ROWS = 64
 
 
@@ -198,15 +198,17 @@ class FusedLinear(nn.Module):
 
     def prepack(self) -> "FusedLinear":
         """Re-lay the weight out once (after the final device and dtype are set): for oneDNN, and for the few-rows
-        bf16 kernel where it runs (:func:`_few_rows_kernel`); no-op elsewhere."""
+        kernel where it runs (:func:`_few_rows_kernel`); no-op elsewhere."""
         self.packed, self.few_rows = None, None
-        if onednn_linear_available(self.weight.device, self.weight.dtype):
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), _PACK_ROWS_HINT)
-        kernel = _few_rows_kernel() if self.weight.dtype == torch.bfloat16 and self.weight.device.type == "cpu" \
-            else None
-        if kernel is not None and self.out_features % 32 == 0 and self.in_features % 2 == 0:
+        weight, dtype = self.weight.detach(), self.weight.dtype
+        if onednn_linear_available(weight.device, dtype):
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS_HINT)
+        kernel = _few_rows_kernel(dtype) if weight.device.type == "cpu" else None
+        if kernel is not None and self.out_features % 32 == 0 and (dtype != torch.bfloat16 or self.in_features % 2 == 0):
             bias = None if self.bias is None else self.bias.detach().float().numpy()
-            self.few_rows = (kernel.linear_bf16_pack(_bits(self.weight.detach().contiguous())), bias)
+            packed = kernel.linear_bf16_pack(_bits(weight.contiguous())) if dtype == torch.bfloat16 else \
+                kernel.linear_f32_pack(weight.contiguous().numpy())
+            self.few_rows = (packed, bias)
         return self
 
     def _apply(self, fn, recurse=True):
@@ -215,7 +217,7 @@ class FusedLinear(nn.Module):
         return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if self.few_rows is not None and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= _FEW_ROWS:
+        if self.few_rows is not None and x.dtype == self.weight.dtype and x.dim() == 2 and x.shape[0] <= _FEW_ROWS:
             return self._forward_few_rows(x, residual)
         if self.packed is not None and x.dtype == self.weight.dtype:
             x = x.contiguous()
@@ -232,13 +234,19 @@ class FusedLinear(nn.Module):
         return y
 
     def _forward_few_rows(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        """The few-rows kernel: fp32 sums, + bias, activation, + residual, rounded to bf16 once (the order of
-        oneDNN's fused epilogue)."""
+        """The few-rows kernel: fp32 sums, + bias, activation, + residual, rounded to bf16 once if bf16 (the order
+        of oneDNN's fused epilogue)."""
         packed, bias = self.few_rows
-        out = torch.empty(x.shape[0], self.out_features, dtype=torch.bfloat16)
-        _few_rows_kernel().linear_bf16(_bits(x.contiguous()), packed, self.out_features, bias,
-                                       _FEW_ROWS_ACTIVATIONS[self.activation],
-                                       None if residual is None else _bits(residual.contiguous()), _bits(out))
+        out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
+        activation = _FEW_ROWS_ACTIVATIONS[self.activation]
+        if x.dtype == torch.bfloat16:
+            _few_rows_kernel(x.dtype).linear_bf16(_bits(x.contiguous()), packed, self.out_features, bias, activation,
+                                                  None if residual is None else _bits(residual.contiguous()),
+                                                  _bits(out))
+        else:
+            _few_rows_kernel(x.dtype).linear_f32(x.contiguous().numpy(), packed, self.out_features, bias, activation,
+                                                 None if residual is None else residual.contiguous().numpy(),
+                                                 out.numpy())
         return out
 
 
@@ -328,17 +336,20 @@ def _attention_kernel(dtype: torch.dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _few_rows_kernel():
-    """``fastdpr._C`` where its few-rows bf16 linear layer is the fastest choice: AVX512-BF16 without AMX (on AMX
-    CPUs oneDNN's tiles are used at every row count); else None. Off under ``FASTDPR_NO_NATIVE=1``."""
+def _few_rows_kernel(dtype: torch.dtype):
+    """``fastdpr._C`` where its few-rows linear layer for ``dtype`` is the fastest choice, else None: bf16 with
+    AVX512-BF16, fp32 with AVX-512F, both only on CPUs without AMX (on AMX CPUs oneDNN's tiles are used at every
+    row count for bf16, and fp32 has not been measured there). Off under ``FASTDPR_NO_NATIVE=1``."""
     from fastdpr.index._native import native
 
     module = native()
-    if module is None or not hasattr(module, "linear_bf16_paths"):
+    if module is None or not hasattr(module, "linear_f32_paths") or module.attention_paths("bf16")[0] == "amx":
         return None
-    if module.linear_bf16_paths()[0] != "avx512bf16" or module.attention_paths("bf16")[0] == "amx":
-        return None
-    return module
+    if dtype == torch.bfloat16:
+        return module if module.linear_bf16_paths()[0] == "avx512bf16" else None
+    if dtype == torch.float32:
+        return module if module.linear_f32_paths()[0] == "avx512" else None
+    return None
 
 
 def onednn_int8_available() -> bool:
@@ -484,29 +495,35 @@ class PackedBert(nn.Module):
 
 
 class FewRowsTower:
-    """A bf16 tower's forward pass for a few rows (a question at query time) in numpy arrays and compiled calls:
-    the few-rows linear kernel, the attention kernel and the layer norm of ``fastdpr._C``, seven calls per layer
-    and no torch operator, used by :class:`PackedBert` at up to ``_FEW_ROWS`` tokens where the few-rows kernel
+    """A bf16 or fp32 tower's forward pass for a few rows (a question at query time) in numpy arrays and compiled
+    calls: the few-rows linear kernel, the attention kernel and the layer norm of ``fastdpr._C``, seven calls per
+    layer and no torch operator, used by :class:`PackedBert` at up to ``_FEW_ROWS`` tokens where the few-rows kernel
     runs (:func:`_few_rows_kernel`).
 
     Why: at a dozen tokens each torch call around the kernels costs microseconds of dispatch (``torch.empty``
     ~2 µs, a bf16 tensor's numpy view ~3 µs, ``layer_norm`` ~13 µs against ~4 µs compiled), ~0.5 ms of a ~3.5 ms
-    MiniLM question. The arithmetic and its roundings are those of the torch path through the same kernels:
-    embeddings summed and normalised in fp32, rounded to bf16 once; each layer's sums in fp32, rounded once."""
+    MiniLM question in bf16. The arithmetic and its roundings are those of the torch path through the same
+    kernels: embeddings summed and normalised in fp32 (then rounded to bf16 once); each layer's sums in fp32 (then
+    rounded once)."""
 
-    def __init__(self, kernel, embeddings, emb_norm, layers, heads: int, hidden: int):
-        self.kernel, self.embeddings, self.emb_norm, self.layers = kernel, embeddings, emb_norm, layers
+    def __init__(self, kernel, dtype: torch.dtype, embeddings, emb_norm, layers, heads: int, hidden: int):
+        self.kernel, self.dtype = kernel, dtype
+        self.embeddings, self.emb_norm, self.layers = embeddings, emb_norm, layers
         self.heads, self.hidden = heads, hidden
+        bf16 = dtype == torch.bfloat16
+        self.np_dtype = np.uint16 if bf16 else np.float32  # bf16 travels as its bits
+        self.linear_fn = kernel.linear_bf16 if bf16 else kernel.linear_f32
+        self.attention_fn = kernel.attention_bf16 if bf16 else kernel.attention_f32
 
     @classmethod
     def build(cls, bert: "PackedBert") -> "FewRowsTower | None":
         """The few-rows forward of ``bert`` after its ``set_precision``, or None where it does not apply (not bf16
-        on a CPU, no few-rows or attention kernel here, an int8 layer, a head dimension the attention kernel does
-        not take)."""
-        kernel = _few_rows_kernel()
-        if (kernel is None or not hasattr(kernel, "layer_norm") or bert.compute_dtype != torch.bfloat16
-                or bert.word.weight.device.type != "cpu" or _attention_kernel(torch.bfloat16) is None
-                or not len(bert.layers)):
+        or fp32 on a CPU, no few-rows or attention kernel here, an int8 layer, a head dimension the attention
+        kernel does not take)."""
+        dtype = bert.compute_dtype
+        kernel = _few_rows_kernel(dtype) if dtype in (torch.bfloat16, torch.float32) else None
+        if (kernel is None or not hasattr(kernel, "layer_norm") or bert.word.weight.device.type != "cpu"
+                or _attention_kernel(dtype) is None or not len(bert.layers)):
             return None
         first = bert.layers[0]
         if (first.hidden // first.heads) % 16:
@@ -527,7 +544,7 @@ class FewRowsTower:
         except LookupError:
             return None
         embeddings = tuple(m.weight.detach().numpy() for m in (bert.word, bert.position, bert.token_type))
-        return cls(kernel, embeddings, norm(bert.emb_ln), layers, first.heads, first.hidden)
+        return cls(kernel, dtype, embeddings, norm(bert.emb_ln), layers, first.heads, first.hidden)
 
     def __call__(self, batch: Packed) -> torch.Tensor:
         k, tokens = self.kernel, len(batch.input_ids)
@@ -535,25 +552,26 @@ class FewRowsTower:
         e = word[batch.input_ids.numpy()]
         e += position[batch.position_ids.numpy()]
         e += token_type[batch.token_type_ids.numpy()]
-        x = np.empty((tokens, self.hidden), dtype=np.uint16)
+        x = np.empty((tokens, self.hidden), dtype=self.np_dtype)
         k.layer_norm(e, *self.emb_norm, x)
         groups = np.asarray(batch.groups, dtype=np.int64).reshape(-1, 2)
         threads = torch.get_num_threads()
 
         def linear(spec, inp, residual=None):
             packed, bias, width, activation = spec
-            out = np.empty((tokens, width), dtype=np.uint16)
-            k.linear_bf16(inp, packed, width, bias, activation, residual, out)
+            out = np.empty((tokens, width), dtype=self.np_dtype)
+            self.linear_fn(inp, packed, width, bias, activation, residual, out)
             return out
 
         for qkv, attn_out, ln1, inter, out, ln2 in self.layers:
-            ctx = np.empty((tokens, self.hidden), dtype=np.uint16)
-            k.attention_bf16(linear(qkv, x), ctx, groups, self.heads, "", threads)
+            ctx = np.empty((tokens, self.hidden), dtype=self.np_dtype)
+            self.attention_fn(linear(qkv, x), ctx, groups, self.heads, "", threads)
             y = linear(attn_out, ctx, residual=x)
             k.layer_norm(y, *ln1, y)
             x = linear(out, linear(inter, y), residual=y)
             k.layer_norm(x, *ln2, x)
-        return torch.from_numpy(x).view(torch.bfloat16)
+        x = torch.from_numpy(x)
+        return x.view(torch.bfloat16) if self.dtype == torch.bfloat16 else x
 
 
 class PaddedTower(nn.Module):

@@ -1,5 +1,6 @@
-// bf16 linear layer for few rows (see linear_bf16.h for the layout and why it is written by hand).
-#include "linear_bf16.h"
+// Linear layers for few rows, bf16 and fp32 (see few_rows_linear.h for the layouts and why they are written by
+// hand).
+#include "few_rows_linear.h"
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_ps(), which its uninitialised-use analysis reports
 // once they are inlined; the values are always overwritten
@@ -47,6 +48,20 @@ inline float finish(float acc, const float* bias, Activation act, const uint16_t
     return acc;
 }
 
+// Rows per block: R rows × 32 columns of sums (2R accumulators) + 2 weight vectors + the broadcast input in the 32
+// vector registers.
+constexpr int kRows = 14;
+
+// Panels outer: a panel's weights are read from memory once and stay in L1/L2 for the next block of rows. The
+// rows split into blocks of equal size (15 rows: 8 + 7, not 14 + 1: a block of one row would pay a whole pass over
+// the panel for one row's products). fn(rows, first row, first column) runs one block.
+template <class Block>
+void for_blocks(int64_t m, int64_t n, Block&& fn) {
+    const int64_t blocks = (m + kRows - 1) / kRows, per = (m + blocks - 1) / blocks;
+    for (int64_t c = 0; c < n; c += kPanel)
+        for (int64_t r = 0; r < m; r += per) fn(static_cast<int>(std::min<int64_t>(per, m - r)), r, c);
+}
+
 void linear_scalar(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed, int64_t n, const float* bias,
                    Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32) {
     for (int64_t r = 0; r < m; ++r)
@@ -62,6 +77,19 @@ void linear_scalar(const uint16_t* x, int64_t m, int64_t k, const uint32_t* pack
             const float y = finish(acc, bias, act, residual, r, c, n);
             if (out_bf16 != nullptr) out_bf16[r * n + c] = bf16::from_float(y);
             else out_f32[r * n + c] = y;
+        }
+}
+
+void linear_f32_scalar(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, const float* bias,
+                       Activation act, const float* residual, float* out) {
+    for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < n; ++c) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < k; ++p)
+                acc += x[r * k + p] * packed[(c / kPanel) * k * kPanel + p * kPanel + c % kPanel];
+            float y = finish(acc, bias, act, nullptr, r, c, n);
+            if (residual != nullptr) y += residual[r * n + c];
+            out[r * n + c] = y;
         }
 }
 
@@ -115,35 +143,84 @@ FASTDPR_AVX512BF16 void rows_panel(const uint16_t* x, int64_t k, const uint32_t*
 using RowsPanel = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, const float*, Activation,
                            const uint16_t*, int64_t, int64_t, uint16_t*, float*);
 
-constexpr int kRows = 14;
 constexpr RowsPanel kRowsPanel[kRows + 1] = {
     nullptr,       rows_panel<1>, rows_panel<2>,  rows_panel<3>,  rows_panel<4>,  rows_panel<5>,  rows_panel<6>,
     rows_panel<7>, rows_panel<8>, rows_panel<9>,  rows_panel<10>, rows_panel<11>, rows_panel<12>, rows_panel<13>,
     rows_panel<14>};
 
-void linear_avx512(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed, int64_t n, const float* bias,
-                   Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32) {
-    // Panels outer: a panel's weights (k × 128 bytes) are read from memory once and stay in L1/L2 for the next
-    // block of rows. The rows split into blocks of equal size (15 rows: 8 + 7, not 14 + 1: a block of one row
-    // would pay a whole pass over the panel for one row's products).
-    const int64_t panel_size = (k / 2) * kPanel, blocks = (m + kRows - 1) / kRows, per = (m + blocks - 1) / blocks;
-    for (int64_t c = 0; c < n; c += kPanel)
-        for (int64_t r = 0; r < m; r += per) {
-            const int rows = static_cast<int>(std::min<int64_t>(per, m - r));
-            kRowsPanel[rows](x + r * k, k, packed + (c / kPanel) * panel_size, c, bias, act, residual, r, n,
-                             out_bf16, out_f32);
+void linear_avx512bf16(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed, int64_t n,
+                       const float* bias, Activation act, const uint16_t* residual, uint16_t* out_bf16,
+                       float* out_f32) {
+    const int64_t panel_size = (k / 2) * kPanel;
+    for_blocks(m, n, [&](int rows, int64_t r, int64_t c) {
+        kRowsPanel[rows](x + r * k, k, packed + (c / kPanel) * panel_size, c, bias, act, residual, r, n, out_bf16,
+                         out_f32);
+    });
+}
+
+#define FASTDPR_AVX512F __attribute__((target("avx512f")))
+
+// Weights prefetched ahead in fp32: 32 inputs of a panel, 4 KiB (the weights of an fp32 MiniLM, 42 MB, come from
+// DRAM as much as from L3).
+constexpr int64_t kPrefetchInputs = 32;
+
+// R rows (R <= 14) × one 32-column panel, fp32.
+template <int R>
+FASTDPR_AVX512F void rows_panel_f32(const float* x, int64_t k, const float* panel, int64_t col, const float* bias,
+                                    Activation act, const float* residual, int64_t row, int64_t n, float* out) {
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < k; ++p) {
+        _mm_prefetch(reinterpret_cast<const char*>(panel + (p + kPrefetchInputs) * kPanel), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(panel + (p + kPrefetchInputs) * kPanel + 16), _MM_HINT_T0);
+        const __m512 w0 = _mm512_loadu_ps(panel + p * kPanel), w1 = _mm512_loadu_ps(panel + p * kPanel + 16);
+        for (int r = 0; r < R; ++r) {
+            const __m512 xr = _mm512_set1_ps(x[r * k + p]);
+            acc[r][0] = _mm512_fmadd_ps(xr, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(xr, w1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) {
+            const int64_t c = col + 16 * h, at = (row + r) * n + c;
+            __m512 y = acc[r][h];
+            if (bias != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + c));
+            if (act == Activation::Gelu) y = vecmath::gelu_erf(y);
+            else if (act == Activation::GeluTanh) y = vecmath::gelu_tanh(y);
+            else if (act == Activation::Relu) y = _mm512_max_ps(y, _mm512_setzero_ps());
+            if (residual != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(residual + at));
+            _mm512_storeu_ps(out + at, y);
         }
 }
+
+using RowsPanelF32 = void (*)(const float*, int64_t, const float*, int64_t, const float*, Activation, const float*,
+                              int64_t, int64_t, float*);
+
+constexpr RowsPanelF32 kRowsPanelF32[kRows + 1] = {
+    nullptr,            rows_panel_f32<1>,  rows_panel_f32<2>,  rows_panel_f32<3>,  rows_panel_f32<4>,
+    rows_panel_f32<5>,  rows_panel_f32<6>,  rows_panel_f32<7>,  rows_panel_f32<8>,  rows_panel_f32<9>,
+    rows_panel_f32<10>, rows_panel_f32<11>, rows_panel_f32<12>, rows_panel_f32<13>, rows_panel_f32<14>};
 #endif
 
 }  // namespace
 
 bool supported(Path path) {
-    if (path == Path::Scalar) return true;
-    return attention::supported(attention::Path::AVX512BF16);
+    switch (path) {
+        case Path::Scalar: return true;
+        case Path::AVX512BF16: return attention::supported(attention::Path::AVX512BF16);
+        case Path::AVX512: return attention::supported(attention::Path::AVX512);
+    }
+    return false;
 }
 
-const char* path_name(Path path) { return path == Path::AVX512BF16 ? "avx512bf16" : "scalar"; }
+const char* path_name(Path path) {
+    switch (path) {
+        case Path::AVX512BF16: return "avx512bf16";
+        case Path::AVX512: return "avx512";
+        case Path::Scalar: break;
+    }
+    return "scalar";
+}
 
 void pack_weight(const uint16_t* w, int64_t n, int64_t k, uint32_t* packed) {
     if (n % kPanel != 0 || k % 2 != 0 || n <= 0 || k <= 0)
@@ -159,12 +236,36 @@ void linear_bf16(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed
                  Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32, Path path) {
     if ((out_bf16 == nullptr) == (out_f32 == nullptr))
         throw std::invalid_argument("linear_bf16: exactly one of a bf16 and a float32 output");
-    if (!supported(path))
+    if (path == Path::AVX512 || !supported(path))
         throw std::invalid_argument(std::string("linear_bf16: path '") + path_name(path) + "' does not run here");
 #if defined(__x86_64__) || defined(_M_X64)
-    if (path == Path::AVX512BF16) return linear_avx512(x, m, k, packed, n, bias, act, residual, out_bf16, out_f32);
+    if (path == Path::AVX512BF16)
+        return linear_avx512bf16(x, m, k, packed, n, bias, act, residual, out_bf16, out_f32);
 #endif
     linear_scalar(x, m, k, packed, n, bias, act, residual, out_bf16, out_f32);
+}
+
+void pack_weight_f32(const float* w, int64_t n, int64_t k, float* packed) {
+    if (n % kPanel != 0 || n <= 0 || k <= 0)
+        throw std::invalid_argument("linear_f32_pack: weight (" + std::to_string(n) + ", " + std::to_string(k) +
+                                    ") must have a multiple of 32 rows");
+    for (int64_t c = 0; c < n; ++c)
+        for (int64_t p = 0; p < k; ++p) packed[(c / kPanel) * k * kPanel + p * kPanel + c % kPanel] = w[c * k + p];
+}
+
+void linear_f32(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, const float* bias,
+                Activation act, const float* residual, float* out, Path path) {
+    if (path == Path::AVX512BF16 || !supported(path))
+        throw std::invalid_argument(std::string("linear_f32: path '") + path_name(path) + "' does not run here");
+#if defined(__x86_64__) || defined(_M_X64)
+    if (path == Path::AVX512) {
+        for_blocks(m, n, [&](int rows, int64_t r, int64_t c) {
+            kRowsPanelF32[rows](x + r * k, k, packed + (c / kPanel) * k * kPanel, c, bias, act, residual, r, n, out);
+        });
+        return;
+    }
+#endif
+    linear_f32_scalar(x, m, k, packed, n, bias, act, residual, out);
 }
 
 }  // namespace fastdpr::linear

@@ -1,6 +1,7 @@
-"""The few-rows bf16 linear layer (csrc/linear_bf16.h): every path against a float64 product of the same bf16
-numbers and against the scalar path, on odd row counts (the 14-row blocks and their remainders) with and without
-bias and residual, bf16 and fp32 outputs; its argument checks; FusedLinear through it against oneDNN's path."""
+"""The few-rows linear layers (csrc/few_rows_linear.h), bf16 and fp32: every path against a float64 product of the
+same numbers and against the scalar path, on odd row counts (the 14-row blocks and their remainders) with and
+without bias and residual, bf16 and fp32 outputs; their argument checks; FusedLinear through them against oneDNN's
+path; the few-rows tower against the torch forward."""
 import numpy as np
 import pytest
 import torch
@@ -12,6 +13,7 @@ if not hasattr(C, "linear_bf16"):
     pytest.skip("this build of fastdpr._C has no few-rows linear kernel", allow_module_level=True)
 
 PATHS = C.linear_bf16_paths()
+F32_PATHS = C.linear_f32_paths()
 
 
 def _bits(t):
@@ -52,6 +54,57 @@ def test_every_path_matches_the_float64_product_and_the_scalar_path(rows, k, n, 
         rounded = _run(x, packed, n, bias, residual, path, torch.bfloat16)
         # bf16 out is the fp32 result rounded once, to nearest even
         assert torch.equal(rounded, got.bfloat16()), f"{path} seed {seed}"
+
+
+def _run_f32(x, packed, n, bias, residual, path, activation=""):
+    out = np.empty((x.shape[0], n), np.float32)
+    C.linear_f32(x, packed, n, bias, activation, residual, out, path)
+    return out
+
+
+@pytest.mark.parametrize("rows", [1, 2, 13, 14, 15, 29, 64])
+@pytest.mark.parametrize("k,n", [(1, 32), (37, 64), (384, 96)])
+@pytest.mark.parametrize("with_bias,with_residual", [(True, False), (False, True), (True, True)])
+def test_every_f32_path_matches_the_float64_product_and_the_scalar_path(rows, k, n, with_bias, with_residual):
+    rng = np.random.default_rng(int(np.random.SeedSequence().generate_state(1)[0]))
+    x = rng.standard_normal((rows, k), dtype=np.float32)
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    bias = rng.standard_normal(n, dtype=np.float32) if with_bias else None
+    residual = rng.standard_normal((rows, n), dtype=np.float32) if with_residual else None
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    if bias is not None:
+        want += bias
+    if residual is not None:
+        want += residual
+    packed = C.linear_f32_pack(w)
+    # fp32 products and sums: k roundings of partial sums of size about sqrt(k)
+    atol = k * 3e-7 * (float(np.abs(want).max()) + 1)
+    scalar = _run_f32(x, packed, n, bias, residual, "scalar")
+    np.testing.assert_allclose(scalar, want, rtol=0, atol=atol)
+    for path in F32_PATHS:
+        got = _run_f32(x, packed, n, bias, residual, path)
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=path)
+        np.testing.assert_allclose(got, scalar, rtol=0, atol=atol, err_msg=path)
+
+
+def test_f32_arguments_are_checked():
+    packed = C.linear_f32_pack(np.ones((64, 8), np.float32))
+    x = np.ones((3, 8), np.float32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        C.linear_f32_pack(np.ones((40, 8), np.float32))
+    with pytest.raises(ValueError, match="does not fit"):
+        C.linear_f32(np.ones((3, 6), np.float32), packed, 64, None, "", None, np.empty((3, 64), np.float32))
+    with pytest.raises(ValueError, match="bias"):
+        C.linear_f32(x, packed, 64, np.zeros(63, np.float32), "", None, np.empty((3, 64), np.float32))
+    with pytest.raises(ValueError, match="residual"):
+        C.linear_f32(x, packed, 64, None, "", np.zeros((3, 63), np.float32), np.empty((3, 64), np.float32))
+    with pytest.raises(ValueError, match="out must"):
+        C.linear_f32(x, packed, 64, None, "", None, np.empty((3, 64), np.uint16))
+    with pytest.raises(ValueError, match="unknown path"):
+        C.linear_f32(x, packed, 64, None, "", None, np.empty((3, 64), np.float32), "avx512bf16")
+    with pytest.raises(ValueError, match="unknown path"):
+        C.linear_bf16(np.ones((3, 8), np.uint16), C.linear_bf16_pack(np.ones((64, 8), np.uint16)), 64, None, "",
+                      None, np.empty((3, 64), np.float32), "avx512")
 
 
 def test_arguments_are_checked():
@@ -98,45 +151,54 @@ def test_activations_match_torch(activation, torch_activation, rows):
         got = _run(x, packed, 96, bias, None, path, torch.float32, activation)
         # the sums may differ by a few ulps between paths; the activations add about 1e-6 absolute
         np.testing.assert_allclose(got.double(), want, rtol=1e-5, atol=2e-6, err_msg=f"{path} seed {seed}")
+    # fp32: the same pre-activations (products of bf16 numbers are exact in fp32)
+    packed32 = C.linear_f32_pack(w.float().numpy())
+    for path in F32_PATHS:
+        got = _run_f32(x.float().numpy(), packed32, 96, bias.numpy(), None, path, activation)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6, err_msg=f"fp32 {path} seed {seed}")
 
 
 @pytest.mark.parametrize("activation", [None, "gelu", "gelu_new", "relu"])
 @pytest.mark.parametrize("rows", [1, 11, 40])
-def test_fused_linear_through_the_kernel_equals_the_onednn_path(monkeypatch, activation, rows):
-    monkeypatch.setattr(inference, "_few_rows_kernel", lambda: C)  # whatever the CPU's first choice is
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_linear_through_the_kernel_equals_the_onednn_path(monkeypatch, activation, rows, dtype):
+    monkeypatch.setattr(inference, "_few_rows_kernel", lambda dtype: C)  # whatever the CPU's first choice is
     g = torch.Generator().manual_seed(rows)
     layer = inference.FusedLinear(torch.randn(96, 64, generator=g) / 8, torch.randn(96, generator=g),
-                                  activation).to(torch.bfloat16).prepack()
+                                  activation).to(dtype).prepack()
     assert layer.few_rows is not None
-    x = torch.randn(rows, 64, generator=g).bfloat16()
-    residual = torch.randn(rows, 96, generator=g).bfloat16() if activation is None else None
+    x = torch.randn(rows, 64, generator=g).to(dtype)
+    residual = torch.randn(rows, 96, generator=g).to(dtype) if activation is None else None
     got = layer(x, residual)
-    assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
+    assert got.dtype == dtype and got.shape == (rows, 96)
     layer.few_rows = None
     want = layer(x, residual)
-    # both round fp32 sums once; their summation orders differ, so an element may land one bf16 step apart
-    np.testing.assert_allclose(got.float(), want.float(), rtol=2 ** -7, atol=2 ** -7)
+    # bf16: both round fp32 sums once; their summation orders differ, so an element may land one bf16 step apart.
+    # fp32: summation order and GELU's approximation (absolute error ~1e-7)
+    tol = 2 ** -7 if dtype == torch.bfloat16 else 2e-6
+    np.testing.assert_allclose(got.float(), want.float(), rtol=tol, atol=tol)
     # more rows than the kernel takes go the other way
     layer.prepack()
     monkeypatch.setattr(layer, "_forward_few_rows", lambda *a: pytest.fail("few-rows kernel at too many rows"))
     many = inference._FEW_ROWS + 1
-    assert layer(torch.randn(many, 64, generator=g).bfloat16()).shape == (many, 96)
+    assert layer(torch.randn(many, 64, generator=g).to(dtype)).shape == (many, 96)
 
 
-def test_few_rows_tower_equals_the_torch_path(tmp_path, monkeypatch):
-    """The numpy/compiled forward of a bf16 tower at few tokens (inference.FewRowsTower) against the same tower's
-    torch forward (oneDNN or F.linear, torch's layer norm and the attention kernel); more tokens than it takes, fp32
-    and int8 towers go the torch way."""
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_few_rows_tower_equals_the_torch_path(tmp_path, monkeypatch, precision):
+    """The numpy/compiled forward of a tower at few tokens (inference.FewRowsTower) against the same tower's torch
+    forward (the same linear kernel through FusedLinear, torch's embeddings and layer norm, the attention kernel);
+    more tokens than it takes and int8 towers go the torch way."""
     from tiny_models import tiny_bert_dir
 
     from fastdpr.models import BiEncoder, BiEncoderConfig
 
-    monkeypatch.setattr(inference, "_few_rows_kernel", lambda: C)  # whatever the CPU's first choice is
+    monkeypatch.setattr(inference, "_few_rows_kernel", lambda dtype: C)  # whatever the CPU's first choice is
     monkeypatch.setattr(inference, "_attention_kernel", lambda dtype: C)
     # head dimension 16 and widths that are multiples of 32, as the kernels need
     qdir = tiny_bert_dir(tmp_path, name="tiny-few-rows", hidden=64, layers=2, heads=4, intermediate=128, seed=3)
     model = BiEncoder.from_encoders(qdir, None, config=BiEncoderConfig(shared=True, pooling="mean")).eval()
-    tower = inference.build_tower(model.question_encoder, "bf16", torch.device("cpu"), model._pad_id())
+    tower = inference.build_tower(model.question_encoder, precision, torch.device("cpu"), model._pad_id())
     assert isinstance(tower.few_rows, inference.FewRowsTower)
     rng = np.random.default_rng(int(np.random.SeedSequence().generate_state(1)[0]))
     seqs = [(list(rng.integers(1, 100, size=n)), None) for n in (5, 5, 9, 1)]
@@ -145,11 +207,14 @@ def test_few_rows_tower_equals_the_torch_path(tmp_path, monkeypatch):
         got = tower(batch)
         few_rows, tower.few_rows = tower.few_rows, None
         want = tower(batch)
-    assert got.dtype == torch.bfloat16 and got.shape == want.shape == (20, 64)
-    # the same kernels and roundings; the embeddings' and layer norms' fp32 sums may run in other orders, so an
-    # element may land one bf16 step apart, and that propagates through two layers
-    np.testing.assert_allclose(got.float(), want.float(), rtol=2 ** -6, atol=2 ** -6)
-    assert float((got != want).float().mean()) < 0.01
+    assert got.dtype == want.dtype == tower.compute_dtype and got.shape == want.shape == (20, 64)
+    if precision == "bf16":
+        # the same kernels and roundings; the embeddings' and layer norms' fp32 sums may run in other orders, so an
+        # element may land one bf16 step apart, and that propagates through two layers
+        np.testing.assert_allclose(got.float(), want.float(), rtol=2 ** -6, atol=2 ** -6)
+        assert float((got != want).float().mean()) < 0.01
+    else:
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
     tower.few_rows = few_rows
     monkeypatch.setattr(inference.FewRowsTower, "__call__",
@@ -157,8 +222,7 @@ def test_few_rows_tower_equals_the_torch_path(tmp_path, monkeypatch):
     many = [(list(rng.integers(1, 100, size=inference._FEW_ROWS + 1)), None)]
     with torch.inference_mode():
         assert tower(inference.pack(many, torch.device("cpu"))).shape == (inference._FEW_ROWS + 1, 64)
-    for precision in ("fp32", "int8"):
-        assert inference.build_tower(model.question_encoder, precision, torch.device("cpu"),
-                                     model._pad_id()).few_rows is None
+    assert inference.build_tower(model.question_encoder, "int8", torch.device("cpu"),
+                                 model._pad_id()).few_rows is None
     # moved or cast towers drop the views of their old weights
     assert tower.float().few_rows is None
