@@ -226,3 +226,34 @@ def test_few_rows_tower_equals_the_torch_path(tmp_path, monkeypatch, precision):
                                  model._pad_id()).few_rows is None
     # moved or cast towers drop the views of their old weights
     assert tower.float().few_rows is None
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("pooling,similarity", [("cls", "dot"), ("mean", "cosine"), ("mean", "dot")])
+def test_one_question_through_the_few_rows_tower_equals_the_batched_path(tmp_path, monkeypatch, precision, pooling,
+                                                                          similarity):
+    """encode_questions(one string) goes from token ids to the vector in numpy (FewRowsTower.vector); the batched
+    path packs, pools and normalises in torch."""
+    from tiny_models import tiny_bert_dir
+
+    from fastdpr.models import BiEncoder, BiEncoderConfig
+
+    monkeypatch.setattr(inference, "_few_rows_kernel", lambda dtype: C)
+    monkeypatch.setattr(inference, "_attention_kernel", lambda dtype: C)
+    qdir = tiny_bert_dir(tmp_path, name="tiny-few-rows", hidden=64, layers=2, heads=4, intermediate=128, seed=5)
+    model = BiEncoder.from_encoders(qdir, None, config=BiEncoderConfig(shared=True, pooling=pooling,
+                                                                       similarity=similarity)).eval()
+    questions = ["who wrote the republic", "the river of paris is the seine is it not"]
+    calls = []
+    real = inference.FewRowsTower.vector
+    monkeypatch.setattr(inference.FewRowsTower, "vector", lambda self, *a: calls.append(a) or real(self, *a))
+    one = np.stack([model.encode_questions(q, precision=precision) for q in questions])
+    assert len(calls) == 2
+    batched = model.encode_questions(questions, precision=precision)  # two sequences: the torch path
+    assert len(calls) == 2
+    assert one.dtype == np.float32 and one.shape == batched.shape
+    # the same hidden states row by row (each row's sums run in the same order whatever the other rows); pooling
+    # and normalising in numpy rather than torch differ by fp32 rounding
+    np.testing.assert_allclose(one, batched, rtol=0, atol=1e-6)
+    if similarity == "cosine":
+        np.testing.assert_allclose(np.linalg.norm(one, axis=1), 1.0, rtol=1e-6)
