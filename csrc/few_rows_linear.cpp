@@ -94,11 +94,21 @@ void linear_f32_scalar(const float* x, int64_t m, int64_t k, const float* packed
 }
 
 #if defined(__x86_64__) || defined(_M_X64)
+#define FASTDPR_AVX512F __attribute__((target("avx512f")))
 #define FASTDPR_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 // Pairs of weights prefetched ahead of the loads: 16 pairs of a 32-column panel are 2 KiB, enough to cover the
 // latency of L3 on the CPUs this path is for.
 constexpr int64_t kPrefetchPairs = 16;
+
+// The epilogue both kernels share before their residual and store: + bias, then the activation, in fp32.
+FASTDPR_AVX512F inline __m512 bias_activation(__m512 y, const float* bias, int64_t col, Activation act) {
+    if (bias != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + col));
+    if (act == Activation::Gelu) return vecmath::gelu_erf(y);
+    if (act == Activation::GeluTanh) return vecmath::gelu_tanh(y);
+    if (act == Activation::Relu) return _mm512_max_ps(y, _mm512_setzero_ps());
+    return y;
+}
 
 // R rows (R <= 14: 28 accumulators, 2 weight vectors and the broadcast row pair in the 32 registers) × one
 // 32-column panel.
@@ -124,11 +134,7 @@ FASTDPR_AVX512BF16 void rows_panel(const uint16_t* x, int64_t k, const uint32_t*
     for (int r = 0; r < R; ++r)
         for (int h = 0; h < 2; ++h) {
             const int64_t c = col + 16 * h, at = (row + r) * n + c;
-            __m512 y = acc[r][h];
-            if (bias != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + c));
-            if (act == Activation::Gelu) y = vecmath::gelu_erf(y);
-            else if (act == Activation::GeluTanh) y = vecmath::gelu_tanh(y);
-            else if (act == Activation::Relu) y = _mm512_max_ps(y, _mm512_setzero_ps());
+            __m512 y = bias_activation(acc[r][h], bias, c, act);
             if (residual != nullptr) {
                 const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(residual + at));
                 y = _mm512_add_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
@@ -158,7 +164,6 @@ void linear_avx512bf16(const uint16_t* x, int64_t m, int64_t k, const uint32_t* 
     });
 }
 
-#define FASTDPR_AVX512F __attribute__((target("avx512f")))
 
 // Weights prefetched ahead in fp32: 32 inputs of a panel, 4 KiB (the weights of an fp32 MiniLM, 42 MB, come from
 // DRAM as much as from L3).
@@ -183,11 +188,7 @@ FASTDPR_AVX512F void rows_panel_f32(const float* x, int64_t k, const float* pane
     for (int r = 0; r < R; ++r)
         for (int h = 0; h < 2; ++h) {
             const int64_t c = col + 16 * h, at = (row + r) * n + c;
-            __m512 y = acc[r][h];
-            if (bias != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + c));
-            if (act == Activation::Gelu) y = vecmath::gelu_erf(y);
-            else if (act == Activation::GeluTanh) y = vecmath::gelu_tanh(y);
-            else if (act == Activation::Relu) y = _mm512_max_ps(y, _mm512_setzero_ps());
+            __m512 y = bias_activation(acc[r][h], bias, c, act);
             if (residual != nullptr) y = _mm512_add_ps(y, _mm512_loadu_ps(residual + at));
             _mm512_storeu_ps(out + at, y);
         }
