@@ -16,6 +16,7 @@
 
 #include "attention.h"
 #include "bf16.h"
+#include "parallel.h"
 #include "vecmath.h"
 
 namespace fastdpr::linear {
@@ -54,12 +55,14 @@ constexpr int kRows = 14;
 
 // Panels outer: a panel's weights are read from memory once and stay in L1/L2 for the next block of rows. The
 // rows split into blocks of equal size (15 rows: 8 + 7, not 14 + 1: a block of one row would pay a whole pass over
-// the panel for one row's products). fn(rows, first row, first column) runs one block.
+// the panel for one row's products). fn(rows, first row, first column) runs one block. Threads take whole panels
+// (each writes its own output columns); fn only computes, it cannot throw.
 template <class Block>
-void for_blocks(int64_t m, int64_t n, Block&& fn) {
-    const int64_t blocks = (m + kRows - 1) / kRows, per = (m + blocks - 1) / blocks;
-    for (int64_t c = 0; c < n; c += kPanel)
-        for (int64_t r = 0; r < m; r += per) fn(static_cast<int>(std::min<int64_t>(per, m - r)), r, c);
+void for_blocks(int64_t m, int64_t n, int threads, Block&& fn) {
+    const int64_t blocks = (m + kRows - 1) / kRows, per = (m + blocks - 1) / blocks, panels = n / kPanel;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && panels > 1)
+    for (int64_t pi = 0; pi < panels; ++pi)
+        for (int64_t r = 0; r < m; r += per) fn(static_cast<int>(std::min<int64_t>(per, m - r)), r, pi * kPanel);
 }
 
 void linear_scalar(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed, int64_t n, const float* bias,
@@ -156,9 +159,9 @@ constexpr RowsPanel kRowsPanel[kRows + 1] = {
 
 void linear_avx512bf16(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed, int64_t n,
                        const float* bias, Activation act, const uint16_t* residual, uint16_t* out_bf16,
-                       float* out_f32) {
+                       float* out_f32, int threads) {
     const int64_t panel_size = (k / 2) * kPanel;
-    for_blocks(m, n, [&](int rows, int64_t r, int64_t c) {
+    for_blocks(m, n, threads, [&](int rows, int64_t r, int64_t c) {
         kRowsPanel[rows](x + r * k, k, packed + (c / kPanel) * panel_size, c, bias, act, residual, r, n, out_bf16,
                          out_f32);
     });
@@ -234,14 +237,16 @@ void pack_weight(const uint16_t* w, int64_t n, int64_t k, uint32_t* packed) {
 }
 
 void linear_bf16(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed, int64_t n, const float* bias,
-                 Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32, Path path) {
+                 Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32, Path path,
+                 int threads) {
     if ((out_bf16 == nullptr) == (out_f32 == nullptr))
         throw std::invalid_argument("linear_bf16: exactly one of a bf16 and a float32 output");
     if (path == Path::AVX512 || !supported(path))
         throw std::invalid_argument(std::string("linear_bf16: path '") + path_name(path) + "' does not run here");
 #if defined(__x86_64__) || defined(_M_X64)
     if (path == Path::AVX512BF16)
-        return linear_avx512bf16(x, m, k, packed, n, bias, act, residual, out_bf16, out_f32);
+        return linear_avx512bf16(x, m, k, packed, n, bias, act, residual, out_bf16, out_f32,
+                                 resolve_threads(threads));
 #endif
     linear_scalar(x, m, k, packed, n, bias, act, residual, out_bf16, out_f32);
 }
@@ -255,12 +260,12 @@ void pack_weight_f32(const float* w, int64_t n, int64_t k, float* packed) {
 }
 
 void linear_f32(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, const float* bias,
-                Activation act, const float* residual, float* out, Path path) {
+                Activation act, const float* residual, float* out, Path path, int threads) {
     if (path == Path::AVX512BF16 || !supported(path))
         throw std::invalid_argument(std::string("linear_f32: path '") + path_name(path) + "' does not run here");
 #if defined(__x86_64__) || defined(_M_X64)
     if (path == Path::AVX512) {
-        for_blocks(m, n, [&](int rows, int64_t r, int64_t c) {
+        for_blocks(m, n, resolve_threads(threads), [&](int rows, int64_t r, int64_t c) {
             kRowsPanelF32[rows](x + r * k, k, packed + (c / kPanel) * k * kPanel, c, bias, act, residual, r, n, out);
         });
         return;

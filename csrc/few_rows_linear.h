@@ -34,15 +34,17 @@ constexpr int64_t kPanel = 32;
 void pack_weight(const uint16_t* w, int64_t n, int64_t k, uint32_t* packed);
 
 // x: (m, k) bf16; bias: n floats or nullptr; residual: (m, n) bf16 or nullptr; exactly one of out_bf16 / out_f32
-// (m, n) is non-null. out = act(x Wᵀ + bias) + residual.
+// (m, n) is non-null. out = act(x Wᵀ + bias) + residual. `threads` split the 32-column panels (0: OpenMP's
+// default); the scalar path runs on one.
 void linear_bf16(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed, int64_t n, const float* bias,
-                 Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32, Path path);
+                 Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32, Path path,
+                 int threads = 1);
 
 // w: (n, k) float32, row-major → packed: (n / 32) panels of k × 32 floats.
 void pack_weight_f32(const float* w, int64_t n, int64_t k, float* packed);
 
 // The same in fp32: x (m, k), residual (m, n) or nullptr, out (m, n).
 void linear_f32(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, const float* bias,
-                Activation act, const float* residual, float* out, Path path);
+                Activation act, const float* residual, float* out, Path path, int threads = 1);
 
 }  // namespace fastdpr::linear

@@ -110,8 +110,10 @@ void bind_linear(py::module_& m) {
     m.def(
         "linear_bf16",
         [](const U16In& x, const U32Array& packed, py::handle out_features, py::object bias,
-           const std::string& activation, py::object residual, py::array out, const std::string& path_name) {
+           const std::string& activation, py::object residual, py::array out, const std::string& path_name,
+           py::handle threads_arg) {
             const std::string fn = "linear_bf16";
+            const int threads = arg_threads(threads_arg);
             const int64_t n = arg_int(out_features, "out_features", 1);
             FloatArray bias_arr;
             const float* b = check_common(fn, x, packed_values(fn, packed), n, 2, bias, bias_arr);
@@ -129,18 +131,21 @@ void bind_linear(py::module_& m) {
             const uint16_t* xs = x.data();
             const uint32_t* pw = packed.data();
             py::gil_scoped_release release;
-            linear::linear_bf16(xs, rows, k, pw, n, b, act, res, out16, out32, path);
+            linear::linear_bf16(xs, rows, k, pw, n, b, act, res, out16, out32, path, threads);
         },
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
         py::arg("activation") = "", py::arg("residual") = py::none(), py::arg("out").noconvert(),
-        py::arg("path") = "",
+        py::arg("path") = "", py::arg("threads") = 1,
         "activation(x Wᵀ + bias) + residual for few rows of bf16 (see csrc/few_rows_linear.h; activation '', "
-        "'gelu', 'gelu_tanh' or 'relu'), written to `out`: bf16 bits (uint16, rounded once) or float32.");
+        "'gelu', 'gelu_tanh' or 'relu'), written to `out`: bf16 bits (uint16, rounded once) or float32; `threads` "
+        "split the output columns (0: all cores).");
     m.def(
         "linear_f32",
         [](const F32In& x, const F32In& packed, py::handle out_features, py::object bias,
-           const std::string& activation, py::object residual, py::array out, const std::string& path_name) {
+           const std::string& activation, py::object residual, py::array out, const std::string& path_name,
+           py::handle threads_arg) {
             const std::string fn = "linear_f32";
+            const int threads = arg_threads(threads_arg);
             const int64_t n = arg_int(out_features, "out_features", 1);
             FloatArray bias_arr;
             const float* b = check_common(fn, x, packed_values(fn, packed), n, 1, bias, bias_arr);
@@ -155,13 +160,14 @@ void bind_linear(py::module_& m) {
             const float *xs = x.data(), *pw = packed.data();
             float* o = static_cast<float*>(out.mutable_data());
             py::gil_scoped_release release;
-            linear::linear_f32(xs, rows, k, pw, n, b, act, res, o, path);
+            linear::linear_f32(xs, rows, k, pw, n, b, act, res, o, path, threads);
         },
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
         py::arg("activation") = "", py::arg("residual") = py::none(), py::arg("out").noconvert(),
-        py::arg("path") = "",
+        py::arg("path") = "", py::arg("threads") = 1,
         "activation(x Wᵀ + bias) + residual for few rows of float32 (see csrc/few_rows_linear.h; activation '', "
-        "'gelu', 'gelu_tanh' or 'relu'), written to the float32 array `out`.");
+        "'gelu', 'gelu_tanh' or 'relu'), written to the float32 array `out`; `threads` split the output columns (0: "
+        "all cores).");
 }
 
 }  // namespace fastdpr::bind

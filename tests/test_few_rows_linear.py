@@ -48,6 +48,11 @@ def test_every_path_matches_the_float64_product_and_the_scalar_path(rows, k, n, 
     scalar = _run(x, packed, n, bias, residual, "scalar", torch.float32)
     for path in PATHS:
         got = _run(x, packed, n, bias, residual, path, torch.float32)
+        # threads take whole 32-column panels: the same sums, bit for bit
+        threaded = torch.empty(rows, n)
+        C.linear_bf16(_bits(x), packed, n, None if bias is None else bias.numpy(), "",
+                      None if residual is None else _bits(residual), threaded.numpy(), path, 3)
+        assert torch.equal(threaded, got), f"{path} seed {seed}"
         # fp32 sums of k exact products: a few ulps of the largest partial sum
         np.testing.assert_allclose(got.double(), want, rtol=0, atol=k * 2e-7 * scale, err_msg=f"{path} seed {seed}")
         np.testing.assert_allclose(got, scalar, rtol=0, atol=k * 2e-7 * scale, err_msg=f"{path} seed {seed}")
@@ -83,6 +88,9 @@ def test_every_f32_path_matches_the_float64_product_and_the_scalar_path(rows, k,
     np.testing.assert_allclose(scalar, want, rtol=0, atol=atol)
     for path in F32_PATHS:
         got = _run_f32(x, packed, n, bias, residual, path)
+        threaded = np.empty_like(got)
+        C.linear_f32(x, packed, n, bias, "", residual, threaded, path, 3)
+        np.testing.assert_array_equal(threaded, got, err_msg=path)
         np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=path)
         np.testing.assert_allclose(got, scalar, rtol=0, atol=atol, err_msg=path)
 
@@ -102,6 +110,8 @@ def test_f32_arguments_are_checked():
         C.linear_f32(x, packed, 64, None, "", None, np.empty((3, 64), np.uint16))
     with pytest.raises(ValueError, match="unknown path"):
         C.linear_f32(x, packed, 64, None, "", None, np.empty((3, 64), np.float32), "avx512bf16")
+    with pytest.raises(ValueError, match="threads"):
+        C.linear_f32(x, packed, 64, None, "", None, np.empty((3, 64), np.float32), "", -1)
     with pytest.raises(ValueError, match="unknown path"):
         C.linear_bf16(np.ones((3, 8), np.uint16), C.linear_bf16_pack(np.ones((64, 8), np.uint16)), 64, None, "",
                       None, np.empty((3, 64), np.float32), "avx512")

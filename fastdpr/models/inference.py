@@ -238,15 +238,15 @@ class FusedLinear(nn.Module):
         of oneDNN's fused epilogue)."""
         packed, bias = self.few_rows
         out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
-        activation = _FEW_ROWS_ACTIVATIONS[self.activation]
+        activation, threads = _FEW_ROWS_ACTIVATIONS[self.activation], torch.get_num_threads()
         if x.dtype == torch.bfloat16:
             _few_rows_kernel(x.dtype).linear_bf16(_bits(x.contiguous()), packed, self.out_features, bias, activation,
                                                   None if residual is None else _bits(residual.contiguous()),
-                                                  _bits(out))
+                                                  _bits(out), threads=threads)
         else:
             _few_rows_kernel(x.dtype).linear_f32(x.contiguous().numpy(), packed, self.out_features, bias, activation,
                                                  None if residual is None else residual.contiguous().numpy(),
-                                                 out.numpy())
+                                                 out.numpy(), threads=threads)
         return out
 
 
@@ -583,7 +583,7 @@ class FewRowsTower:
         def linear(spec, inp, residual=None):
             packed, bias, width, activation = spec
             out = np.empty((tokens, width), dtype=self.np_dtype)
-            self.linear_fn(inp, packed, width, bias, activation, residual, out)
+            self.linear_fn(inp, packed, width, bias, activation, residual, out, "", threads)
             return out
 
         for qkv, attn_out, ln1, inter, out, ln2 in self.layers:
