@@ -204,7 +204,8 @@ class FusedLinear(nn.Module):
         if onednn_linear_available(weight.device, dtype):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS_HINT)
         kernel = _few_rows_kernel(dtype) if weight.device.type == "cpu" else None
-        if kernel is not None and self.out_features % 32 == 0 and (dtype != torch.bfloat16 or self.in_features % 2 == 0):
+        pairs_fit = dtype != torch.bfloat16 or self.in_features % 2 == 0  # bf16 panels hold column pairs
+        if kernel is not None and self.out_features % 32 == 0 and pairs_fit:
             bias = None if self.bias is None else self.bias.detach().float().numpy()
             packed = kernel.linear_bf16_pack(_bits(weight.contiguous())) if dtype == torch.bfloat16 else \
                 kernel.linear_f32_pack(weight.contiguous().numpy())
