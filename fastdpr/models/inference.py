@@ -501,11 +501,11 @@ class FewRowsTower:
     layer and no torch operator, used by :class:`PackedBert` at up to ``_FEW_ROWS`` tokens where the few-rows kernel
     runs (:func:`_few_rows_kernel`).
 
-    Why: at a dozen tokens each torch call around the kernels costs microseconds of dispatch (``torch.empty``
-    ~2 µs, a bf16 tensor's numpy view ~3 µs, ``layer_norm`` ~13 µs against ~4 µs compiled), ~0.5 ms of a ~3.5 ms
-    MiniLM question in bf16. The arithmetic and its roundings are those of the torch path through the same
-    kernels: embeddings summed and normalised in fp32 (then rounded to bf16 once); each layer's sums in fp32 (then
-    rounded once)."""
+    Why: at a dozen tokens each torch call around the kernels is mostly dispatch (an allocation, a bf16 tensor's
+    numpy view, a layer norm: ``benchmarks/micro/test_micro_layer_norm.py``), together about a sixth of a bf16
+    MiniLM question (the whole path against the torch one: ``benchmarks/few_rows_bench.py``). The arithmetic and
+    its roundings are those of the torch path through the same kernels: embeddings summed and normalised in fp32
+    (then rounded to bf16 once); each layer's sums in fp32 (then rounded once)."""
 
     def __init__(self, kernel, dtype: torch.dtype, embeddings, emb_norm, layers, heads: int, hidden: int):
         self.kernel, self.dtype = kernel, dtype
