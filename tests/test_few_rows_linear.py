@@ -267,3 +267,21 @@ def test_one_question_through_the_few_rows_tower_equals_the_batched_path(tmp_pat
     np.testing.assert_allclose(one, batched, rtol=0, atol=1e-6)
     if similarity == "cosine":
         np.testing.assert_allclose(np.linalg.norm(one, axis=1), 1.0, rtol=1e-6)
+
+
+def test_the_few_rows_tower_refuses_token_ids_out_of_range(tmp_path, monkeypatch):
+    from tiny_models import tiny_bert_dir
+
+    from fastdpr.errors import InputError
+    from fastdpr.models import BiEncoder, BiEncoderConfig
+
+    monkeypatch.setattr(inference, "_few_rows_kernel", lambda dtype: C)
+    monkeypatch.setattr(inference, "_attention_kernel", lambda dtype: C)
+    qdir = tiny_bert_dir(tmp_path, name="tiny-few-rows", hidden=64, layers=2, heads=4, intermediate=128, seed=7)
+    model = BiEncoder.from_encoders(qdir, None, config=BiEncoderConfig(shared=True)).eval()
+    vocab = model.question_encoder.config.vocab_size
+    assert model.encode_token_lists([([1, 5, 2], None)], "question", precision="fp32").shape == (1, 64)
+    for seq, what in [(([1, -5, 2], None), "token id -5"), (([1, vocab, 2], None), f"token id {vocab}"),
+                      (([1, 5, 2], [0, 7, 0]), "token type id 7")]:
+        with pytest.raises(InputError, match=what):
+            model.encode_token_lists([seq], "question", precision="fp32")

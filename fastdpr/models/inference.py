@@ -573,6 +573,11 @@ class FewRowsTower:
         """(tokens, hidden) last hidden states, float32 or bf16 bits (uint16)."""
         k, tokens = self.kernel, len(ids)
         word, position, token_type = self.embeddings
+        # numpy indexing wraps negative ids around where torch's embedding raises: never a silent wrong vector
+        for values, table, what in ((ids, word, "token id"), (types, token_type, "token type id")):
+            if tokens and (values.min() < 0 or values.max() >= len(table)):
+                bad = values[(values < 0) | (values >= len(table))][0]
+                raise InputError(f"{what} {int(bad)} is out of range: the model has {len(table)}")
         e = word[ids]
         e += position[positions]
         e += token_type[types]
