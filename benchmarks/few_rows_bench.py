@@ -150,8 +150,8 @@ def main(argv=None) -> int:
     lines.append(f"- load average at the end {load:.1f} on {os.cpu_count()} cores")
     body = "\n".join(lines)
     name = "few_rows" if args.threads == 1 else f"few_rows_{args.threads}threads"
-    path = _common.write_results(name, args.out, {"layers": layers, "questions": per_q,
-                                                         "min_cosine": cosines, "load": load}, body)
+    path = _common.write_results(name, args.out, {"layers": layers, "questions": per_q, "min_cosine": cosines,
+                                                  "load": load}, body)
     print(body)
     print(f"wrote {path}")
     return 0
