@@ -30,7 +30,6 @@
 namespace fastdpr::attention {
 namespace {
 
-
 // One (sequence, head): rows `q`, `k`, `v` of `length` tokens with row stride `ld`; output rows of stride `ldo`.
 struct Task {
     int64_t first_row, length, head;

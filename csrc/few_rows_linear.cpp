@@ -140,7 +140,7 @@ FASTDPR_AVX512BF16 void rows_panel(const uint16_t* x, int64_t k, const uint32_t*
             __m512 y = bias_activation(acc[r][h], bias, c, act);
             if (residual != nullptr) {
                 const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(residual + at));
-                y = _mm512_add_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)));
+                y = _mm512_add_ps(y, bf16::widen16(bits));
             }
             if (out_bf16 != nullptr)
                 _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_bf16 + at), (__m256i)_mm512_cvtneps_pbh(y));
@@ -166,7 +166,6 @@ void linear_avx512bf16(const uint16_t* x, int64_t m, int64_t k, const uint32_t* 
                          out_f32);
     });
 }
-
 
 // Weights prefetched ahead in fp32: 32 inputs of a panel, 4 KiB (the weights of an fp32 MiniLM, 42 MB, come from
 // DRAM as much as from L3).

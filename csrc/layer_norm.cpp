@@ -36,17 +36,16 @@ void scalar(const float* x_f32, const uint16_t* x_bf16, int64_t rows, int64_t wi
 }
 
 #if defined(__x86_64__) || defined(_M_X64)
-#define FASTDPR_AVX512F __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define FASTDPR_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl")))
 
-FASTDPR_AVX512F inline __m512 load(const float* x_f32, const uint16_t* x_bf16, int64_t at, __mmask16 mask) {
+FASTDPR_AVX512BW inline __m512 load(const float* x_f32, const uint16_t* x_bf16, int64_t at, __mmask16 mask) {
     if (x_f32 != nullptr) return _mm512_maskz_loadu_ps(mask, x_f32 + at);
-    const __m256i bits = _mm256_maskz_loadu_epi16(mask, x_bf16 + at);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    return bf16::widen16(_mm256_maskz_loadu_epi16(mask, x_bf16 + at));
 }
 
 // Round to nearest even in integer arithmetic (AVX-512F has no bf16 conversion), NaNs kept quiet: the same bits
 // as bf16::from_float and vcvtneps2bf16.
-FASTDPR_AVX512F inline __m256i to_bf16(__m512 y) {
+FASTDPR_AVX512BW inline __m256i to_bf16(__m512 y) {
     const __m512i bits = _mm512_castps_si512(y);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
     __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
@@ -55,7 +54,7 @@ FASTDPR_AVX512F inline __m256i to_bf16(__m512 y) {
     return _mm512_cvtepi32_epi16(rounded);
 }
 
-FASTDPR_AVX512F void avx512(const float* x_f32, const uint16_t* x_bf16, int64_t rows, int64_t width,
+FASTDPR_AVX512BW void avx512(const float* x_f32, const uint16_t* x_bf16, int64_t rows, int64_t width,
                             const float* gamma, const float* beta, float eps, float* out_f32, uint16_t* out_bf16) {
     const auto mask_at = [width](int64_t i) {
         return width - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (width - i)) - 1);

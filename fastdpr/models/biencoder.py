@@ -15,7 +15,6 @@ from torch import nn
 from fastdpr.errors import InputError
 from fastdpr.models.batching import TokenLists, TokenSeq, length_sorted_batches, pad_batch, token_runs
 from fastdpr.models.config import CONFIG_NAME, BiEncoderConfig
-from fastdpr.models import inference
 from fastdpr.models.inference import build_tower, pack, pool_packed, resolve_precision, weights_state
 from fastdpr.models.loading import (
     directory_kind,
@@ -504,10 +503,10 @@ class BiEncoder(nn.Module):
         return self._forward_pass(engine, projection, seqs, device)
 
     def _forward_pass(self, engine, projection, seqs: Sequence[TokenSeq], device) -> np.ndarray:
-        few_rows = getattr(engine, "few_rows", None)
-        if few_rows is not None and projection is None and len(seqs) == 1 and len(seqs[0][0]) <= inference._FEW_ROWS:
-            # a question at query time: numpy from token ids to vector (inference.FewRowsTower)
-            return few_rows.vector(seqs[0][0], seqs[0][1], self.config.pooling, self.config.normalize)
+        if projection is None and len(seqs) == 1:  # a question at query time: numpy from token ids to vector
+            vec = engine.one_vector(seqs[0], self.config.pooling, self.config.normalize)
+            if vec is not None:
+                return vec
         batch = pack(seqs, device)
         vec = pool_packed(engine(batch), batch.groups, self.config.pooling)
         if projection is not None:

@@ -490,6 +490,14 @@ class PackedBert(nn.Module):
             x = layer(x, batch)
         return x
 
+    def one_vector(self, seq: tuple[Sequence[int], Sequence[int] | None], pooling: str,
+                   normalize: bool) -> np.ndarray | None:
+        """(1, hidden) float32 pooled vector of one sequence through the few-rows forward pass in numpy
+        (:meth:`FewRowsTower.vector`), or None where it does not apply (then pack and call the tower)."""
+        if self.few_rows is None or len(seq[0]) > _FEW_ROWS:
+            return None
+        return self.few_rows.vector(seq[0], seq[1], pooling, normalize)
+
     def _apply(self, fn, recurse=True):
         self.few_rows = None  # its arrays are views of the old weights
         return super()._apply(fn, recurse)
@@ -556,7 +564,7 @@ class FewRowsTower:
         """(1, hidden) float32: one sequence encoded, pooled (``cls`` or ``mean``) and optionally L2-normalised,
         all in numpy. The same numbers as ``pool_packed`` and ``l2_normalize`` on this tower's output, to fp32
         rounding; the point is the calls it saves: after the weights have streamed through the caches, each torch
-        call of packing and pooling a question cost 50-150 µs."""
+        call of packing and pooling a question costs far more than its arithmetic."""
         length = len(ids)
         ids = np.asarray(ids, dtype=np.int64)
         types = np.zeros(length, dtype=np.int64) if types is None else np.asarray(types, dtype=np.int64)
@@ -610,6 +618,9 @@ class PaddedTower(nn.Module):
         self.encoder = copy.deepcopy(encoder)
         self.pad_id = pad_id
         self.compute_dtype = torch.float32
+
+    def one_vector(self, seq, pooling: str, normalize: bool) -> None:
+        return None  # no numpy path: pack and call the tower
 
     def set_precision(self, precision: str) -> "PaddedTower":
         if precision in ("bf16", "fp16"):
