@@ -510,7 +510,7 @@ class FewRowsTower:
     runs (:func:`_few_rows_kernel`).
 
     Why: at a dozen tokens each torch call around the kernels is mostly dispatch (an allocation, a bf16 tensor's
-    numpy view, a layer norm: ``benchmarks/micro/test_micro_layer_norm.py``), together about a sixth of a bf16
+    numpy view, a layer norm: ``benchmarks/micro/test_micro_layer_norm.py``), together a sizeable share of a bf16
     MiniLM question (the whole path against the torch one: ``benchmarks/few_rows_bench.py``). The arithmetic and
     its roundings are those of the torch path through the same kernels: embeddings summed and normalised in fp32
     (then rounded to bf16 once); each layer's sums in fp32 (then rounded once)."""
