@@ -25,6 +25,15 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+double residual_sq(const float* x, const float* c, int64_t d) {
+    double s = 0;
+    for (int64_t t = 0; t < d; ++t) {
+        const double r = static_cast<double>(x[t]) - c[t];
+        s += r * r;
+    }
+    return s;
+}
+
 // Sum of the table entries picked by one code row, accumulated in order j = 0..m-1 from `base` (the same order
 // the numpy fallback uses, so both give the same float32 sums from the same tables). Four rows at a time for
 // instruction-level parallelism: the loop is bound by dependent table loads, not arithmetic.
@@ -143,7 +152,7 @@ public:
     // read only for the candidates that survive to take() (and for ties at a cut): most candidates are cut, and
     // reading each one's position where it is found, a cache miss in a list's positions, cost ~10% of a search
     // (1M x 384, nprobe 512, rerank 1000: ~3,900 candidates per query).
-    void push(float v, const int64_t* pos) {
+    void push(float v, const uint32_t* pos) {
         keys_.push_back(uint64_t{order_bits(v)} << 32 | static_cast<uint32_t>(pos_.size()));
         pos_.push_back(pos);
         if (keys_.size() >= 2 * keep_) cut();
@@ -214,7 +223,7 @@ private:
     size_t keep_ = 0;
     float thr_ = 0.f;
     std::vector<uint64_t> keys_, tie_keys_, scratch_;
-    std::vector<const int64_t*> pos_, kept_pos_;
+    std::vector<const uint32_t*> pos_, kept_pos_;
     std::vector<size_t> tie_at_;
 };
 
@@ -238,6 +247,7 @@ IVFPQ::IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage sto
     code_off_.assign(static_cast<size_t>(nlist), 0);
     code_room_.assign(static_cast<size_t>(nlist), 0);
     list_pos_.resize(nlist);
+    list_sq_.assign(static_cast<size_t>(nlist), 0.0);
 }
 
 void IVFPQ::check_trained(const char* what) const {
@@ -283,12 +293,23 @@ void IVFPQ::relayout(const std::vector<int64_t>& room) {
 
 size_t IVFPQ::memory_bytes() const {
     const size_t n = static_cast<size_t>(ntotal_);
-    return codes_.size() + n * (sizeof(int64_t) + vector_bytes()) +
-           sizeof(float) * (centroids_.size() + codebooks_.size());
+    return codes_.size() + n * (sizeof(uint32_t) + vector_bytes()) +
+           sizeof(float) * (centroids_T_.size() + codebooks_.size()) + sizeof(double) * list_sq_.size();
 }
 
-void IVFPQ::prepare_tables() {
-    centroids_T_ = pack_columns(centroids_.data(), nlist_, d_);
+std::vector<float> IVFPQ::centroids() const {
+    if (!trained_) return {};
+    return unpack_columns(centroids_T_.data(), nlist_, d_);
+}
+
+float IVFPQ::list_spread(int64_t l) const {
+    const double n = static_cast<double>(list_pos_.at(l).size());
+    if (n < 2) return 0.f;
+    return static_cast<float>(std::sqrt(list_sq_[l] / n / static_cast<double>(d_) * 2.0 * std::log(n)));
+}
+
+void IVFPQ::prepare_tables(const float* centroids) {
+    centroids_T_ = pack_columns(centroids, nlist_, d_);
     const size_t stride = packed_size(ksub_, dsub_);  // 256 is a whole number of tiles, 16 is padded to one
     codebooks_T_.assign(stride * m_, 0.f);
     for (int64_t j = 0; j < m_; ++j) {
@@ -317,7 +338,7 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
     cp.spherical = p.spherical;
     cp.balance = p.balance;
     cp.max_points_per_centroid = p.max_points_per_centroid;
-    centroids_ = kmeans(x, n, d_, cp).centroids;
+    const std::vector<float> cent = kmeans(x, n, d_, cp).centroids;
 
     // The codebooks learn residuals of a seeded subsample.
     std::mt19937_64 rng(p.seed ^ 0x9e3779b97f4a7c15ULL);
@@ -333,9 +354,9 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
     std::vector<float> sample(static_cast<size_t>(np) * d_);
     for (int64_t i = 0; i < np; ++i) std::memcpy(&sample[i * d_], x + pick[i] * d_, sizeof(float) * d_);
     std::vector<int64_t> lists(np);
-    assign_lists(sample.data(), np, lists.data());
+    assign_lists(cent.data(), sample.data(), np, lists.data());
     for (int64_t i = 0; i < np; ++i)
-        for (int64_t t = 0; t < d_; ++t) sample[i * d_ + t] -= centroids_[lists[i] * d_ + t];
+        for (int64_t t = 0; t < d_; ++t) sample[i * d_ + t] -= cent[lists[i] * d_ + t];
 
     codebooks_.assign(static_cast<size_t>(m_) * ksub_ * dsub_, 0.f);
     std::vector<float> sub(static_cast<size_t>(np) * dsub_);
@@ -350,36 +371,36 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
         const std::vector<float> cb = kmeans(sub.data(), np, dsub_, sp).centroids;
         std::copy(cb.begin(), cb.end(), codebooks_.begin() + j * ksub_ * dsub_);
     }
-    prepare_tables();
+    prepare_tables(cent.data());
     trained_ = true;
 }
 
 void IVFPQ::set_trained(const float* centroids, const float* codebooks) {
     std::unique_lock<std::shared_mutex> lock(mu_);
     if (size() > 0) throw std::runtime_error("ivfpq: cannot replace the trained state of an index holding vectors");
-    centroids_.assign(centroids, centroids + nlist_ * d_);
     codebooks_.assign(codebooks, codebooks + m_ * ksub_ * dsub_);
-    prepare_tables();
+    prepare_tables(centroids);
     trained_ = true;
 }
 
-void IVFPQ::assign_lists(const float* x, int64_t n, int64_t* lists) const {
-    assign_nearest(x, n, centroids_.data(), nlist_, d_, assign_by_ip_, lists, nullptr);
+void IVFPQ::assign_lists(const float* cent, const float* x, int64_t n, int64_t* lists) const {
+    assign_nearest(x, n, cent, nlist_, d_, assign_by_ip_, lists, nullptr);
 }
 
-void IVFPQ::encode_residuals(const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const {
+void IVFPQ::encode_residuals(const float* cent, const float* x, int64_t n, const int64_t* lists,
+                             uint8_t* codes) const {
     std::vector<float> sub(static_cast<size_t>(n) * dsub_);
     std::vector<int64_t> lab(n);
     for (int64_t j = 0; j < m_; ++j) {
         for (int64_t i = 0; i < n; ++i) {
             const float* xi = x + i * d_ + j * dsub_;
-            const float* ci = &centroids_[lists[i] * d_ + j * dsub_];
+            const float* ci = cent + lists[i] * d_ + j * dsub_;
             for (int64_t t = 0; t < dsub_; ++t) sub[i * dsub_ + t] = xi[t] - ci[t];
         }
         assign_nearest(sub.data(), n, &codebooks_[j * ksub_ * dsub_], ksub_, dsub_, false, lab.data(), nullptr);
         for (int64_t i = 0; i < n; ++i) codes[i * m_ + j] = static_cast<uint8_t>(lab[i]);
     }
-    if (nbits_ == 4 && aniso_eta_ != 1.f) refine_anisotropic(x, n, lists, codes);
+    if (nbits_ == 4 && aniso_eta_ != 1.f) refine_anisotropic(cent, x, n, lists, codes);
 }
 
 void IVFPQ::set_aniso_eta(float eta) {
@@ -396,7 +417,8 @@ void IVFPQ::set_aniso_eta(float eta) {
 // sub-space at a time, the codeword that minimises L with the others fixed. Each step cannot raise L, so two
 // sweeps from the nearest-codeword codes keep what the L2 start got right. fastdpr/index/pq4.py (training) takes
 // the same steps.
-void IVFPQ::refine_anisotropic(const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const {
+void IVFPQ::refine_anisotropic(const float* cent, const float* x, int64_t n, const int64_t* lists,
+                               uint8_t* codes) const {
     constexpr int kSweeps = 2;
     constexpr int64_t kMaxDsub = 64;  // wider sub-vectors keep their nearest codeword
     if (dsub_ > kMaxDsub) return;
@@ -409,7 +431,7 @@ void IVFPQ::refine_anisotropic(const float* x, int64_t n, const int64_t* lists, 
             r.resize(d_);
             u.resize(d_);
             const float* xi = x + i * d_;
-            const float* ci = &centroids_[lists[i] * d_];
+            const float* ci = cent + lists[i] * d_;
             double nrm = 0;
             for (int64_t t = 0; t < d_; ++t) nrm += static_cast<double>(xi[t]) * xi[t];
             if (!(nrm > 0) || !std::isfinite(nrm)) return;
@@ -482,8 +504,9 @@ void IVFPQ::append_codes(int64_t l, const uint8_t* row) {
 void IVFPQ::encode(const float* x, int64_t n, int64_t* lists, uint8_t* codes) const {
     std::shared_lock<std::shared_mutex> lock(mu_);
     check_trained("encode()");
-    assign_lists(x, n, lists);
-    encode_residuals(x, n, lists, codes);
+    const std::vector<float> cent = centroids();
+    assign_lists(cent.data(), x, n, lists);
+    encode_residuals(cent.data(), x, n, lists, codes);
 }
 
 void IVFPQ::own_vectors() {
@@ -498,15 +521,16 @@ void IVFPQ::add(const float* x, int64_t n) {
     std::unique_lock<std::shared_mutex> lock(mu_);
     check_trained("add()");
     if (n <= 0) return;
-    if (n > kMaxRows - ntotal_)
-        throw std::invalid_argument("ivfpq: an index holds at most 2^40 vectors; " + str(ntotal_) + " + " + str(n) +
-                                    " is more");
+    if (n > kMaxVectors - ntotal_)
+        throw std::invalid_argument("ivfpq: an index holds at most 2^32 - 1 vectors; " + str(ntotal_) + " + " +
+                                    str(n) + " is more");
     own_vectors();
+    const std::vector<float> cent = centroids();
     constexpr int64_t kChunk = 1 << 15;  // bounds the residual buffers on large adds
     // every row's list first, so that the codes are laid out once with room for all of them
     std::vector<int64_t> all_lists(static_cast<size_t>(n));
     for (int64_t c0 = 0; c0 < n; c0 += kChunk)
-        assign_lists(x + c0 * d_, std::min(kChunk, n - c0), all_lists.data() + c0);
+        assign_lists(cent.data(), x + c0 * d_, std::min(kChunk, n - c0), all_lists.data() + c0);
     {
         std::vector<int64_t> len(static_cast<size_t>(nlist_));
         for (int64_t l = 0; l < nlist_; ++l) len[l] = list_size(l);
@@ -530,12 +554,13 @@ void IVFPQ::add(const float* x, int64_t n) {
         const float* xc = x + c0 * d_;
         const int64_t* lists = all_lists.data() + c0;
         codes.resize(static_cast<size_t>(nc) * m_);
-        encode_residuals(xc, nc, lists, codes.data());
+        encode_residuals(cent.data(), xc, nc, lists, codes.data());
         const int64_t pos0 = size();
         for (int64_t i = 0; i < nc; ++i) {
             const int64_t l = lists[i];
             append_codes(l, &codes[i * m_]);
-            list_pos_[l].push_back(pos0 + i);
+            list_pos_[l].push_back(static_cast<uint32_t>(pos0 + i));
+            list_sq_[l] += residual_sq(xc + i * d_, &cent[l * d_], d_);
         }
         ntotal_ += nc;
         if (vb) {
@@ -551,10 +576,12 @@ void IVFPQ::add(const float* x, int64_t n) {
 }
 
 void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
-                   int64_t* out_ids, int threads) const {
+                   int64_t* out_ids, int threads, float spread) const {
     if (k <= 0) throw std::invalid_argument("ivfpq: k must be positive, got " + str(k));
     if (nprobe <= 0) throw std::invalid_argument("ivfpq: nprobe must be positive, got " + str(nprobe));
     if (rerank < 0) throw std::invalid_argument("ivfpq: rerank must be >= 0, got " + str(rerank));
+    if (!(spread >= 0.f) || !std::isfinite(spread))
+        throw std::invalid_argument("ivfpq: spread must be a finite number >= 0, got " + std::to_string(spread));
     if (rerank > 0 && storage_ == VectorStorage::None)
         throw std::invalid_argument("ivfpq: rerank needs the full vectors; build the index with store=fp16 or fp32");
     const int nthreads = resolve_threads(threads);
@@ -570,12 +597,17 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
     const pq4::FilterFn filter4 = pq4::filter_kernel();
     const auto lut4 = simd::current() == simd::Level::AVX512 ? lut4_avx512 : lut4_scalar;
     const size_t cb_stride = packed_size(ksub_, dsub_);
+    std::vector<float> list_spreads;  // spread * s_l, multiplied by |q| per query
+    if (spread > 0.f) {
+        list_spreads.resize(static_cast<size_t>(nlist_));
+        for (int64_t l = 0; l < nlist_; ++l) list_spreads[l] = spread * list_spread(l);
+    }
     constexpr int64_t G = 8;  // queries per coarse-product call: each centroid tile load feeds 8 queries
     const int64_t ngroups = (nq + G - 1) / G;
     const float ninf = -std::numeric_limits<float>::infinity();
 
     struct Scratch {
-        std::vector<float> qc, lut, buf;
+        std::vector<float> qc, lut, buf, order;
         std::vector<uint16_t> sums;  // 4-bit: integer scores of a list
         std::vector<uint32_t> hits;  // 4-bit: the indices in a list whose sums reach the threshold
         pq4::QuantizedLUT qlut;
@@ -604,7 +636,14 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 const float* qv = q + (q0 + r) * d_;
                 const float* qcr = qc.data() + r * nlist_;
                 probe.reset(nprobe);
-                probe.push_run(qcr, nlist_, 0);
+                if (list_spreads.empty()) {
+                    probe.push_run(qcr, nlist_, 0);
+                } else {
+                    const float qn = std::sqrt(K.dot(qv, qv, d_));
+                    sc.order.resize(static_cast<size_t>(nlist_));
+                    for (int64_t l = 0; l < nlist_; ++l) sc.order[l] = qcr[l] + qn * list_spreads[l];
+                    probe.push_run(sc.order.data(), nlist_, 0);
+                }
                 const std::vector<Scored> lists = probe.take_sorted();
                 if (nbits_ == 4) {
                     // m x 16 products of d/m-dimensional sub-vectors, too small for the panel kernel
@@ -619,12 +658,12 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 Candidates& cand = sc.cand;
                 if (nbits_ == 4) cand.reset(static_cast<size_t>(kc));
                 for (size_t li = 0; li < lists.size(); ++li) {
-                    const Scored& ls = lists[li];
-                    const int64_t l = ls.id;
+                    const int64_t l = lists[li].id;
+                    const float list_score = qcr[l];  // <q, c>: the probe order may add the spread
                     const int64_t len = static_cast<int64_t>(list_pos_[l].size());
                     if (len == 0) continue;
                     if (nbits_ == 4) {
-                        const float base = ls.score + sc.qlut.bias, delta = sc.qlut.delta;
+                        const float base = list_score + sc.qlut.bias, delta = sc.qlut.delta;
                         // the threshold as a sum: a list none of whose code rows can reach it is not scanned,
                         // and in a scanned one only the sums that reach it are turned into scores
                         const uint32_t floor = pq4::first_reaching(base, delta, cand.threshold());
@@ -640,7 +679,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                               more ? list_codes(lists[li + 1].id) : nullptr,
                               more ? list_code_bytes(lists[li + 1].id) : 0);
                         const uint16_t* sums = sc.sums.data();
-                        const int64_t* pos = list_pos_[l].data();
+                        const uint32_t* pos = list_pos_[l].data();
                         const int64_t nhits = filter4(sums, len, floor, sc.hits.data());
                         for (int64_t h = 0; h < nhits; ++h) {
                             const uint32_t i = sc.hits[static_cast<size_t>(h)];
@@ -650,8 +689,8 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                         continue;
                     }
                     buf.resize(len);
-                    adc_scan(list_codes(l), len, m_, lut.data(), ls.score, buf.data());
-                    const int64_t* pos = list_pos_[l].data();
+                    adc_scan(list_codes(l), len, m_, lut.data(), list_score, buf.data());
+                    const uint32_t* pos = list_pos_[l].data();
                     float thr = heap.threshold();
                     for (int64_t i = 0; i < len; ++i) {
                         if (buf[i] >= thr) {
@@ -716,13 +755,13 @@ void IVFPQ::save(io::Writer& w) const {
     w.meta("trained", int64_t{trained_ ? 1 : 0});
     w.meta("ntotal", ntotal_);
     if (trained_) {
-        w.add_vector("centroids", centroids_);
+        w.add_vector("centroids", centroids());
         w.add_vector("codebooks", codebooks_);
     }
     std::vector<int64_t> offsets(nlist_ + 1, 0);
     for (int64_t l = 0; l < nlist_; ++l) offsets[l + 1] = offsets[l] + static_cast<int64_t>(list_pos_[l].size());
     std::vector<uint8_t> codes;
-    std::vector<int64_t> pos;
+    std::vector<int64_t> pos;  // int64 in the file (the format predates 4-byte positions in memory)
     codes.reserve(nbits_ == 4 ? pq4::packed_bytes(ntotal_, m_) + nlist_ * pq4::block_bytes(m_)
                               : static_cast<size_t>(ntotal_) * m_);
     pos.reserve(ntotal_);
@@ -733,6 +772,7 @@ void IVFPQ::save(io::Writer& w) const {
     w.add_vector("list_offsets", offsets);
     w.add_vector("codes", codes);
     w.add_vector("list_pos", pos);
+    w.add_vector("list_resid_sq", list_sq_);
     if (storage_ != VectorStorage::None) w.add("vectors", vec_ptr_, static_cast<size_t>(ntotal_) * vector_bytes());
 }
 
@@ -754,7 +794,7 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
     const auto storage = static_cast<VectorStorage>(rd.meta_int("storage", 0, 2));
     const bool by_ip = rd.meta_int("assign_by_ip", 0, 1) == 1;
     const bool trained = rd.meta_int("trained", 0, 1) == 1;
-    const int64_t n = rd.meta_int("ntotal", 0, kMaxRows);
+    const int64_t n = rd.meta_int("ntotal", 0, kMaxVectors);
     if (!trained && n > 0) rd.fail("untrained index with vectors");
 
     // Every section's size is checked against the metadata before anything is allocated: the metadata alone (a
@@ -793,12 +833,19 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
     }
     size_t at = 0;
     for (int64_t l = 0; l < nlist; ++l) {
-        idx->list_pos_[l].assign(pos + off[l], pos + off[l + 1]);
+        idx->list_pos_[l].assign(pos + off[l], pos + off[l + 1]);  // < n <= kMaxVectors: checked above
         const size_t bytes = idx->list_code_bytes(l);
         std::memcpy(idx->codes_.data() + idx->code_off_[l], codes + at, bytes);
         at += bytes;
     }
     idx->ntotal_ = n;
+    // files written before the spreads were kept have none: the probe order is then <q, c> whatever the spread
+    if (rd.has("list_resid_sq")) {
+        const double* sq = rd.array<double>("list_resid_sq", static_cast<size_t>(nlist));
+        for (int64_t l = 0; l < nlist; ++l)
+            if (!(sq[l] >= 0) || !std::isfinite(sq[l])) rd.fail("list residual sums must be finite and >= 0");
+        idx->list_sq_.assign(sq, sq + nlist);
+    }
     if (storage != VectorStorage::None) {
         if (mmap_vectors && vbytes > 0) {
             idx->vec_map_ = rd.mapping();

@@ -112,20 +112,25 @@ void bind_ivfpq(py::module_& m) {
         .def(
             "search",
             [](const IVFPQ& s, py::handle q, py::handle k, py::handle nprobe, py::handle rerank,
-               py::handle threads) {
+               py::handle threads, double spread) {
                 const int64_t np_ = arg_int(nprobe, "nprobe", 1);
                 const int64_t rr = arg_int(rerank, "rerank", 0);
                 const int nt = arg_threads(threads);
                 return search_into(static_cast<size_t>(s.dim()), s.size(), q, k,
                                    [&](const float* qp, size_t nq, int64_t kk, float* sp, int64_t* ip) {
-                                       s.search(qp, static_cast<int64_t>(nq), kk, np_, rr, sp, ip, nt);
+                                       s.search(qp, static_cast<int64_t>(nq), kk, np_, rr, sp, ip, nt,
+                                                static_cast<float>(spread));
                                    });
             },
-            py::arg("queries"), py::arg("k"), py::arg("nprobe") = 16, py::arg("rerank") = 0, py::arg("threads") = 0)
+            py::arg("queries"), py::arg("k"), py::arg("nprobe") = 16, py::arg("rerank") = 0, py::arg("threads") = 0,
+            py::arg("spread") = 0.0)
         .def("centroids",
              [](const IVFPQ& s) {
                  py::array_t<float> a({static_cast<py::ssize_t>(s.nlist()), static_cast<py::ssize_t>(s.dim())});
-                 if (s.is_trained()) std::copy(s.centroids().begin(), s.centroids().end(), a.mutable_data());
+                 if (s.is_trained()) {
+                     const std::vector<float> c = s.centroids();
+                     std::copy(c.begin(), c.end(), a.mutable_data());
+                 }
                  return a;
              })
         .def("codebooks",
@@ -158,6 +163,12 @@ void bind_ivfpq(py::module_& m) {
                 return a;
             },
             py::arg("list"))
+        .def(
+            "list_residual_sq", [](const IVFPQ& s, py::handle list) { return s.list_residual_sq(list_index(s, list)); },
+            py::arg("list"), "sum of ||x - c||^2 over the list's members")
+        .def(
+            "list_spread", [](const IVFPQ& s, py::handle list) { return s.list_spread(list_index(s, list)); },
+            py::arg("list"), "s_l of the spread-aware probe order (csrc/ivfpq.h)")
         .def("vectors",
              [](const IVFPQ& s) -> py::object {
                  if (s.storage() == VectorStorage::None) return py::none();

@@ -185,6 +185,16 @@ std::vector<float> pack_columns(const float* y, int64_t n, int64_t d) {
     return p;
 }
 
+std::vector<float> unpack_columns(const float* packed, int64_t n, int64_t d) {
+    std::vector<float> y(static_cast<size_t>(n) * d);
+    for (int64_t j = 0; j < n; ++j) {
+        const float* tile = packed + (j / kTile) * d * kTile + (j % kTile);
+        float* row = y.data() + j * d;
+        for (int64_t t = 0; t < d; ++t) row[t] = tile[t * kTile];
+    }
+    return y;
+}
+
 void inner_products_T(const float* x, int64_t nx, const float* yT, int64_t ny, int64_t d, float* out) {
     ip_T_kernel()(x, nx, yT, ny, d, out);
 }

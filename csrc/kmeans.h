@@ -19,6 +19,8 @@ void inner_products_T(const float* x, int64_t nx, const float* packed, int64_t n
 // tile zero-padded. packed_size(n, d) floats.
 std::vector<float> pack_columns(const float* y, int64_t n, int64_t d);
 size_t packed_size(int64_t n, int64_t d);
+// The (n, d) rows back from pack_columns' layout.
+std::vector<float> unpack_columns(const float* packed, int64_t n, int64_t d);
 
 // Nearest centroid of every row of x. L2: argmin ||x - c||^2 (ties -> lowest index); with max_inner_product:
 // argmax <x, c>. dist (nullable) receives ||x - c||^2, or <x, c> for max_inner_product. Multi-threaded.

@@ -88,6 +88,7 @@ SPEC_PARAMS: dict[str, Any] = {
     "backend": "auto",
     "aniso": 0.0,
     "aniso_niter": 8,
+    "spread": 0.0,
 }
 NBITS = (4, 8)
 # 4-bit codes: points the anisotropic refinement of the codebooks learns from (subsampled above)
@@ -110,6 +111,14 @@ def rerank_setting(value: Any, where: str = "ivfpq") -> int | str:
     if value < 0:
         raise InputError(f"{where}: rerank must be a count >= 0 or 'auto', got {value}")
     return int(value)
+
+
+def spread_setting(value: Any, where: str = "ivfpq") -> float:
+    """A ``spread`` setting: a finite number >= 0 (0: lists probed in order of <q, c> alone)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
+            not math.isfinite(value) or value < 0:
+        raise InputError(f"{where}: spread must be a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 def default_nlist(n: int, nbits: int = 8) -> int:
@@ -138,13 +147,14 @@ class IVFPQIndex(Index):
     """IVF-PQ index (see the module docstring). Train on a sample, then add; ``build_index`` does both."""
 
     kind = "ivfpq"
-    search_params = {"nprobe": None, "rerank": None, "threads": 0}  # None: the index's own settings
+    search_params = {"nprobe": None, "rerank": None, "threads": 0, "spread": None}  # None: the index's own settings
 
     def __init__(self, dim: int, nlist: int = 0, m: int = 0, nbits: int = 8, store: str = "none", nprobe: int = 16,
                  rerank: int | str = RERANK_AUTO, assign: str = "l2", niter: int = 20, pq_niter: int = 20,
                  seed: int = 1234,
                  max_points_per_centroid: int = 64, pq_max_points_per_centroid: int = 256, spherical: bool = False,
-                 balance: float = 0.5, backend: str = "auto", aniso: float = 0.0, aniso_niter: int = 8):
+                 balance: float = 0.5, backend: str = "auto", aniso: float = 0.0, aniso_niter: int = 8,
+                 spread: float = 0.0):
         super().__init__(dim)
         where = "ivfpq"
         if nbits not in NBITS:
@@ -153,6 +163,7 @@ class IVFPQIndex(Index):
             raise InputError(f"{where}: aniso (the anisotropic threshold) must be in [0, 1), got {aniso!r}")
         if aniso_niter < 0:
             raise InputError(f"{where}: aniso_niter must be >= 0, got {aniso_niter}")
+        spread = spread_setting(spread, where)
         if m == 0:
             m = default_m(self.dim, 2) if nbits == 4 else default_m(self.dim)
             if nbits == 4 and m > MAX_M4:
@@ -187,7 +198,7 @@ class IVFPQIndex(Index):
         self.train_losses: list[float] = []  # 4-bit: the anisotropic loss before and after each refinement sweep
         self._native()  # backend=compiled without the compiled core: say so now
         self.nlist, self.m, self.store, self.assign = int(nlist), int(m), store, assign
-        self.nprobe, self.rerank = int(nprobe), rerank
+        self.nprobe, self.rerank, self.spread = int(nprobe), rerank, spread
         self.train_params = dict(niter=int(niter), pq_niter=int(pq_niter), seed=int(seed),
                                  max_points_per_centroid=int(max_points_per_centroid),
                                  pq_max_points_per_centroid=int(pq_max_points_per_centroid), spherical=bool(spherical),
@@ -313,7 +324,7 @@ class IVFPQIndex(Index):
         self._impl.add(x)
 
     def _search(self, q: np.ndarray, k: int, nprobe: int | None = None, rerank: int | str | None = None,
-                threads: int = 0):
+                threads: int = 0, spread: float | None = None):
         if nprobe is None or (nprobe == 0 and not isinstance(nprobe, bool)):  # 0: the old spelling of "default"
             nprobe = self.nprobe
         if isinstance(nprobe, bool) or not isinstance(nprobe, (int, np.integer)) or nprobe < 1:
@@ -325,8 +336,9 @@ class IVFPQIndex(Index):
             rerank = 4 * k if self.store != "none" else 0
         if rerank > 0 and self.store == "none":
             raise InputError("ivfpq: rerank needs the full vectors; this index was built without store=fp16|fp32")
+        spread = self.spread if spread is None else spread_setting(spread, "ivfpq search")
         # candidates beyond the index size do not exist (and would only size buffers)
-        return self._impl.search(q, k, int(nprobe), min(rerank, self._ntotal()), threads)
+        return self._impl.search(q, k, int(nprobe), min(rerank, self._ntotal()), threads, spread)
 
     def codes(self) -> tuple[np.ndarray, np.ndarray]:
         """(list of every row, its m codes), rows in the order added — for inspection and tests."""
@@ -352,6 +364,7 @@ class IVFPQIndex(Index):
             raise InputError("ivfpq: nothing to save; train the index first")
         writer.meta("nprobe", self.nprobe)
         writer.meta("rerank", self.rerank)
+        writer.meta("spread", repr(self.spread))
         if self.compiled and hasattr(writer, "raw"):
             self._impl.save(writer.raw)
         elif self.compiled:  # a pure-Python writer: go through a numpy copy of the state
@@ -372,10 +385,13 @@ class IVFPQIndex(Index):
         if reader.has_meta("rerank") and reader.meta("rerank") != RERANK_AUTO:
             rerank = reader.meta_int("rerank", _LEGACY_RERANK_AUTO, 1 << 30)
         rerank = rerank_setting(rerank)
+        spread = reader.meta_float("spread") if reader.has_meta("spread") else 0.0
+        if not (math.isfinite(spread) and spread >= 0):
+            reader.fail("spread must be a finite number >= 0")
         if store == "none" and rerank != RERANK_AUTO and rerank > 0:
             rerank = 0
         index = cls(impl.dim, nlist=impl.nlist, m=impl.m, nbits=impl.nbits, store=store, nprobe=nprobe, rerank=rerank,
-                    assign="ip" if impl.assign_by_ip else "l2",
+                    assign="ip" if impl.assign_by_ip else "l2", spread=spread,
                     backend="numpy" if isinstance(impl, NumpyIVFPQ) else "compiled")
         index._impl = impl
         return index
@@ -405,6 +421,7 @@ class NumpyIVFPQ:
         self._codebooks: np.ndarray | None = None
         self._codes = [np.empty((0, m), np.uint8) for _ in range(nlist)]
         self._pos = [np.empty(0, np.int64) for _ in range(nlist)]
+        self._sq = np.zeros(nlist, np.float64)  # per list: sum of ||x - c||^2 over its members
         self._vectors = np.empty((0, dim), {"none": np.float32, "fp16": np.float16, "fp32": np.float32}[store])
         self._n = 0
 
@@ -416,6 +433,7 @@ class NumpyIVFPQ:
             out.set_trained(impl.centroids(), impl.codebooks())
         out._codes = [impl.list_codes(ln) for ln in range(impl.nlist)]
         out._pos = [impl.list_positions(ln) for ln in range(impl.nlist)]
+        out._sq = np.array([impl.list_residual_sq(ln) for ln in range(impl.nlist)], np.float64)
         out._n = len(impl)
         vec = impl.vectors()
         if vec is not None:
@@ -432,7 +450,7 @@ class NumpyIVFPQ:
     def memory_bytes(self) -> int:
         vb = {"none": 0, "fp16": 2, "fp32": 4}[self.store] * self.dim
         trained = 0 if self._centroids is None else 4 * (self._centroids.size + self._codebooks.size)
-        return self._n * (self.m + 8 + vb) + trained
+        return self._n * (self.m + 8 + vb) + trained + self._sq.nbytes
 
     def train(self, x: np.ndarray, niter: int = 20, pq_niter: int = 20, seed: int = 1234,
               max_points_per_centroid: int = 64, pq_max_points_per_centroid: int = 256,
@@ -470,6 +488,14 @@ class NumpyIVFPQ:
     def vectors(self):
         return None if self.store == "none" else self._vectors
 
+    def list_residual_sq(self, ln: int) -> float:
+        return float(self._sq[ln])
+
+    def list_spread(self, ln: int) -> float:
+        """s_l of the spread-aware probe order (csrc/ivfpq.h list_spread)."""
+        n = len(self._pos[ln])
+        return 0.0 if n < 2 else float(np.float32(math.sqrt(self._sq[ln] / n / self.dim * 2.0 * math.log(n))))
+
     def encode(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not self.is_trained:
             raise InputError("ivfpq: the index is not trained; call train() before encode()")
@@ -485,6 +511,8 @@ class NumpyIVFPQ:
         if not self.is_trained:
             raise InputError("ivfpq: the index is not trained; call train() before add()")
         lists, codes = self.encode(x)
+        resid = x.astype(np.float64) - self._centroids[lists]
+        np.add.at(self._sq, lists, np.einsum("ij,ij->i", resid, resid))
         pos = np.arange(self._n, self._n + x.shape[0], dtype=np.int64)
         order = np.argsort(lists, kind="stable")
         bounds = np.searchsorted(lists[order], np.arange(self.nlist + 1))
@@ -496,7 +524,8 @@ class NumpyIVFPQ:
             self._vectors = np.concatenate([self._vectors, x.astype(self._vectors.dtype)])
         self._n += x.shape[0]
 
-    def search(self, q: np.ndarray, k: int, nprobe: int = 16, rerank: int = 0, threads: int = 0):
+    def search(self, q: np.ndarray, k: int, nprobe: int = 16, rerank: int = 0, threads: int = 0,
+               spread: float = 0.0):
         if not self.is_trained:
             raise InputError("ivfpq: the index is not trained; call train() before search()")
         if rerank > 0 and self.store == "none":
@@ -507,8 +536,13 @@ class NumpyIVFPQ:
         out = np.full((q.shape[0], k), -1, dtype=np.int64)
         coarse = q @ self._centroids.T
         list_ids = np.arange(self.nlist)
+        # the compiled order in float32: <q, c> + |q| (spread s_l)
+        spreads = np.float32(spread) * np.array([self.list_spread(ln) for ln in range(self.nlist)], np.float32)
         for i, qv in enumerate(q):
-            probe = _top(coarse[i], list_ids, nprobe)
+            order = coarse[i]
+            if spread > 0:
+                order = coarse[i] + np.sqrt(np.float32(qv @ qv)) * spreads
+            probe = _top(order, list_ids, nprobe)
             lut = np.einsum("jcd,jd->jc", self._codebooks, qv.reshape(self.m, self.dsub))
             codes = np.concatenate([self._codes[ln] for ln in probe])
             pos = np.concatenate([self._pos[ln] for ln in probe])
@@ -539,6 +573,7 @@ class NumpyIVFPQ:
         writer.add("list_offsets", offsets)
         writer.add("codes", np.concatenate(self._codes).astype(np.uint8))
         writer.add("list_pos", np.concatenate(self._pos).astype(np.int64))
+        writer.add("list_resid_sq", self._sq)
         if self.store != "none":
             writer.add("vectors", np.ascontiguousarray(self._vectors))
 
@@ -578,6 +613,11 @@ class NumpyIVFPQ:
         out._codes = [np.array(codes[off[ln]:off[ln + 1]]) for ln in range(nlist)]
         out._pos = [np.array(pos[off[ln]:off[ln + 1]]) for ln in range(nlist)]
         out._n = n
+        if reader.has("list_resid_sq"):  # absent from files written before the spreads were kept
+            sq = reader.array("list_resid_sq", np.float64, nlist)
+            if not (np.isfinite(sq).all() and (sq >= 0).all()):
+                reader.fail("list residual sums must be finite and >= 0")
+            out._sq = np.array(sq)
         if store != "none":
             dtype = np.float16 if store == "fp16" else np.float32
             vec = reader.array("vectors", dtype, n * d).reshape(n, d)
