@@ -18,6 +18,7 @@
 #include "parallel.h"
 #include "pq4.h"
 #include "simd.h"
+#include "sq4.h"
 #include "topk.h"
 
 namespace fastdpr {
@@ -293,7 +294,7 @@ void IVFPQ::relayout(const std::vector<int64_t>& room) {
 
 size_t IVFPQ::memory_bytes() const {
     const size_t n = static_cast<size_t>(ntotal_);
-    return codes_.size() + n * (sizeof(uint32_t) + vector_bytes()) +
+    return codes_.size() + n * (sizeof(uint32_t) + vector_bytes() + (sq_bits_ ? sq4::row_bytes(d_) : 0)) +
            sizeof(float) * (centroids_T_.size() + codebooks_.size()) + sizeof(double) * list_sq_.size();
 }
 
@@ -372,7 +373,23 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
         std::copy(cb.begin(), cb.end(), codebooks_.begin() + j * ksub_ * dsub_);
     }
     prepare_tables(cent.data());
+    if (sq_bits_) {
+        sq_lo_.resize(static_cast<size_t>(d_));
+        sq_step_.resize(static_cast<size_t>(d_));
+        sq4::train(x, n, d_, sq_lo_.data(), sq_step_.data());
+    }
     trained_ = true;
+}
+
+void IVFPQ::set_sq(int bits) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    if (bits != 0 && bits != 4)
+        throw std::invalid_argument("ivfpq: sq must be 4 (4-bit rows for a first re-rank) or 0, got " +
+                                    std::to_string(bits));
+    if (size() > 0 && bits != sq_bits_)
+        throw std::runtime_error("ivfpq: cannot change sq of an index holding vectors");
+    sq_bits_ = bits;
+    if (!bits) sq_lo_.clear(), sq_step_.clear();
 }
 
 void IVFPQ::set_trained(const float* centroids, const float* codebooks) {
@@ -512,8 +529,14 @@ void IVFPQ::encode(const float* x, int64_t n, int64_t* lists, uint8_t* codes) co
 void IVFPQ::own_vectors() {
     if (!vec_map_) return;
     const size_t bytes = static_cast<size_t>(ntotal_) * vector_bytes();
-    vec_owned_.assign(vec_ptr_, vec_ptr_ + bytes);
-    vec_ptr_ = vec_owned_.data();
+    if (vec_ptr_) {
+        vec_owned_.assign(vec_ptr_, vec_ptr_ + bytes);
+        vec_ptr_ = vec_owned_.data();
+    }
+    if (sq_ptr_) {
+        sq_owned_.assign(sq_ptr_, sq_ptr_ + static_cast<size_t>(ntotal_) * sq4::row_bytes(d_));
+        sq_ptr_ = sq_owned_.data();
+    }
     vec_map_.reset();
 }
 
@@ -549,6 +572,15 @@ void IVFPQ::add(const float* x, int64_t n) {
     const simd::Kernels& K = simd::kernels();
     const size_t vb = vector_bytes();
     if (vb) vec_owned_.reserve((static_cast<size_t>(ntotal_) + n) * vb);
+    const size_t sqb = sq_bits_ ? sq4::row_bytes(d_) : 0;
+    if (sqb) {
+        if (sq_lo_.empty()) {  // installed by set_trained(): the ranges of the first rows added
+            sq_lo_.resize(static_cast<size_t>(d_));
+            sq_step_.resize(static_cast<size_t>(d_));
+            sq4::train(x, n, d_, sq_lo_.data(), sq_step_.data());
+        }
+        sq_owned_.reserve((static_cast<size_t>(ntotal_) + n) * sqb);
+    }
     for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
         const int64_t nc = std::min(kChunk, n - c0);
         const float* xc = x + c0 * d_;
@@ -572,18 +604,25 @@ void IVFPQ::add(const float* x, int64_t n) {
                 K.to_half(xc, reinterpret_cast<uint16_t*>(&vec_owned_[old]), static_cast<size_t>(nc) * d_);
             vec_ptr_ = vec_owned_.data();
         }
+        if (sqb) {
+            const size_t old = sq_owned_.size();
+            sq_owned_.resize(old + nc * sqb);
+            sq4::encode(xc, nc, d_, sq_lo_.data(), sq_step_.data(), &sq_owned_[old]);
+            sq_ptr_ = sq_owned_.data();
+        }
     }
 }
 
 void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
-                   int64_t* out_ids, int threads, float spread) const {
+                   int64_t* out_ids, int threads, float spread, int64_t exact) const {
     if (k <= 0) throw std::invalid_argument("ivfpq: k must be positive, got " + str(k));
     if (nprobe <= 0) throw std::invalid_argument("ivfpq: nprobe must be positive, got " + str(nprobe));
     if (rerank < 0) throw std::invalid_argument("ivfpq: rerank must be >= 0, got " + str(rerank));
     if (!(spread >= 0.f) || !std::isfinite(spread))
         throw std::invalid_argument("ivfpq: spread must be a finite number >= 0, got " + std::to_string(spread));
-    if (rerank > 0 && storage_ == VectorStorage::None)
-        throw std::invalid_argument("ivfpq: rerank needs the full vectors; build the index with store=fp16 or fp32");
+    if (rerank > 0 && storage_ == VectorStorage::None && !sq_bits_)
+        throw std::invalid_argument(
+            "ivfpq: rerank needs the full vectors or 4-bit rows; build the index with store=fp16|fp32 or sq=4");
     const int nthreads = resolve_threads(threads);
     std::shared_lock<std::shared_mutex> lock(mu_);
     check_trained("search()");
@@ -595,6 +634,10 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
     const simd::Kernels& K = simd::kernels();
     const pq4::ScanFn scan4 = pq4::scan_kernel();
     const pq4::FilterFn filter4 = pq4::filter_kernel();
+    const sq4::DotFn dot4 = sq4::dot_kernel();
+    // the 4-bit rows are read when they are all there is, or when they cut the candidates before the exact scores
+    const bool sq_stage = rerank > 0 && sq_bits_ && (storage_ == VectorStorage::None || exact > 0);
+    const int64_t ke = storage_ == VectorStorage::None ? kf : std::min(std::max(kf, exact), kc);
     const auto lut4 = simd::current() == simd::Level::AVX512 ? lut4_avx512 : lut4_scalar;
     const size_t cb_stride = packed_size(ksub_, dsub_);
     std::vector<float> list_spreads;  // spread * s_l, multiplied by |q| per query
@@ -611,6 +654,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
         std::vector<uint16_t> sums;  // 4-bit: integer scores of a list
         std::vector<uint32_t> hits;  // 4-bit: the indices in a list whose sums reach the threshold
         pq4::QuantizedLUT qlut;
+        sq4::Query sq;
         Candidates cand;  // 4-bit: candidates at or above the running threshold
         TopK probe, heap, best;
     };
@@ -707,7 +751,23 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 } else {
                     found = heap.take_sorted();
                 }
-                if (rerank > 0) {
+                if (sq_stage && (storage_ == VectorStorage::None || found.size() > static_cast<size_t>(ke))) {
+                    sq4::prepare_query(qv, d_, sq_lo_.data(), sq_step_.data(), sc.sq);
+                    const size_t rb = sq4::row_bytes(d_);
+                    best.reset(static_cast<size_t>(ke));
+                    for (size_t c = 0; c < found.size(); ++c) {
+                        // rows of d/2 bytes scattered over the file: requested 8 candidates ahead, as below
+                        if (c + 8 < found.size()) {
+                            const uint8_t* row = sq_ptr_ + found[c + 8].id * rb;
+                            __builtin_prefetch(row, 0, 3);
+                            __builtin_prefetch(row + rb - 1, 0, 3);
+                        }
+                        const int64_t id = found[c].id;
+                        best.push(sc.sq.offset + dot4(sc.sq.scaled.data(), sq_ptr_ + id * rb, d_), id);
+                    }
+                    found = best.take_sorted();
+                }
+                if (rerank > 0 && storage_ != VectorStorage::None) {
                     best.reset(static_cast<size_t>(kf));
                     const size_t vb = vector_bytes();
                     for (size_t c = 0; c < found.size(); ++c) {
@@ -751,6 +811,7 @@ void IVFPQ::save(io::Writer& w) const {
     w.meta("nbits", int64_t{nbits_});
     if (nbits_ == 4) w.meta_float("aniso_eta", aniso_eta_);
     w.meta("storage", static_cast<int64_t>(storage_));
+    if (sq_bits_) w.meta("sq_bits", int64_t{sq_bits_});
     w.meta("assign_by_ip", int64_t{assign_by_ip_ ? 1 : 0});
     w.meta("trained", int64_t{trained_ ? 1 : 0});
     w.meta("ntotal", ntotal_);
@@ -774,6 +835,11 @@ void IVFPQ::save(io::Writer& w) const {
     w.add_vector("list_pos", pos);
     w.add_vector("list_resid_sq", list_sq_);
     if (storage_ != VectorStorage::None) w.add("vectors", vec_ptr_, static_cast<size_t>(ntotal_) * vector_bytes());
+    if (sq_bits_ && !sq_lo_.empty()) {
+        w.add_vector("sq_lo", sq_lo_);
+        w.add_vector("sq_step", sq_step_);
+        w.add("sq_rows", sq_ptr_, static_cast<size_t>(ntotal_) * sq4::row_bytes(d_));
+    }
 }
 
 std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
@@ -823,7 +889,20 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
                           (storage == VectorStorage::F32 ? 4 : storage == VectorStorage::F16 ? 2 : 0);
     const uint8_t* v = storage != VectorStorage::None ? rd.array<uint8_t>("vectors", vbytes) : nullptr;
 
+    const int sq_bits = rd.has_meta("sq_bits") ? static_cast<int>(rd.meta_int("sq_bits", 4, 4)) : 0;
+    const float *sq_lo = nullptr, *sq_step = nullptr;
+    const uint8_t* sq_rows = nullptr;
+    if (sq_bits && (rd.has("sq_lo") || n > 0)) {  // ranges come with the first rows
+        sq_lo = rd.array<float>("sq_lo", static_cast<size_t>(d));
+        sq_step = rd.array<float>("sq_step", static_cast<size_t>(d));
+        for (int64_t t = 0; t < d; ++t)
+            if (!std::isfinite(sq_lo[t]) || !(sq_step[t] >= 0) || !std::isfinite(sq_step[t]))
+                rd.fail("4-bit row ranges must be finite (steps >= 0)");
+        sq_rows = rd.array<uint8_t>("sq_rows", static_cast<size_t>(n) * sq4::row_bytes(d));
+    }
+
     auto idx = std::make_unique<IVFPQ>(d, nlist, m, nbits, storage, by_ip);
+    idx->sq_bits_ = sq_bits;
     if (trained) idx->set_trained(c, cb);
     idx->aniso_eta_ = eta;
     {
@@ -853,6 +932,18 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
         } else {
             idx->vec_owned_.assign(v, v + vbytes);
             idx->vec_ptr_ = idx->vec_owned_.data();
+        }
+    }
+    if (sq_lo) {
+        idx->sq_lo_.assign(sq_lo, sq_lo + d);
+        idx->sq_step_.assign(sq_step, sq_step + d);
+        const size_t sq_bytes = static_cast<size_t>(n) * sq4::row_bytes(d);
+        if (mmap_vectors && sq_bytes > 0) {
+            idx->vec_map_ = rd.mapping();
+            idx->sq_ptr_ = sq_rows;
+        } else {
+            idx->sq_owned_.assign(sq_rows, sq_rows + sq_bytes);
+            idx->sq_ptr_ = idx->sq_owned_.data();
         }
     }
     return idx;

@@ -8,8 +8,10 @@
 // Inner products decompose exactly over that split:
 //     <q, x> ~= <q, c> + <q, r_hat> = <q, c> + sum_j LUT_j[code_j],   LUT_j[t] = <q_j, codeword_j,t>
 // and for inner product the table does not depend on the list (unlike L2), so one m x 256 table per query serves
-// every probed list. Lists are probed in order of <q, c>. The top `rerank` candidates can be re-scored exactly
-// from the stored full vectors (fp16 or fp32, memory-mappable on load).
+// every probed list. Lists are probed in order of <q, c> (+ spread |q| s_l, see list_spread()). The top `rerank`
+// candidates can be re-scored exactly from the stored full vectors (fp16 or fp32, memory-mappable on load), after
+// an optional cut to the best `exact` by 4-bit scalar-quantized rows (set_sq, csrc/sq4.h), which are read a quarter
+// as many bytes per candidate.
 //
 // nbits = 4: 16 codewords per sub-space, codes packed in blocks of 32 vectors per list and scored with uint8
 // tables in SIMD registers (pq4.h), then re-ranked exactly. With aniso_eta > 1 a vector's codes are chosen for the
@@ -83,8 +85,19 @@ public:
     // list_spread()); with rerank > 0 the best max(k, rerank) candidates are re-scored exactly from the stored
     // vectors. Returns positions; missing results: -1 and -inf. Const and thread-safe; multi-threaded over queries
     // (threads <= 0: OpenMP's default).
+    // With 4-bit rows kept (set_sq), the rerank candidates are first scored from them and only the best
+    // max(k, exact) are re-scored from the stored vectors (exact <= 0: all of them, the 4-bit rows unused); an index
+    // without stored vectors returns the 4-bit scores.
     void search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
-                int64_t* positions, int threads = 0, float spread = 0.f) const;
+                int64_t* positions, int threads = 0, float spread = 0.f, int64_t exact = 0) const;
+
+    // Keep every vector also as a 4-bit scalar-quantized row (csrc/sq4.h) for a first re-rank: 4 or 0 (none).
+    // Only on an empty index. Its ranges come from train(), or from the first add() after set_trained().
+    void set_sq(int bits);
+    int sq_bits() const { return sq_bits_; }
+    const uint8_t* sq_rows() const { return sq_ptr_; }  // size() x sq4::row_bytes(dim) bytes
+    const std::vector<float>& sq_lo() const { return sq_lo_; }
+    const std::vector<float>& sq_step() const { return sq_step_; }
 
     // (nlist, d) rows, unpacked from the copy the search streams (one copy is kept: at 1M x 768 and 2,048 lists a
     // second one would cost 6 bytes per vector).
@@ -124,7 +137,7 @@ private:
     // Lays the lists out again in one new allocation with room for `room[l]` rows in list l (>= its size).
     void relayout(const std::vector<int64_t>& room);
     void append_codes(int64_t list, const uint8_t* code_row);
-    void own_vectors();  // copy memory-mapped vectors into owned memory before appending
+    void own_vectors();  // copy memory-mapped vectors (and 4-bit rows) into owned memory before appending
 
     // Searches share it; train/add/set_trained take it alone, so a search never sees lists being reallocated.
     mutable std::shared_mutex mu_;
@@ -151,7 +164,11 @@ private:
     int64_t ntotal_ = 0;
     std::vector<uint8_t, HugePageAllocator<uint8_t>> vec_owned_;  // re-rank rows: on huge pages
     const uint8_t* vec_ptr_ = nullptr;
-    std::shared_ptr<io::Mapping> vec_map_;
+    int sq_bits_ = 0;
+    std::vector<float> sq_lo_, sq_step_;  // sq4 ranges (empty until trained)
+    std::vector<uint8_t, HugePageAllocator<uint8_t>> sq_owned_;
+    const uint8_t* sq_ptr_ = nullptr;
+    std::shared_ptr<io::Mapping> vec_map_;  // the file both vec_ptr_ and sq_ptr_ point into when mapped
 };
 
 }  // namespace fastdpr

@@ -6,6 +6,7 @@
 
 #include "bind.h"
 #include "ivfpq.h"
+#include "sq4.h"
 #include "bounds.h"
 #include "pq4.h"
 
@@ -53,6 +54,22 @@ void bind_ivfpq(py::module_& m) {
         .def_property_readonly("assign_by_ip", &IVFPQ::assign_by_ip)
         .def_property_readonly("store", [](const IVFPQ& s) { return storage_label(s.storage()); })
         .def_property_readonly("vectors_mapped", &IVFPQ::vectors_mapped)
+        .def_property("sq", &IVFPQ::sq_bits, &IVFPQ::set_sq,
+                      "4: every vector also kept as a 4-bit row for a first re-rank (csrc/sq4.h); 0: none")
+        .def("sq_rows",
+             [](const IVFPQ& s) -> py::object {
+                 if (!s.sq_bits() || !s.sq_rows()) return py::none();
+                 const size_t rb = sq4::row_bytes(s.dim());
+                 py::array_t<uint8_t> a({static_cast<py::ssize_t>(s.size()), static_cast<py::ssize_t>(rb)});
+                 if (s.size()) std::memcpy(a.mutable_data(), s.sq_rows(), static_cast<size_t>(s.size()) * rb);
+                 return std::move(a);
+             }, "(n, ceil(dim / 2)) 4-bit rows, or None")
+        .def("sq_ranges",
+             [](const IVFPQ& s) -> py::object {
+                 if (s.sq_lo().empty()) return py::none();
+                 return py::make_tuple(py::array_t<float>(s.sq_lo().size(), s.sq_lo().data()),
+                                       py::array_t<float>(s.sq_step().size(), s.sq_step().data()));
+             }, "(lo, step) of the 4-bit rows, or None before they are known")
         .def("__len__", &IVFPQ::size)
         .def("memory_bytes", &IVFPQ::memory_bytes)
         .def(
@@ -112,18 +129,19 @@ void bind_ivfpq(py::module_& m) {
         .def(
             "search",
             [](const IVFPQ& s, py::handle q, py::handle k, py::handle nprobe, py::handle rerank,
-               py::handle threads, double spread) {
+               py::handle threads, double spread, py::handle exact) {
                 const int64_t np_ = arg_int(nprobe, "nprobe", 1);
                 const int64_t rr = arg_int(rerank, "rerank", 0);
                 const int nt = arg_threads(threads);
+                const int64_t ex = arg_int(exact, "exact", 0);
                 return search_into(static_cast<size_t>(s.dim()), s.size(), q, k,
                                    [&](const float* qp, size_t nq, int64_t kk, float* sp, int64_t* ip) {
                                        s.search(qp, static_cast<int64_t>(nq), kk, np_, rr, sp, ip, nt,
-                                                static_cast<float>(spread));
+                                                static_cast<float>(spread), ex);
                                    });
             },
             py::arg("queries"), py::arg("k"), py::arg("nprobe") = 16, py::arg("rerank") = 0, py::arg("threads") = 0,
-            py::arg("spread") = 0.0)
+            py::arg("spread") = 0.0, py::arg("exact") = 0)
         .def("centroids",
              [](const IVFPQ& s) {
                  py::array_t<float> a({static_cast<py::ssize_t>(s.nlist()), static_cast<py::ssize_t>(s.dim())});

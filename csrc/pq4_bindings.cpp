@@ -3,6 +3,7 @@
 
 #include "bind.h"
 #include "pq4.h"
+#include "sq4.h"
 
 namespace fastdpr::bind {
 namespace {
@@ -36,6 +37,46 @@ void check_scan_args(const U8Array& blocks, int64_t n, int64_t m, const U8Array&
 }  // namespace
 
 void bind_pq4(py::module_& m) {
+    using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+    m.def(
+        "sq4_train",
+        [](const F32Array& x) {
+            if (x.ndim() != 2 || x.shape(0) < 1 || x.shape(1) < 1) throw std::invalid_argument("sq4_train: x must be (n >= 1, d >= 1)");
+            const int64_t d = x.shape(1);
+            py::array_t<float> lo(d), step(d);
+            sq4::train(x.data(), x.shape(0), d, lo.mutable_data(), step.mutable_data());
+            return py::make_tuple(lo, step);
+        },
+        py::arg("x"), "(lo, step) per dimension of x (n, d): its range in 15 even steps (csrc/sq4.h).");
+    m.def(
+        "sq4_encode",
+        [](const F32Array& x, const F32Array& lo, const F32Array& step) {
+            if (x.ndim() != 2 || lo.size() != x.shape(1) || step.size() != x.shape(1))
+                throw std::invalid_argument("sq4_encode: x must be (n, d), lo and step (d,)");
+            const int64_t n = x.shape(0), d = x.shape(1);
+            py::array_t<uint8_t> out({static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(sq4::row_bytes(d))});
+            sq4::encode(x.data(), n, d, lo.data(), step.data(), out.mutable_data());
+            return out;
+        },
+        py::arg("x"), py::arg("lo"), py::arg("step"), "(n, ceil(d / 2)) 4-bit rows (csrc/sq4.h).");
+    m.def(
+        "sq4_scores",
+        [](const F32Array& q, const U8Array& rows, const F32Array& lo, const F32Array& step, const std::string& level) {
+            const int64_t d = q.size();
+            if (q.ndim() != 1 || lo.size() != d || step.size() != d || rows.ndim() != 2 ||
+                rows.shape(1) != static_cast<py::ssize_t>(sq4::row_bytes(d)))
+                throw std::invalid_argument("sq4_scores: q, lo and step must be (d,), rows (n, ceil(d / 2))");
+            const sq4::DotFn dot = sq4::dot_kernel(level_of(level));
+            if (!simd::supported(level_of(level))) throw std::invalid_argument("sq4_scores: this CPU lacks " + level);
+            sq4::Query prepared;
+            sq4::prepare_query(q.data(), d, lo.data(), step.data(), prepared);
+            py::array_t<float> out(rows.shape(0));
+            for (py::ssize_t i = 0; i < rows.shape(0); ++i)
+                out.mutable_data()[i] = prepared.offset + dot(prepared.scaled.data(), rows.data() + i * rows.shape(1), d);
+            return out;
+        },
+        py::arg("q"), py::arg("rows"), py::arg("lo"), py::arg("step"), py::arg("level") = "",
+        "<q, x~> of each 4-bit row with the kernel of a SIMD level ('' the active one).");
     m.attr("pq4_block") = pq4::kBlock;
     m.def("pq4_padded_m", [](py::handle msub) { return pq4::padded_m(check_m(msub)); });
     m.def("pq4_kernel", [](const std::string& level) {

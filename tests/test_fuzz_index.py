@@ -124,6 +124,10 @@ def _random_params(rng, kind):
             params["nprobe"] = pick(rng, [None, 0, 1, 3, 100, -1, 2**40])
         if rng.random() < 0.5:
             params["rerank"] = pick(rng, [None, "auto", -1, -2, 0, 5, 10**7, -7, "often"])
+        if rng.random() < 0.3:
+            params["spread"] = pick(rng, [None, 0, 0.5, 3, -1, float("nan"), float("inf"), "wide"])
+        if rng.random() < 0.2:
+            params["exact"] = pick(rng, [None, "auto", 0, 1, 300, -1, 2.5])
     if rng.random() < 0.05:
         params["bogus"] = 1
     return params

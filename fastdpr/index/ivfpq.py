@@ -37,10 +37,26 @@ vectors (nlist 512, rerank 200, recall@100: mean pooling, 1,000 questions, nprob
     index = build_index(vectors, "ivfpq,nbits=4,nlist=1024,store=fp16")   # m: d/2 two-dimensional sub-spaces
     scores, ids = index.search(queries, k=100, nprobe=32, rerank=400)
 
+Probe order: lists are probed by <q, c> + ``spread`` |q| s_l, where s_l = sqrt(mean ||x - c_l||^2 / d) sqrt(2 ln n_l)
+is how far list l's n_l members reach beyond their centroid along a direction (the largest of n_l Gaussian
+residuals); ``spread=0`` (the default) is plain <q, c>. At 1M x 768 with 2,048 lists, spread 0.5 put 0.971 of a
+query's top-100 inside the first 256 lists against 0.958 (benchmarks/results/ann_probe_study.md). The sums behind
+s_l are kept per list and saved; files written before them probe by <q, c> whatever the spread.
+
+4-bit rows (``sq=4``, compiled backend): every vector is also kept as a d/2-byte scalar-quantized row (csrc/sq4.h),
+in the file and memory-mapped with the full vectors. A search ranks its ``rerank`` candidates by those rows first
+and reads the full vectors of only the best ``exact`` (``"auto"``: 3 k; 0: all of them, the rows unused); without
+stored vectors the 4-bit scores are the answer. At a million 768-d vectors this is what makes a re-rank of
+thousands of candidates affordable: a 4-bit row is a quarter of an fp16 row::
+
+    index = build_index(vectors, "ivfpq,nbits=4,m=64,store=fp16,aniso=0.2,sq=4,spread=0.5")
+    scores, ids = index.search(queries, k=100, nprobe=256, rerank=4000, exact=300)
+
 Spec parameters: ``nlist`` (0: about 4 sqrt(n), 2 sqrt(n) for 4-bit codes, a power of two), ``m`` (0: d/8
 sub-quantizers, d/2 for 4-bit codes), ``nbits`` (8 or 4), ``aniso`` (4-bit: the anisotropic threshold T; 0, off)
 and ``aniso_niter`` (8),
-``store`` (none|fp16|fp32; bare ``fp16``/``fp32`` flags work too), ``nprobe`` and ``rerank`` (search defaults),
+``store`` (none|fp16|fp32; bare ``fp16``/``fp32`` flags work too), ``sq`` (4: 4-bit rows; 0), ``nprobe``,
+``rerank``, ``spread`` and ``exact`` (search defaults),
 ``assign`` (l2|ip: how vectors are filed under centroids), ``niter``, ``pq_niter``, ``seed``,
 ``max_points_per_centroid`` (coarse k-means subsample, 64), ``pq_max_points_per_centroid`` (256), ``spherical``
 (false), ``balance`` (0.5; 0: lists of any size), ``backend`` (auto|compiled|numpy).
@@ -89,6 +105,8 @@ SPEC_PARAMS: dict[str, Any] = {
     "aniso": 0.0,
     "aniso_niter": 8,
     "spread": 0.0,
+    "sq": 0,
+    "exact": "auto",
 }
 NBITS = (4, 8)
 # 4-bit codes: points the anisotropic refinement of the codebooks learns from (subsampled above)
@@ -96,6 +114,7 @@ ANISO_TRAIN_POINTS = 16384
 STORE_CODES = {"none": 0, "fp16": 1, "fp32": 2}
 
 RERANK_AUTO = "auto"  # re-rank 4 k candidates when the full vectors are stored, else none
+EXACT_PER_K = 3  # exact="auto" with sq=4: the best 3 k candidates by 4-bit rows get their exact scores
 _LEGACY_RERANK_AUTO = -1  # the old spelling of "auto" (spec strings, files, search)
 _LEGACY_INDEX_SETTING = -2  # the old search() spelling of "the index's own setting"
 
@@ -110,6 +129,16 @@ def rerank_setting(value: Any, where: str = "ivfpq") -> int | str:
         return RERANK_AUTO
     if value < 0:
         raise InputError(f"{where}: rerank must be a count >= 0 or 'auto', got {value}")
+    return int(value)
+
+
+def exact_setting(value: Any, where: str = "ivfpq") -> int | str:
+    """An ``exact`` setting (with ``sq=4``): how many of the candidates ranked by their 4-bit rows are re-scored
+    from the full vectors, a count >= 0 (0: all of them, the 4-bit rows unused) or ``"auto"`` (3 k)."""
+    if isinstance(value, str) and value.strip().lower() == RERANK_AUTO:
+        return RERANK_AUTO
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise InputError(f"{where}: exact must be a count >= 0 or 'auto', got {value!r}")
     return int(value)
 
 
@@ -147,14 +176,15 @@ class IVFPQIndex(Index):
     """IVF-PQ index (see the module docstring). Train on a sample, then add; ``build_index`` does both."""
 
     kind = "ivfpq"
-    search_params = {"nprobe": None, "rerank": None, "threads": 0, "spread": None}  # None: the index's own settings
+    # None: the index's own settings
+    search_params = {"nprobe": None, "rerank": None, "threads": 0, "spread": None, "exact": None}
 
     def __init__(self, dim: int, nlist: int = 0, m: int = 0, nbits: int = 8, store: str = "none", nprobe: int = 16,
                  rerank: int | str = RERANK_AUTO, assign: str = "l2", niter: int = 20, pq_niter: int = 20,
                  seed: int = 1234,
                  max_points_per_centroid: int = 64, pq_max_points_per_centroid: int = 256, spherical: bool = False,
                  balance: float = 0.5, backend: str = "auto", aniso: float = 0.0, aniso_niter: int = 8,
-                 spread: float = 0.0):
+                 spread: float = 0.0, sq: int = 0, exact: int | str = RERANK_AUTO):
         super().__init__(dim)
         where = "ivfpq"
         if nbits not in NBITS:
@@ -164,6 +194,9 @@ class IVFPQIndex(Index):
         if aniso_niter < 0:
             raise InputError(f"{where}: aniso_niter must be >= 0, got {aniso_niter}")
         spread = spread_setting(spread, where)
+        if isinstance(sq, bool) or sq not in (0, 4):
+            raise InputError(f"{where}: sq must be 4 (keep 4-bit rows for a first re-rank) or 0, got {sq!r}")
+        exact = exact_setting(exact, where)
         if m == 0:
             m = default_m(self.dim, 2) if nbits == 4 else default_m(self.dim)
             if nbits == 4 and m > MAX_M4:
@@ -180,7 +213,7 @@ class IVFPQIndex(Index):
         if nprobe < 1:
             raise InputError(f"{where}: nprobe must be >= 1, got {nprobe}")
         rerank = rerank_setting(rerank, where)
-        if rerank != RERANK_AUTO and rerank > 0 and store == "none":
+        if rerank != RERANK_AUTO and rerank > 0 and store == "none" and not sq:
             raise InputError(f"{where}: rerank={rerank} needs the full vectors; add store=fp16 or store=fp32")
         for name, value in (("niter", niter), ("pq_niter", pq_niter),
                             ("max_points_per_centroid", max_points_per_centroid),
@@ -194,11 +227,12 @@ class IVFPQIndex(Index):
         if nbits == 4 and m > MAX_M4:
             raise InputError(f"{where}: 4-bit codes take at most {MAX_M4} sub-quantizers, got m={m}")
         self.backend = backend
+        self.sq = int(sq)  # _native() reads it
         self.nbits, self.aniso, self.aniso_niter = int(nbits), float(aniso), int(aniso_niter)
         self.train_losses: list[float] = []  # 4-bit: the anisotropic loss before and after each refinement sweep
         self._native()  # backend=compiled without the compiled core: say so now
         self.nlist, self.m, self.store, self.assign = int(nlist), int(m), store, assign
-        self.nprobe, self.rerank, self.spread = int(nprobe), rerank, spread
+        self.nprobe, self.rerank, self.spread, self.sq, self.exact = int(nprobe), rerank, spread, int(sq), exact
         self.train_params = dict(niter=int(niter), pq_niter=int(pq_niter), seed=int(seed),
                                  max_points_per_centroid=int(max_points_per_centroid),
                                  pq_max_points_per_centroid=int(pq_max_points_per_centroid), spherical=bool(spherical),
@@ -225,18 +259,21 @@ class IVFPQIndex(Index):
     def _native(self):
         """The compiled module this index uses, or None for the numpy backend."""
         C = native() if self.backend != "numpy" else None
-        if C is None and (self.backend == "compiled" or self.nbits == 4):
+        if C is None and (self.backend == "compiled" or self.nbits == 4 or self.sq):
             why = ("is disabled (FASTDPR_NO_NATIVE / force_fallback)" if fallback_forced() else
                    "is not used with backend=numpy" if self.backend == "numpy" else
                    "is not available (reinstall fastdpr with a C++ compiler, or use backend=numpy)")
-            what = "backend=compiled" if self.backend == "compiled" else "nbits=4 (fast-scan codes, compiled only)"
+            what = ("backend=compiled" if self.backend == "compiled" else
+                    "nbits=4 (fast-scan codes, compiled only)" if self.nbits == 4 else "sq=4 (compiled only)")
             raise MissingDependency(f"ivfpq: {what}, but the compiled extension fastdpr._C {why}")
         return C
 
     def _make_impl(self, nlist: int):
         C = self._native()
         if C is not None:
-            return C.IVFPQ(self.dim, nlist, self.m, self.nbits, self.store, self.assign == "ip")
+            impl = C.IVFPQ(self.dim, nlist, self.m, self.nbits, self.store, self.assign == "ip")
+            impl.sq = self.sq
+            return impl
         return NumpyIVFPQ(self.dim, nlist, self.m, 8, self.store, self.assign == "ip")
 
     @property
@@ -324,7 +361,7 @@ class IVFPQIndex(Index):
         self._impl.add(x)
 
     def _search(self, q: np.ndarray, k: int, nprobe: int | None = None, rerank: int | str | None = None,
-                threads: int = 0, spread: float | None = None):
+                threads: int = 0, spread: float | None = None, exact: int | str | None = None):
         if nprobe is None or (nprobe == 0 and not isinstance(nprobe, bool)):  # 0: the old spelling of "default"
             nprobe = self.nprobe
         if isinstance(nprobe, bool) or not isinstance(nprobe, (int, np.integer)) or nprobe < 1:
@@ -333,12 +370,18 @@ class IVFPQIndex(Index):
             rerank = self.rerank
         rerank = rerank_setting(rerank, "ivfpq search")
         if rerank == RERANK_AUTO:
-            rerank = 4 * k if self.store != "none" else 0
-        if rerank > 0 and self.store == "none":
-            raise InputError("ivfpq: rerank needs the full vectors; this index was built without store=fp16|fp32")
+            rerank = 4 * k if self.store != "none" or self.sq else 0
+        if rerank > 0 and self.store == "none" and not self.sq:
+            raise InputError("ivfpq: rerank needs the full vectors; this index was built without store=fp16|fp32 "
+                             "(or sq=4)")
         spread = self.spread if spread is None else spread_setting(spread, "ivfpq search")
-        # candidates beyond the index size do not exist (and would only size buffers)
-        return self._impl.search(q, k, int(nprobe), min(rerank, self._ntotal()), threads, spread)
+        exact = self.exact if exact is None else exact_setting(exact, "ivfpq search")
+        rerank = min(rerank, self._ntotal())  # candidates beyond the index size do not exist
+        if not self.sq:
+            return self._impl.search(q, k, int(nprobe), rerank, threads, spread)
+        if exact == RERANK_AUTO:
+            exact = EXACT_PER_K * k
+        return self._impl.search(q, k, int(nprobe), rerank, threads, spread, exact)
 
     def codes(self) -> tuple[np.ndarray, np.ndarray]:
         """(list of every row, its m codes), rows in the order added — for inspection and tests."""
@@ -365,6 +408,7 @@ class IVFPQIndex(Index):
         writer.meta("nprobe", self.nprobe)
         writer.meta("rerank", self.rerank)
         writer.meta("spread", repr(self.spread))
+        writer.meta("exact", self.exact)
         if self.compiled and hasattr(writer, "raw"):
             self._impl.save(writer.raw)
         elif self.compiled:  # a pure-Python writer: go through a numpy copy of the state
@@ -386,12 +430,16 @@ class IVFPQIndex(Index):
             rerank = reader.meta_int("rerank", _LEGACY_RERANK_AUTO, 1 << 30)
         rerank = rerank_setting(rerank)
         spread = reader.meta_float("spread") if reader.has_meta("spread") else 0.0
+        exact: int | str = RERANK_AUTO
+        if reader.has_meta("exact") and reader.meta("exact") != RERANK_AUTO:
+            exact = reader.meta_int("exact", 0, 1 << 30)
         if not (math.isfinite(spread) and spread >= 0):
             reader.fail("spread must be a finite number >= 0")
         if store == "none" and rerank != RERANK_AUTO and rerank > 0:
             rerank = 0
         index = cls(impl.dim, nlist=impl.nlist, m=impl.m, nbits=impl.nbits, store=store, nprobe=nprobe, rerank=rerank,
-                    assign="ip" if impl.assign_by_ip else "l2", spread=spread,
+                    assign="ip" if impl.assign_by_ip else "l2", spread=spread, exact=exact,
+                    sq=0 if isinstance(impl, NumpyIVFPQ) else impl.sq,
                     backend="numpy" if isinstance(impl, NumpyIVFPQ) else "compiled")
         index._impl = impl
         return index
