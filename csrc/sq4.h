@@ -7,11 +7,11 @@
 // one constant per query plus a dot product of the scaled query with the codes.
 //
 // Why a second re-rank: at a million 768-d vectors IVF-PQ must re-score a few thousand candidates to hold 95% of
-// a query's top-100 (its 4-bit codes place only about half of the top-100 among their best 100), and reading
-// each candidate's fp16 row from a memory map costs ~0.27 us. The 4-bit rows are read four times faster; ranked by
-// them, the best 300 of 4,000 candidates held every true top-100 member the exact re-rank of all 4,000 found
-// (benchmarks/results/ann_compressed.md). For DPR's 21M x 768 the 4-bit rows take 8 GB, which stays in the page
-// cache of a 24 GB machine while the 32 GB of fp16 rows cannot.
+// a query's top-100 (its 4-bit codes place only about half of the top-100 among their best 100), and each
+// candidate's fp16 row read from a memory map costs ~0.27 us, bound by memory latency. A 4-bit row is a quarter of
+// the bytes; ranked by them, the best 150 candidates kept the recall the exact re-rank of all of them reached
+// (benchmarks/results/ann_compressed.md, exact 150 against 0). For DPR's 21M x 768 the 4-bit rows take 7.5 GiB,
+// which the page cache of a 24 GB machine can hold while the 30 GiB of fp16 rows cannot.
 //
 // Row layout: byte j holds dimension 2j in its low nibble and 2j + 1 in its high nibble. The SIMD kernels take 32
 // dimensions (16 bytes) per step, so the scaled query is laid out per 32-dimension block as its 16 even
