@@ -431,12 +431,13 @@ void IVFPQ::set_aniso_eta(float eta) {
 }
 
 // Coordinate descent on L(r) = ||r||^2 + (eta - 1) <r, u>^2 (u = x / ||x||, r = x - c - reconstruction): one
-// sub-space at a time, the codeword that minimises L with the others fixed. Each step cannot raise L, so two
-// sweeps from the nearest-codeword codes keep what the L2 start got right. fastdpr/index/pq4.py (training) takes
-// the same steps.
+// sub-space at a time, the codeword that minimises L with the others fixed. Each step cannot raise L, so sweeps
+// from the nearest-codeword codes keep what the L2 start got right. Four sweeps, not two: at 1M x 768 (m 96,
+// aniso 0.2, nprobe 256, rerank 1,000) recall@100 0.927 -> 0.934 (eight: 0.934, 15% longer builds).
+// fastdpr/index/pq4.py (training) takes the same steps.
 void IVFPQ::refine_anisotropic(const float* cent, const float* x, int64_t n, const int64_t* lists,
                                uint8_t* codes) const {
-    constexpr int kSweeps = 2;
+    constexpr int kSweeps = 4;
     constexpr int64_t kMaxDsub = 64;  // wider sub-vectors keep their nearest codeword
     if (dsub_ > kMaxDsub) return;
     const float w = aniso_eta_ - 1.f;
@@ -927,26 +928,21 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
             if (!(sq[l] >= 0) || !std::isfinite(sq[l])) rd.fail("list residual sums must be finite and >= 0");
         idx->list_sq_.assign(sq, sq + nlist);
     }
-    if (storage != VectorStorage::None) {
-        if (mmap_vectors && vbytes > 0) {
+    // re-rank rows (full vectors, 4-bit rows): left in the file mapping, or copied into owned memory
+    const auto place = [&](const uint8_t* src, size_t bytes, auto& owned, const uint8_t*& ptr) {
+        if (mmap_vectors && bytes > 0) {
             idx->vec_map_ = rd.mapping();
-            idx->vec_ptr_ = v;
+            ptr = src;
         } else {
-            idx->vec_owned_.assign(v, v + vbytes);
-            idx->vec_ptr_ = idx->vec_owned_.data();
+            owned.assign(src, src + bytes);
+            ptr = owned.data();
         }
-    }
+    };
+    if (storage != VectorStorage::None) place(v, vbytes, idx->vec_owned_, idx->vec_ptr_);
     if (sq_lo) {
         idx->sq_lo_.assign(sq_lo, sq_lo + d);
         idx->sq_step_.assign(sq_step, sq_step + d);
-        const size_t sq_bytes = static_cast<size_t>(n) * sq4::row_bytes(d);
-        if (mmap_vectors && sq_bytes > 0) {
-            idx->vec_map_ = rd.mapping();
-            idx->sq_ptr_ = sq_rows;
-        } else {
-            idx->sq_owned_.assign(sq_rows, sq_rows + sq_bytes);
-            idx->sq_ptr_ = idx->sq_owned_.data();
-        }
+        place(sq_rows, static_cast<size_t>(n) * sq4::row_bytes(d), idx->sq_owned_, idx->sq_ptr_);
     }
     return idx;
 }
