@@ -433,7 +433,8 @@ void IVFPQ::set_aniso_eta(float eta) {
 // Coordinate descent on L(r) = ||r||^2 + (eta - 1) <r, u>^2 (u = x / ||x||, r = x - c - reconstruction): one
 // sub-space at a time, the codeword that minimises L with the others fixed. Each step cannot raise L, so sweeps
 // from the nearest-codeword codes keep what the L2 start got right. Four sweeps, not two: at 1M x 768 (m 96,
-// aniso 0.2, nprobe 256, rerank 1,000) recall@100 0.927 -> 0.934 (eight: 0.934, 15% longer builds).
+// aniso 0.2, nprobe 256, rerank 1,000, spread 0.5) recall@100 0.927 -> 0.934 (benchmarks/results/ann_compressed.md
+// before and after; eight sweeps gave no more in a trial run and built 12% slower).
 // fastdpr/index/pq4.py (training) takes the same steps.
 void IVFPQ::refine_anisotropic(const float* cent, const float* x, int64_t n, const int64_t* lists,
                                uint8_t* codes) const {
