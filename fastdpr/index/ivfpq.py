@@ -480,6 +480,8 @@ class NumpyIVFPQ:
     @classmethod
     def from_compiled(cls, impl) -> "NumpyIVFPQ":
         """A numpy copy of a compiled index's state (for writing through a pure-Python file writer)."""
+        if getattr(impl, "sq", 0):
+            raise InputError("ivfpq: an index with 4-bit rows (sq=4) is written by the compiled writer only")
         out = cls(impl.dim, impl.nlist, impl.m, 8, impl.store, impl.assign_by_ip)
         if impl.is_trained:
             out.set_trained(impl.centroids(), impl.codebooks())
@@ -640,6 +642,8 @@ class NumpyIVFPQ:
             reader.fail("m does not divide dim")
         if reader.meta_int("nbits", 4, 8) != 8:
             reader.fail("it holds 4-bit codes, which need the compiled extension fastdpr._C")
+        if reader.has_meta("sq_bits"):
+            reader.fail("it holds 4-bit rows (sq=4), which need the compiled extension fastdpr._C")
         store = {v: k for k, v in STORE_CODES.items()}[reader.meta_int("storage", 0, 2)]
         by_ip = reader.meta_int("assign_by_ip", 0, 1) == 1
         trained = reader.meta_int("trained", 0, 1) == 1
