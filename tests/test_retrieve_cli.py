@@ -139,3 +139,14 @@ def test_hybrid_warns_only_when_raw_scores_go_untuned(setup, capsys):
     assert cli.main(base + ["--alpha-file", str(tmp / "old-alpha.json"), "--fusion", "linear",
                             "-o", str(tmp / "h5.trec")]) == 2
     assert "tuned for --fusion linear-raw" in capsys.readouterr().err
+
+
+def test_dense_search_with_a_mapped_index_gives_the_same_run(setup):
+    tmp, *_ = setup
+    runs = []
+    for extra in ([], ["--mmap"]):
+        out = tmp / f"dense{len(extra)}.json"
+        assert cli.main(["search", str(tmp / "test.jsonl"), "--mode", "dense", *_common(tmp), "-k", "5",
+                         "-o", str(out), *extra]) == 0
+        runs.append([[c["id"] for c in r["ctxs"]] for r in read_run(out)])
+    assert runs[0] == runs[1]

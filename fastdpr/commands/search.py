@@ -32,6 +32,10 @@ def add_retriever_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="BM25 search threads (default 0 = all cores)")
     parser.add_argument("--search-param", action="append", default=[], metavar="KEY=VALUE",
                         help="dense index search parameter, e.g. ef=256 or nprobe=32 (repeatable)")
+    parser.add_argument("--mmap", action="store_true",
+                        help="memory-map the index's vector rows instead of reading them into RAM (an IVF-PQ "
+                             "index with store=fp16 then keeps only its codes in RAM; the rows come from the page "
+                             "cache)")
     parser.add_argument("--match", choices=["string", "regex"], default="string",
                         help="has_answer rule: DPR tokens (default) or regex answers (CuratedTREC)")
 
@@ -95,7 +99,7 @@ def build_retriever(args, mode: str, alpha: float = DEFAULT_ALPHA, method: str =
 
         model = BiEncoder.from_pretrained(args.model)
         model.eval()
-        index = load_index(args.index)
+        index = load_index(args.index, mmap=getattr(args, "mmap", False))
         if len(index) != len(corpus):
             raise InputError(f"the index has {len(index)} vectors but the corpus {len(corpus)} passages",
                              path=args.index)
