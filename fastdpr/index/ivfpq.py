@@ -53,8 +53,10 @@ q/s; rerank 2,500, 1,115 against 883; with m = 64 codes and rerank 4,000, 877 ag
 benchmarks/results/ann_compressed.md and ann_compressed_m64.md). In a file, the 4-bit rows of DPR's
 21M passages (7.5 GiB) fit the page cache of a 24 GB machine where the fp16 rows (30 GiB) do not::
 
-    index = build_index(vectors, "ivfpq,nbits=4,m=64,store=fp16,aniso=0.2,sq=4,spread=0.5")
-    scores, ids = index.search(queries, k=100, nprobe=256, rerank=4000, exact=300)
+    index = build_index(vectors, "ivfpq,nbits=4,m=96,store=fp16,aniso=0.2,sq=4,spread=0.5")   # 1M x 768
+    index.save("index.fdpr")
+    index = load_index("index.fdpr", mmap=True)    # codes in RAM, rows read through the page cache
+    scores, ids = index.search(queries, k=100, nprobe=224, rerank=2500, exact=150)
 
 Spec parameters: ``nlist`` (0: about 4 sqrt(n), 2 sqrt(n) for 4-bit codes, a power of two), ``m`` (0: d/8
 sub-quantizers, d/2 for 4-bit codes), ``nbits`` (8 or 4), ``aniso`` (4-bit: the anisotropic threshold T; 0, off)
@@ -236,7 +238,7 @@ class IVFPQIndex(Index):
         self.train_losses: list[float] = []  # 4-bit: the anisotropic loss before and after each refinement sweep
         self._native()  # backend=compiled without the compiled core: say so now
         self.nlist, self.m, self.store, self.assign = int(nlist), int(m), store, assign
-        self.nprobe, self.rerank, self.spread, self.sq, self.exact = int(nprobe), rerank, spread, int(sq), exact
+        self.nprobe, self.rerank, self.spread, self.exact = int(nprobe), rerank, spread, exact
         self.train_params = dict(niter=int(niter), pq_niter=int(pq_niter), seed=int(seed),
                                  max_points_per_centroid=int(max_points_per_centroid),
                                  pq_max_points_per_centroid=int(pq_max_points_per_centroid), spherical=bool(spherical),
