@@ -228,6 +228,22 @@ private:
     std::vector<size_t> tie_at_;
 };
 
+// Re-scores candidates from their rows (candidate `id` at base + id * row_bytes: fp16/fp32 vectors or 4-bit rows)
+// into `best`. The rows are scattered: the first and last lines of the row 8 candidates ahead are requested, and
+// the hardware prefetcher brings the lines between (on both pages a row may span). One request per line, 4 rows
+// ahead, stalled on full fill buffers: rows of 1.5 KiB (d 768, fp16) were read in ~400 ns, now ~270 (d 384: equal).
+template <class Score>
+void rescore(const std::vector<Scored>& found, const uint8_t* base, size_t row_bytes, TopK& best, Score score) {
+    for (size_t c = 0; c < found.size(); ++c) {
+        if (c + 8 < found.size()) {
+            const uint8_t* row = base + found[c + 8].id * row_bytes;
+            __builtin_prefetch(row, 0, 3);
+            __builtin_prefetch(row + row_bytes - 1, 0, 3);
+        }
+        best.push(score(base + found[c].id * row_bytes), found[c].id);
+    }
+}
+
 }  // namespace
 
 IVFPQ::IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage storage, bool assign_by_ip)
@@ -249,6 +265,7 @@ IVFPQ::IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage sto
     code_room_.assign(static_cast<size_t>(nlist), 0);
     list_pos_.resize(nlist);
     list_sq_.assign(static_cast<size_t>(nlist), 0.0);
+    list_spread_.assign(static_cast<size_t>(nlist), 0.f);
 }
 
 void IVFPQ::check_trained(const char* what) const {
@@ -303,10 +320,12 @@ std::vector<float> IVFPQ::centroids() const {
     return unpack_columns(centroids_T_.data(), nlist_, d_);
 }
 
-float IVFPQ::list_spread(int64_t l) const {
-    const double n = static_cast<double>(list_pos_.at(l).size());
-    if (n < 2) return 0.f;
-    return static_cast<float>(std::sqrt(list_sq_[l] / n / static_cast<double>(d_) * 2.0 * std::log(n)));
+void IVFPQ::refresh_spreads() {
+    for (int64_t l = 0; l < nlist_; ++l) {
+        const double n = static_cast<double>(list_pos_[l].size());
+        list_spread_[l] =
+            n < 2 ? 0.f : static_cast<float>(std::sqrt(list_sq_[l] / n / static_cast<double>(d_) * 2.0 * std::log(n)));
+    }
 }
 
 void IVFPQ::prepare_tables(const float* centroids) {
@@ -613,6 +632,7 @@ void IVFPQ::add(const float* x, int64_t n) {
             sq_ptr_ = sq_owned_.data();
         }
     }
+    refresh_spreads();
 }
 
 void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
@@ -642,11 +662,6 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
     const int64_t ke = storage_ == VectorStorage::None ? kf : std::min(std::max(kf, exact), kc);
     const auto lut4 = simd::current() == simd::Level::AVX512 ? lut4_avx512 : lut4_scalar;
     const size_t cb_stride = packed_size(ksub_, dsub_);
-    std::vector<float> list_spreads;  // spread * s_l, multiplied by |q| per query
-    if (spread > 0.f) {
-        list_spreads.resize(static_cast<size_t>(nlist_));
-        for (int64_t l = 0; l < nlist_; ++l) list_spreads[l] = spread * list_spread(l);
-    }
     // queries per coarse-product call: each centroid tile streamed from memory feeds 16 queries (two register
     // blocks of 8 while the tile sits in L2; the centroids of 2,048 lists at d 768 are 6 MiB)
     constexpr int64_t G = 16;
@@ -684,12 +699,12 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 const float* qv = q + (q0 + r) * d_;
                 const float* qcr = qc.data() + r * nlist_;
                 probe.reset(nprobe);
-                if (list_spreads.empty()) {
+                if (spread == 0.f) {
                     probe.push_run(qcr, nlist_, 0);
                 } else {
                     const float qn = std::sqrt(K.dot(qv, qv, d_));
                     sc.order.resize(static_cast<size_t>(nlist_));
-                    for (int64_t l = 0; l < nlist_; ++l) sc.order[l] = qcr[l] + qn * list_spreads[l];
+                    for (int64_t l = 0; l < nlist_; ++l) sc.order[l] = qcr[l] + qn * (spread * list_spread_[l]);
                     probe.push_run(sc.order.data(), nlist_, 0);
                 }
                 const std::vector<Scored> lists = probe.take_sorted();
@@ -757,40 +772,18 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 }
                 if (sq_stage && (storage_ == VectorStorage::None || found.size() > static_cast<size_t>(ke))) {
                     sq4::prepare_query(qv, d_, sq_lo_.data(), sq_step_.data(), sc.sq);
-                    const size_t rb = sq4::row_bytes(d_);
                     best.reset(static_cast<size_t>(ke));
-                    for (size_t c = 0; c < found.size(); ++c) {
-                        // rows of d/2 bytes scattered over the file: requested 8 candidates ahead, as below
-                        if (c + 8 < found.size()) {
-                            const uint8_t* row = sq_ptr_ + found[c + 8].id * rb;
-                            __builtin_prefetch(row, 0, 3);
-                            __builtin_prefetch(row + rb - 1, 0, 3);
-                        }
-                        const int64_t id = found[c].id;
-                        best.push(sc.sq.offset + dot4(sc.sq.scaled.data(), sq_ptr_ + id * rb, d_), id);
-                    }
+                    rescore(found, sq_ptr_, sq4::row_bytes(d_), best, [&](const uint8_t* row) {
+                        return sc.sq.offset + dot4(sc.sq.scaled.data(), row, d_);
+                    });
                     found = best.take_sorted();
                 }
                 if (rerank > 0 && storage_ != VectorStorage::None) {
                     best.reset(static_cast<size_t>(kf));
-                    const size_t vb = vector_bytes();
-                    for (size_t c = 0; c < found.size(); ++c) {
-                        // the candidates are scattered rows: the first and last lines of the row 8 candidates
-                        // ahead are requested, and the hardware prefetcher brings the lines between (on both
-                        // pages a row may span). One request per line, 4 rows ahead, stalled on full fill
-                        // buffers: rows of 1.5 KiB (d 768, fp16) were read in ~400 ns, now ~270 (d 384: equal)
-                        if (c + 8 < found.size()) {
-                            const uint8_t* row = vec_ptr_ + found[c + 8].id * vb;
-                            __builtin_prefetch(row, 0, 3);
-                            __builtin_prefetch(row + vb - 1, 0, 3);
-                        }
-                        const Scored& s = found[c];
-                        const float exact =
-                            storage_ == VectorStorage::F32
-                                ? K.dot(qv, reinterpret_cast<const float*>(vec_ptr_) + s.id * d_, d_)
-                                : K.dot_f16(qv, reinterpret_cast<const uint16_t*>(vec_ptr_) + s.id * d_, d_);
-                        best.push(exact, s.id);
-                    }
+                    rescore(found, vec_ptr_, vector_bytes(), best, [&](const uint8_t* row) {
+                        return storage_ == VectorStorage::F32 ? K.dot(qv, reinterpret_cast<const float*>(row), d_)
+                                                              : K.dot_f16(qv, reinterpret_cast<const uint16_t*>(row), d_);
+                    });
                     found = best.take_sorted();
                 }
                 float* so = scores + (q0 + r) * k;
@@ -928,6 +921,7 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
         for (int64_t l = 0; l < nlist; ++l)
             if (!(sq[l] >= 0) || !std::isfinite(sq[l])) rd.fail("list residual sums must be finite and >= 0");
         idx->list_sq_.assign(sq, sq + nlist);
+        idx->refresh_spreads();
     }
     // re-rank rows (full vectors, 4-bit rows): left in the file mapping, or copied into owned memory
     const auto place = [&](const uint8_t* src, size_t bytes, auto& owned, const uint8_t*& ptr) {

@@ -114,7 +114,7 @@ public:
     // further from their centroid (benchmarks/results/ann_probe_study.md: 0.958 -> 0.971 of the top-100 inside 256
     // of 2,048 lists at spread 0.5).
     double list_residual_sq(int64_t l) const { return list_sq_.at(l); }
-    float list_spread(int64_t l) const;
+    float list_spread(int64_t l) const { return list_spread_.at(l); }
     // Stored full vectors (size() x dim): fp32 or raw IEEE half bits; null when storage is None.
     const void* vectors() const { return vec_ptr_; }
     size_t vector_bytes() const;  // bytes per stored full vector (0, 2d or 4d)
@@ -137,6 +137,7 @@ private:
     // Lays the lists out again in one new allocation with room for `room[l]` rows in list l (>= its size).
     void relayout(const std::vector<int64_t>& room);
     void append_codes(int64_t list, const uint8_t* code_row);
+    void refresh_spreads();  // list_spread_ from list_sq_ after adds or a load
     void own_vectors();  // copy memory-mapped vectors (and 4-bit rows) into owned memory before appending
 
     // Searches share it; train/add/set_trained take it alone, so a search never sees lists being reallocated.
@@ -161,6 +162,7 @@ private:
     // per list: positions (row numbers in the order added); 4 bytes each, hence at most kMaxVectors rows
     std::vector<std::vector<uint32_t>> list_pos_;
     std::vector<double> list_sq_;  // per list: sum of ||x - c||^2 over its members
+    std::vector<float> list_spread_;  // per list: s_l from list_sq_ and the list's size (refresh_spreads)
     int64_t ntotal_ = 0;
     std::vector<uint8_t, HugePageAllocator<uint8_t>> vec_owned_;  // re-rank rows: on huge pages
     const uint8_t* vec_ptr_ = nullptr;

@@ -592,8 +592,8 @@ class NumpyIVFPQ:
         out = np.full((q.shape[0], k), -1, dtype=np.int64)
         coarse = q @ self._centroids.T
         list_ids = np.arange(self.nlist)
-        # the compiled order in float32: <q, c> + |q| (spread s_l)
-        spreads = np.float32(spread) * np.array([self.list_spread(ln) for ln in range(self.nlist)], np.float32)
+        if spread > 0:  # the compiled order in float32: <q, c> + |q| (spread s_l)
+            spreads = np.float32(spread) * np.array([self.list_spread(ln) for ln in range(self.nlist)], np.float32)
         for i, qv in enumerate(q):
             order = coarse[i]
             if spread > 0:
