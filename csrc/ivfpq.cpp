@@ -453,7 +453,7 @@ void IVFPQ::set_aniso_eta(float eta) {
 // sub-space at a time, the codeword that minimises L with the others fixed. Each step cannot raise L, so sweeps
 // from the nearest-codeword codes keep what the L2 start got right. Four sweeps, not two: at 1M x 768 (m 96,
 // aniso 0.2, nprobe 256, rerank 1,000, spread 0.5) recall@100 0.927 -> 0.934 (benchmarks/results/ann_compressed.md
-// before and after; eight sweeps gave no more in a trial run and built 12% slower).
+// before and after; eight sweeps gave no more in a trial run, not committed, and built slower).
 // fastdpr/index/pq4.py (training) takes the same steps.
 void IVFPQ::refine_anisotropic(const float* cent, const float* x, int64_t n, const int64_t* lists,
                                uint8_t* codes) const {
@@ -781,8 +781,8 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 if (rerank > 0 && storage_ != VectorStorage::None) {
                     best.reset(static_cast<size_t>(kf));
                     rescore(found, vec_ptr_, vector_bytes(), best, [&](const uint8_t* row) {
-                        return storage_ == VectorStorage::F32 ? K.dot(qv, reinterpret_cast<const float*>(row), d_)
-                                                              : K.dot_f16(qv, reinterpret_cast<const uint16_t*>(row), d_);
+                        if (storage_ == VectorStorage::F32) return K.dot(qv, reinterpret_cast<const float*>(row), d_);
+                        return K.dot_f16(qv, reinterpret_cast<const uint16_t*>(row), d_);
                     });
                     found = best.take_sorted();
                 }

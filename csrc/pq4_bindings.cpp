@@ -41,7 +41,8 @@ void bind_pq4(py::module_& m) {
     m.def(
         "sq4_train",
         [](const F32Array& x) {
-            if (x.ndim() != 2 || x.shape(0) < 1 || x.shape(1) < 1) throw std::invalid_argument("sq4_train: x must be (n >= 1, d >= 1)");
+            if (x.ndim() != 2 || x.shape(0) < 1 || x.shape(1) < 1)
+                throw std::invalid_argument("sq4_train: x must be (n >= 1, d >= 1)");
             const int64_t d = x.shape(1);
             py::array_t<float> lo(d), step(d);
             sq4::train(x.data(), x.shape(0), d, lo.mutable_data(), step.mutable_data());
@@ -72,7 +73,8 @@ void bind_pq4(py::module_& m) {
             sq4::prepare_query(q.data(), d, lo.data(), step.data(), prepared);
             py::array_t<float> out(rows.shape(0));
             for (py::ssize_t i = 0; i < rows.shape(0); ++i)
-                out.mutable_data()[i] = prepared.offset + dot(prepared.scaled.data(), rows.data() + i * rows.shape(1), d);
+                out.mutable_data()[i] =
+                    prepared.offset + dot(prepared.scaled.data(), rows.data() + i * rows.shape(1), d);
             return out;
         },
         py::arg("q"), py::arg("rows"), py::arg("lo"), py::arg("step"), py::arg("level") = "",
