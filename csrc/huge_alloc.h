@@ -46,4 +46,45 @@ bool operator==(const HugePageAllocator<T>&, const HugePageAllocator<U>&) { retu
 template <class T, class U>
 bool operator!=(const HugePageAllocator<T>&, const HugePageAllocator<U>&) { return false; }
 
+// An allocator for a call's large scratch arrays (a search's batch buffers): blocks of 64 KiB or more are mapped
+// on their own and unmapped when freed, so that they go back to the system when the call ends. malloc keeps freed
+// blocks for reuse, and its dynamic mmap threshold soon puts blocks of a few MiB on the heap, where a compressed
+// index's process would carry them as resident memory after every large search.
+template <class T>
+struct ReturnedAllocator {
+    using value_type = T;
+    static constexpr size_t kMapped = size_t{64} << 10;
+
+    ReturnedAllocator() = default;
+    template <class U>
+    ReturnedAllocator(const ReturnedAllocator<U>&) {}
+
+    T* allocate(size_t n) {
+        const size_t bytes = n * sizeof(T);
+#if defined(__linux__)
+        if (bytes >= kMapped) {
+            void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p == MAP_FAILED) throw std::bad_alloc();
+            return static_cast<T*>(p);
+        }
+#endif
+        if (void* p = std::malloc(bytes ? bytes : 1)) return static_cast<T*>(p);
+        throw std::bad_alloc();
+    }
+    void deallocate(T* p, size_t n) {
+#if defined(__linux__)
+        if (n * sizeof(T) >= kMapped) {
+            munmap(p, n * sizeof(T));
+            return;
+        }
+#endif
+        std::free(p);
+    }
+};
+
+template <class T, class U>
+bool operator==(const ReturnedAllocator<T>&, const ReturnedAllocator<U>&) { return true; }
+template <class T, class U>
+bool operator!=(const ReturnedAllocator<T>&, const ReturnedAllocator<U>&) { return false; }
+
 }  // namespace fastdpr

@@ -39,18 +39,22 @@ void encode(const float* x, int64_t n, int64_t d, const float* lo, const float* 
     }
 }
 
-void prepare_query(const float* q, int64_t d, const float* lo, const float* step, Query& out) {
-    out.scaled.resize(static_cast<size_t>(d));
+float prepare_query(const float* q, int64_t d, const float* lo, const float* step, float* scaled) {
     double off = 0;
     for (int64_t t = 0; t < d; ++t) off += static_cast<double>(q[t]) * lo[t];
-    out.offset = static_cast<float>(off);
     const int64_t whole = d / kBlockDims * kBlockDims;
     for (int64_t b = 0; b < whole; b += kBlockDims)
         for (int64_t j = 0; j < kBlockDims / 2; ++j) {
-            out.scaled[b + j] = q[b + 2 * j] * step[b + 2 * j];
-            out.scaled[b + kBlockDims / 2 + j] = q[b + 2 * j + 1] * step[b + 2 * j + 1];
+            scaled[b + j] = q[b + 2 * j] * step[b + 2 * j];
+            scaled[b + kBlockDims / 2 + j] = q[b + 2 * j + 1] * step[b + 2 * j + 1];
         }
-    for (int64_t t = whole; t < d; ++t) out.scaled[t] = q[t] * step[t];
+    for (int64_t t = whole; t < d; ++t) scaled[t] = q[t] * step[t];
+    return static_cast<float>(off);
+}
+
+void prepare_query(const float* q, int64_t d, const float* lo, const float* step, Query& out) {
+    out.scaled.resize(static_cast<size_t>(d));
+    out.offset = prepare_query(q, d, lo, step, out.scaled.data());
 }
 
 namespace {

@@ -43,6 +43,8 @@ struct Query {
     float offset = 0.f;
 };
 void prepare_query(const float* q, int64_t d, const float* lo, const float* step, Query& out);
+// The same into `scaled` (d floats); returns the constant.
+float prepare_query(const float* q, int64_t d, const float* lo, const float* step, float* scaled);
 
 // <q, x~> of one row of codes.
 using DotFn = float (*)(const float* scaled, const uint8_t* row, int64_t d);

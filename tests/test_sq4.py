@@ -141,6 +141,23 @@ def test_4bit_rows_alone_rank_without_stored_vectors(data):
     assert recall(ids, gt) >= 0.8
 
 
+@pytest.mark.parametrize("store", ["fp16", "none"])
+def test_batched_4bit_rerank_equals_one_query_at_a_time(data, store):
+    # Many queries in one call are re-ranked together in row order (batches of 256 split across the threads);
+    # every answer must be the one the query gets alone.
+    x, q, _ = data
+    index = build_index(x, f"ivfpq,nbits=4,nlist=16,m=24,store={store},sq=4,niter=6,pq_niter=6")
+    rng = np.random.default_rng()
+    many = (q[rng.integers(0, len(q), 601)] + 0.05 * rng.standard_normal((601, q.shape[1]))).astype(np.float32)
+    kw = dict(nprobe=5, rerank=300, **({"exact": 40} if store == "fp16" else {}))
+    alone = [index.search(many[i:i + 1], 20, **kw) for i in range(0, len(many), 7)]
+    for threads in (1, 2):
+        s, ids = index.search(many, 20, threads=threads, **kw)
+        for j, i in enumerate(range(0, len(many), 7)):
+            np.testing.assert_array_equal(ids[i], alone[j][1][0])
+            np.testing.assert_array_equal(s[i], alone[j][0][0])
+
+
 @pytest.mark.parametrize("mmap", [False, True])
 def test_4bit_rows_survive_a_file_and_adds_after_a_mapped_open(tmp_path, data, mmap):
     x, q, _ = data
