@@ -25,6 +25,7 @@ opens it memory-mapped and measures:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -103,8 +104,31 @@ def child(args) -> int:
         rows.append({"nprobe": nprobe, "rerank": rerank, "spread": spread, "exact": exact,
                      "recall@100": recall(ids, gt), "qps": len(queries) / dt})
     after_search = rss_kib()
+    # what the allocator keeps free for reuse (search scratch of earlier calls) given back first, where glibc's
+    # malloc_trim exists: the memory the index and live data hold
+    after_trim = None
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+        after_trim = rss_kib()
+    except (OSError, AttributeError):
+        pass
+    # the cheapest setting at the target, one query per call (latency-bound use: no batch to share the re-rank)
+    single = None
+    ok = [r for r in rows if r["recall@100"] >= TARGET]
+    if ok and args.single_queries:
+        r = max(ok, key=lambda r: r["qps"])
+        kw = dict(nprobe=r["nprobe"], rerank=r["rerank"], spread=r["spread"], threads=1,
+                  **({"exact": r["exact"]} if index.sq else {}))
+        nq1 = min(args.single_queries, len(queries))
+        dt = float("inf")
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            for i in range(nq1):
+                index.search(queries[i:i + 1], K, **kw)
+            dt = min(dt, time.perf_counter() - t0)
+        single = {**{k: r[k] for k in ("nprobe", "rerank", "spread", "exact")}, "queries": nq1, "qps": nq1 / dt}
     print(json.dumps({"open_s": open_s, "before": before, "after_open": after_open, "after_search": after_search,
-                      "rows": rows}))
+                      "after_trim": after_trim, "single": single, "rows": rows}))
     return 0
 
 
@@ -131,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with sq=4: candidates re-scored from fp16 after the 4-bit rows (0: all)")
     ap.add_argument("--exact-queries", type=int, default=200, help="queries timed for exact search")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per setting (and of exact search); the best")
+    ap.add_argument("--single-queries", type=int, default=200,
+                    help="queries timed one per call at the cheapest setting reaching the target (0: none)")
+    ap.add_argument("--exact-single-queries", type=int, default=20, help="queries timed one per call for exact search")
     ap.add_argument("--quick", action="store_true", help="20k x 64, 200 queries")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -142,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         return child(args)
     if args.quick:
         args.n, args.dim, args.queries, args.exact_queries = 20_000, 64, 200, 200
-        args.nprobe, args.rerank, args.extra, args.exact = "4,8,16,32", "200,400", "sq=4", "0,100"
+        args.nprobe, args.rerank, args.extra, args.exact = "4,8,16,32,256", "200,400,2000", "sq=4", "0,100"
     out = args.out or (cache_dir() / "quick-results" if args.quick else DEFAULT_OUT)
     m = args.m or max(1, args.dim // (8 if args.nbits == 4 else 16))
     while args.dim % m:  # sub-spaces of equal width
@@ -167,6 +194,14 @@ def main(argv: list[str] | None = None) -> int:
             exact.search(ds.queries[:nq], K, threads=1)
             exact_s = min(exact_s, time.perf_counter() - t0)
         exact_qps = nq / exact_s
+        nq1 = min(args.exact_single_queries, len(ds.queries))
+        exact_single_s = float("inf")
+        for _ in range(args.repeats if nq1 else 0):
+            t0 = time.perf_counter()
+            for i in range(nq1):
+                exact.search(ds.queries[i:i + 1], K, threads=1)
+            exact_single_s = min(exact_single_s, time.perf_counter() - t0)
+        exact_single_qps = nq1 / exact_single_s if nq1 else None
         del exact
         gc.collect()
         t0 = time.perf_counter()
@@ -185,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         np.save(tmp / "gt.npy", gt)
         cmd = [sys.executable, __file__, "--child", "--index", str(path), "--queries-file", str(tmp / "q.npy"),
                "--gt-file", str(tmp / "gt.npy"), "--nprobe", args.nprobe, "--rerank", args.rerank,
-               "--spread", args.spread, "--exact", args.exact, "--repeats", str(args.repeats)]
+               "--spread", args.spread, "--exact", args.exact, "--repeats", str(args.repeats),
+               "--single-queries", str(args.single_queries)]
         res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
                                         env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
                          .strip().splitlines()[-1])
@@ -194,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     anon = (res["after_search"]["RssAnon"] - res["before"]["RssAnon"]) * 1024
     anon_open = (res["after_open"]["RssAnon"] - res["before"]["RssAnon"]) * 1024
     file_res = (res["after_search"]["RssFile"] - res["before"]["RssFile"]) * 1024
+    trim = (res["after_trim"]["RssAnon"] - res["before"]["RssAnon"]) * 1024 if res["after_trim"] else None
     rows = sorted(res["rows"], key=lambda r: -r["qps"])
     for r in rows:
         r["x_exact"] = r["qps"] / exact_qps
@@ -203,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                "file_bytes": file_bytes, "vector_bytes_fp16": n * ds.dim * 2, "open_mmap_s": res["open_s"],
                "resident_anon_bytes_per_vector_after_open": anon_open / n,
                "resident_anon_bytes_per_vector_after_search": anon / n,
-               "resident_file_MiB_after_search": file_res / 2**20, "exact_qps": exact_qps, "best": best}
+               "resident_anon_bytes_per_vector_after_trim": trim / n if trim is not None else None,
+               "resident_file_MiB_after_search": file_res / 2**20, "exact_qps": exact_qps,
+               "exact_single_qps": exact_single_qps, "single": res["single"], "best": best}
     lines = [
         f"{ds.description}; {n} x {ds.dim}, {len(ds.queries)} queries, top-{K}, 1 thread. Index `{spec}` "
         f"(nlist {nlist}), built in {build_s:.0f} s; file {file_bytes / 2**20:.0f} MiB, of which fp16 vectors "
@@ -212,14 +251,24 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"- Resident memory of the process (RssAnon growth): **{anon_open / n:.1f} bytes/vector** after the open, "
         f"**{anon / n:.1f} bytes/vector** after the whole sweep ({anon / 2**20:.0f} MiB); mapped file pages "
-        f"resident afterwards (RssFile growth, page cache): {file_res / 2**20:.0f} MiB.",
+        f"resident afterwards (RssFile growth, page cache): {file_res / 2**20:.0f} MiB."
+        + (f" After the sweep and `malloc_trim(0)` (the allocator's free blocks, kept for reuse by the searches, "
+           f"given back): **{trim / n:.1f} bytes/vector**." if trim is not None else ""),
         f"- Exact search (fastdpr flat, fp32 in RAM, {nq} queries in one call, best of {args.repeats}): "
-        f"{exact_qps:.1f} q/s.",
+        f"{exact_qps:.1f} q/s" + (f"; one query per call: {exact_single_qps:.1f} q/s." if exact_single_qps else "."),
     ]
     if best:
         lines.append(f"- Cheapest setting with recall@100 >= {TARGET}: nprobe {best['nprobe']}, rerank "
                      f"{best['rerank']}, spread {best['spread']}, exact {best['exact']}: recall "
                      f"{best['recall@100']:.3f} at {best['qps']:.0f} q/s, **{best['x_exact']:.1f}x exact search**.")
+        one = res["single"]
+        if one:
+            lines.append(f"- One query per call (nprobe {one['nprobe']}, rerank {one['rerank']}, spread {one['spread']}, "
+                         f"exact {one['exact']}; {one['queries']} queries): {one['qps']:.0f} q/s"
+                         + (f", {one['qps'] / exact_single_qps:.1f}x exact search one query per call"
+                            if exact_single_qps else "")
+                         + ". Many queries in one call share the 4-bit re-rank: it visits their candidates' rows in "
+                           "address order (csrc/ivfpq.cpp, sq_rescore_batch).")
         plain = [r for r in ok if r["spread"] == 0 and r["exact"] == 0]
         if plain and plain[0] is not best:
             lines.append(f"- Without the spread-aware order and the 4-bit rows (spread 0, exact 0: every candidate "
