@@ -786,7 +786,8 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
     // With the 4-bit stage the queries go in batches: the ids of their candidates wait in `pending` (kc per query)
     // for one re-rank of the whole batch in row order (sq_rescore_batch), then the queries finish.
     // (fewer queries when each has very many candidates: the batch holds at most ~2^20 ids, or one group's)
-    const int64_t batch = sq_stage ? std::clamp(((int64_t{1} << 20) / kc) / G * G, G, kSqBatchQueries) : nq;
+    const int64_t batch =
+        sq_stage ? std::clamp(((int64_t{1} << 20) / std::max<int64_t>(kc, 1)) / G * G, G, kSqBatchQueries) : nq;
     static_assert(kSqBatchQueries % G == 0 && kSqBatchQueries <= 65536);
     Returned<uint32_t> pending;
     std::vector<uint32_t> npending;        // per query of the batch: how many ids wait

@@ -158,6 +158,14 @@ def test_batched_4bit_rerank_equals_one_query_at_a_time(data, store):
             np.testing.assert_array_equal(s[i], alone[j][0][0])
 
 
+def test_an_empty_index_with_4bit_rows_answers_nothing(data):
+    x, q, _ = data
+    index = IVFPQIndex(96, nlist=16, m=24, nbits=4, store="fp16", sq=4, niter=6, pq_niter=6)
+    index.train(x)
+    scores, ids = index.search(q[:3], 5, nprobe=4, rerank=50, exact=10)
+    assert (ids == -1).all() and np.isneginf(scores).all()
+
+
 @pytest.mark.parametrize("mmap", [False, True])
 def test_4bit_rows_survive_a_file_and_adds_after_a_mapped_open(tmp_path, data, mmap):
     x, q, _ = data
