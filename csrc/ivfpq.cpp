@@ -250,8 +250,8 @@ void rescore(const Scored* found, size_t n, const uint8_t* base, size_t row_byte
 // the ids), so that the rows of one bucket share the TLB's entries. Each query keeps the list a per-query re-rank
 // gives it (the scores come from the same kernel, and ties are broken by id whatever the visiting order).
 //
-// Batches of 128 queries: at 1M x 768 (rerank 2,000, 1 thread) batches of 32-128 ran 1.25-1.3x faster than 16;
-// from 256 the batch's scaled queries and heaps outgrow L2 and it slows down again.
+// Batches of 128 queries: tried from 16 to 1,024 at 1M x 768 (rerank 2,000, 1 thread; a trial, not a committed
+// benchmark), 32-128 ran 1.25-1.3x faster than 16; from 256 on, the batch's scaled queries and heaps outgrow L2.
 constexpr int64_t kSqBatchQueries = 128;
 
 // The batch's arrays come from ReturnedAllocator, so that its few MiB go back to the system when the search ends.
