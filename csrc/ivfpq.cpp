@@ -267,26 +267,6 @@ struct SqBatch {
     Returned<size_t> nbest;
 };
 
-// TopK::push on the heap h[0, n) of at most k.
-inline void heap_push(Scored* h, size_t& n, size_t k, Scored s) {
-    if (n < k) {
-        h[n++] = s;
-        std::push_heap(h, h + n, Better{});
-        return;
-    }
-    if (k == 0 || !better(s, h[0])) return;
-    size_t i = 0;  // sift s down from the root
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && better(h[c], h[c + 1])) ++c;  // the worse child
-        if (!better(s, h[c])) break;
-        h[i] = h[c];
-        i = c;
-    }
-    h[i] = s;
-}
-
 // Query i's candidates are ids[i][0, count[i]); its best `keep` go to best + i * keep, best first, their number to
 // nbest[i] (both in b).
 void sq_rescore_batch(const uint32_t* const* ids, const uint32_t* count, const float* const* queries, int64_t nb,

@@ -36,6 +36,34 @@ struct BetterTotal {
     }
 };
 
+// Heaps of results under `better`, in the standard order: no parent is better than its children, so the root is
+// the weakest result kept. heap_push adds s to the heap h[0, n) of at most k (n grows until it is k; then s replaces
+// the root if it is better).
+//
+// heap_replace_root puts s (better than the root) in the root's place and sifts it down: one pass from the root,
+// where pop_heap + push_heap walk down to a leaf and back up.
+inline void heap_replace_root(Scored* h, size_t n, const Scored& s) {
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && better(h[c], h[c + 1])) ++c;  // the weaker child
+        if (!better(s, h[c])) break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = s;
+}
+
+inline void heap_push(Scored* h, size_t& n, size_t k, const Scored& s) {
+    if (n < k) {
+        h[n++] = s;
+        std::push_heap(h, h + n, Better{});
+    } else if (k > 0 && better(s, h[0])) {
+        heap_replace_root(h, n, s);
+    }
+}
+
 class TopK {
 public:
     explicit TopK(size_t k = 0) : k_(k) { heap_.reserve(std::min(k, kReserveMax)); }
@@ -106,22 +134,7 @@ public:
     const std::vector<Scored>& items() const { return heap_; }
 
 private:
-    // Puts s (better than the root) in the root's place and sifts it down: one pass from the root, where
-    // pop_heap + push_heap walk down to a leaf and back up. The heap's order is the standard one under `better`:
-    // no parent is better than its children, so the root is the weakest result kept.
-    void replace_root(const Scored& s) {
-        const size_t n = heap_.size();
-        size_t i = 0;
-        for (;;) {
-            size_t c = 2 * i + 1;
-            if (c >= n) break;
-            if (c + 1 < n && better(heap_[c], heap_[c + 1])) ++c;  // the weaker child
-            if (!better(s, heap_[c])) break;
-            heap_[i] = heap_[c];
-            i = c;
-        }
-        heap_[i] = s;
-    }
+    void replace_root(const Scored& s) { heap_replace_root(heap_.data(), heap_.size(), s); }
 
     // a heap reserves room for at most this many up front and grows with what it is actually given, so a large k
     // costs memory only for results that exist
