@@ -228,62 +228,45 @@ private:
     std::vector<size_t> tie_at_;
 };
 
-// Re-scores candidates from their rows (candidate `id` at base + id * row_bytes: fp16/fp32 vectors or 4-bit rows)
-// into `best`. The rows are scattered: the first and last lines of the row 8 candidates ahead are requested, and
-// the hardware prefetcher brings the lines between (on both pages a row may span). One request per line, 4 rows
-// ahead, stalled on full fill buffers: rows of 1.5 KiB (d 768, fp16) were read in ~400 ns, now ~270 (d 384: equal).
-template <class Score>
-void rescore(const Scored* found, size_t n, const uint8_t* base, size_t row_bytes, TopK& best, Score score) {
-    for (size_t c = 0; c < n; ++c) {
-        if (c + 8 < n) {
-            const uint8_t* row = base + found[c + 8].id * row_bytes;
-            __builtin_prefetch(row, 0, 3);
-            __builtin_prefetch(row + row_bytes - 1, 0, 3);
-        }
-        best.push(score(base + found[c].id * row_bytes), found[c].id);
-    }
-}
-
-// The 4-bit re-rank of a batch of queries. One query's candidates are rows scattered over the whole file of 4-bit
-// rows, and reading them one query at a time costs a TLB miss (a page walk) per row; the batch's candidates are
-// visited instead in address order, bucketed by the ~1 MiB of rows they fall in (a counting sort: two passes over
-// the ids), so that the rows of one bucket share the TLB's entries. Each query keeps the list a per-query re-rank
-// gives it (the scores come from the same kernel, and ties are broken by id whatever the visiting order).
+// The re-ranks of a batch of queries (4-bit rows, then full vectors). One query's candidates are rows scattered
+// over the whole file, and reading them one query at a time costs a TLB miss (a page walk) per row; the batch's
+// candidates are visited instead in address order, bucketed by the ~1 MiB of rows they fall in (a counting sort:
+// two passes over the ids), so that the rows of one bucket share the TLB's entries. Each query keeps the list a
+// per-query re-rank gives it (the scores come from the same kernels, and ties are broken by id whatever the
+// visiting order).
 //
 // Batches of 128 queries: tried from 16 to 1,024 at 1M x 768 (rerank 2,000, 1 thread; a trial, not a committed
 // benchmark), 32-128 ran 1.25-1.3x faster than 16; from 256 on, the batch's scaled queries and heaps outgrow L2.
-constexpr int64_t kSqBatchQueries = 128;
+constexpr int64_t kBatchQueries = 128;
 
 // The batch's arrays come from ReturnedAllocator, so that its few MiB go back to the system when the search ends.
 template <class T>
 using Returned = std::vector<T, ReturnedAllocator<T>>;
 
-struct SqBatch {
-    Returned<float> scaled;     // (queries, d): sq4::prepare_query
-    Returned<float> offset;     // per query
+struct RescoreBatch {
     Returned<uint32_t> bucket;  // bucket starts
     Returned<uint64_t> order;   // (id << 16 | query in the batch), in bucket order
     Returned<Scored> best;      // (queries, keep): per query a heap of its best (TopK's order: worst at the root)
     Returned<size_t> nbest;
+    Returned<float> scaled;     // 4-bit: (queries, d), sq4::prepare_query
+    Returned<float> offset;     // 4-bit: per query
 };
 
-// Query i's candidates are ids[i][0, count[i]); its best `keep` go to best + i * keep, best first, their number to
-// nbest[i] (both in b).
-void sq_rescore_batch(const uint32_t* const* ids, const uint32_t* count, const float* const* queries, int64_t nb,
-                      int64_t d, const float* lo, const float* step, const uint8_t* rows, int64_t ntotal,
-                      sq4::DotFn dot, size_t keep, SqBatch& b) {
-    const size_t row_bytes = sq4::row_bytes(d), nq = static_cast<size_t>(nb), dd = static_cast<size_t>(d);
+// Query i (< nb <= 65536) re-scores its candidates ids[i][0, count[i]) as score(i, row of the id) (rows of
+// `row_bytes` from `rows`, ids < ntotal); its best `keep` go to b.best + i * keep, best first, their number to
+// b.nbest[i].
+template <class Score>
+void rescore_batch(const uint32_t* const* ids, const uint32_t* count, int64_t nb, const uint8_t* rows,
+                   size_t row_bytes, int64_t ntotal, size_t keep, RescoreBatch& b, Score score) {
+    const size_t nq = static_cast<size_t>(nb);
     int shift = 0;
     while ((size_t{2} << shift) * row_bytes <= (size_t{1} << 20)) ++shift;
     const size_t nbuckets = (static_cast<size_t>(ntotal) >> shift) + 1;
     b.bucket.assign(nbuckets + 1, 0);
-    b.scaled.resize(nq * dd);
-    b.offset.resize(nq);
     b.best.resize(nq * keep);
     b.nbest.assign(nq, 0);
     size_t total = 0;
     for (size_t i = 0; i < nq; ++i) {
-        b.offset[i] = sq4::prepare_query(queries[i], d, lo, step, &b.scaled[i * dd]);
         for (uint32_t c = 0; c < count[i]; ++c) ++b.bucket[(ids[i][c] >> shift) + 1];
         total += count[i];
     }
@@ -293,6 +276,9 @@ void sq_rescore_batch(const uint32_t* const* ids, const uint32_t* count, const f
         for (uint32_t c = 0; c < count[i]; ++c)
             b.order[b.bucket[ids[i][c] >> shift]++] = static_cast<uint64_t>(ids[i][c]) << 16 | i;
     for (size_t c = 0; c < total; ++c) {
+        // the first and last lines of the row 8 candidates ahead; the hardware prefetcher brings the lines between
+        // (on both pages a row may span). One request per line, 4 rows ahead, stalled on full fill buffers: rows of
+        // 1.5 KiB (d 768, fp16) read one query at a time took ~400 ns, ~270 this way (d 384: equal).
         if (c + 8 < total) {
             const uint8_t* row = rows + (b.order[c + 8] >> 16) * row_bytes;
             __builtin_prefetch(row, 0, 3);
@@ -300,8 +286,7 @@ void sq_rescore_batch(const uint32_t* const* ids, const uint32_t* count, const f
         }
         const int64_t id = static_cast<int64_t>(b.order[c] >> 16);
         const size_t i = b.order[c] & 0xffff;
-        const float v = b.offset[i] + dot(&b.scaled[i * dd], rows + id * row_bytes, d);
-        heap_push(&b.best[i * keep], b.nbest[i], keep, {v, id});
+        heap_push(&b.best[i * keep], b.nbest[i], keep, {score(i, rows + id * row_bytes), id});
     }
     for (size_t i = 0; i < nq; ++i)
         std::sort(&b.best[i * keep], &b.best[i * keep] + b.nbest[i], BetterTotal{});
@@ -736,24 +721,12 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
         std::vector<uint32_t> hits;  // 4-bit: the indices in a list whose sums reach the threshold
         pq4::QuantizedLUT qlut;
         Candidates cand;  // 4-bit: candidates at or above the running threshold
-        TopK probe, heap, best;
+        TopK probe, heap;
     };
     std::vector<Scratch> scratch(static_cast<size_t>(nthreads));  // one per thread, filled inside
     ParallelErrors errors;
-    // The exact re-score from the stored vectors, and the results of query `qi` out.
-    const auto finish = [&](int64_t qi, const Scored* found, size_t n, TopK& best) {
-        const float* qv = q + qi * d_;
-        std::vector<Scored> exact_best;
-        if (rerank > 0 && storage_ != VectorStorage::None) {
-            best.reset(static_cast<size_t>(kf));
-            rescore(found, n, vec_ptr_, vector_bytes(), best, [&](const uint8_t* row) {
-                if (storage_ == VectorStorage::F32) return K.dot(qv, reinterpret_cast<const float*>(row), d_);
-                return K.dot_f16(qv, reinterpret_cast<const uint16_t*>(row), d_);
-            });
-            exact_best = best.take_sorted();
-            found = exact_best.data();
-            n = exact_best.size();
-        }
+    // The first k of query qi's results found[0, n) out, padded.
+    const auto write = [&](int64_t qi, const Scored* found, size_t n) {
         float* so = scores + qi * k;
         int64_t* io = out_ids + qi * k;
         int64_t i = 0;
@@ -763,23 +736,21 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
         }
         for (; i < k; ++i) so[i] = ninf, io[i] = -1;
     };
-    // With the 4-bit stage the queries go in batches: the ids of their candidates wait in `pending` (kc per query)
-    // for one re-rank of the whole batch in row order (sq_rescore_batch), then the queries finish.
-    // (fewer queries when each has very many candidates: the batch holds at most ~2^20 ids, or one group's)
+    // With a re-rank the queries go in batches: the ids of their candidates wait in `pending` (kc per query) for the
+    // re-ranks of the whole batch in row order (rescore_batch): by 4-bit rows where they cut, then by full vectors.
+    // (fewer queries when each has very many candidates: a batch holds at most ~2^20 ids, or one group's)
+    const bool batched = rerank > 0;
     const int64_t batch =
-        sq_stage ? std::clamp(((int64_t{1} << 20) / std::max<int64_t>(kc, 1)) / G * G, G, kSqBatchQueries) : nq;
-    static_assert(kSqBatchQueries % G == 0 && kSqBatchQueries <= 65536);
+        batched ? std::clamp(((int64_t{1} << 20) / std::max<int64_t>(kc, 1)) / G * G, G, kBatchQueries) : nq;
+    static_assert(kBatchQueries % G == 0 && kBatchQueries <= 65536);
     Returned<uint32_t> pending;
-    std::vector<uint32_t> npending;        // per query of the batch: how many ids wait
-    std::vector<uint8_t> waits;            // per query of the batch: it waits for the 4-bit re-rank
-    std::vector<int64_t> waiting;          // the waiting queries of the batch
-    std::vector<SqBatch> sq_batches(sq_stage ? static_cast<size_t>(nthreads) : 0);
+    std::vector<uint32_t> npending;  // per query of the batch: how many ids wait
+    std::vector<RescoreBatch> batches(batched ? static_cast<size_t>(nthreads) : 0);
     for (int64_t b0 = 0; b0 < nq; b0 += batch) {
     const int64_t bn = std::min(batch, nq - b0);
-    if (sq_stage) {
+    if (batched) {
         pending.resize(static_cast<size_t>(bn * kc));
         npending.assign(static_cast<size_t>(bn), 0);
-        waits.assign(static_cast<size_t>(bn), 0);
     }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1 && bn > G)
     for (int64_t g = b0 / G; g < (b0 + bn + G - 1) / G; ++g) {
@@ -794,7 +765,6 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
             std::vector<float>& buf = sc.buf;
             TopK& probe = sc.probe;
             TopK& heap = sc.heap;
-            TopK& best = sc.best;
             const int64_t q0 = g * G, gn = std::min(G, nq - q0);
             inner_products_T(q + q0 * d_, gn, centroids_T_.data(), nlist_, d_, qc.data());
             for (int64_t r = 0; r < gn; ++r) {
@@ -872,48 +842,73 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                 } else {
                     found = heap.take_sorted();
                 }
-                if (sq_stage && (storage_ == VectorStorage::None || found.size() > static_cast<size_t>(ke))) {
-                    const size_t i = static_cast<size_t>(q0 + r - b0);
-                    for (size_t c = 0; c < found.size(); ++c)  // <= kc
-                        pending[i * kc + c] = static_cast<uint32_t>(found[c].id);
-                    npending[i] = static_cast<uint32_t>(found.size());
-                    waits[i] = 1;
+                if (!batched) {
+                    write(q0 + r, found.data(), found.size());
                     continue;
                 }
-                finish(q0 + r, found.data(), found.size(), best);
+                const size_t i = static_cast<size_t>(q0 + r - b0);
+                for (size_t c = 0; c < found.size(); ++c)  // <= kc
+                    pending[i * kc + c] = static_cast<uint32_t>(found[c].id);
+                npending[i] = static_cast<uint32_t>(found.size());
             }
         });
     }
     errors.rethrow();
-    if (!sq_stage) continue;
-    waiting.clear();
-    for (int64_t i = 0; i < bn; ++i)
-        if (waits[static_cast<size_t>(i)]) waiting.push_back(i);
-    // one batch per thread, of consecutive waiting queries
-    const int64_t nw = static_cast<int64_t>(waiting.size());
-    const int64_t parts = std::min<int64_t>(nthreads, nw);
+    if (!batched) continue;
+    // the re-ranks: one part of the batch per thread, of consecutive queries
+    const int64_t parts = std::min<int64_t>(nthreads, bn);
 #pragma omp parallel for schedule(static, 1) num_threads(nthreads) if (parts > 1)
     for (int64_t t = 0; t < parts; ++t) {
         errors.run([&] {
-            const int64_t w0 = nw * t / parts, w1 = nw * (t + 1) / parts;
-            std::vector<const uint32_t*> ids;
-            std::vector<uint32_t> count;
-            std::vector<const float*> qs;
-            for (int64_t w = w0; w < w1; ++w) {
-                const size_t i = static_cast<size_t>(waiting[static_cast<size_t>(w)]);
-                ids.push_back(pending.data() + i * kc);
-                count.push_back(npending[i]);
-                qs.push_back(q + (b0 + static_cast<int64_t>(i)) * d_);
+            const int64_t i0 = bn * t / parts, n = bn * (t + 1) / parts - i0;
+            RescoreBatch& rb = batches[static_cast<size_t>(t)];
+            std::vector<uint32_t*> ids(static_cast<size_t>(n));
+            std::vector<uint32_t> count(static_cast<size_t>(n));
+            for (int64_t j = 0; j < n; ++j) {
+                ids[j] = pending.data() + static_cast<size_t>((i0 + j) * kc);
+                count[j] = npending[static_cast<size_t>(i0 + j)];
             }
-            SqBatch& sb = sq_batches[static_cast<size_t>(t)];
-            sq_rescore_batch(ids.data(), count.data(), qs.data(), w1 - w0, d_, sq_lo_.data(), sq_step_.data(),
-                             sq_ptr_, ntotal_, dot4, static_cast<size_t>(ke), sb);
-            // the exact re-score: in this thread, from its own batch
-            for (int64_t w = w0; w < w1; ++w) {
-                const size_t j = static_cast<size_t>(w - w0);
-                finish(b0 + waiting[static_cast<size_t>(w)], &sb.best[j * static_cast<size_t>(ke)], sb.nbest[j],
-                       scratch[static_cast<size_t>(thread_index())].best);
+            if (sq_stage) {
+                // the queries with more candidates than `exact` (all of them without stored vectors)
+                std::vector<int64_t> cut;
+                for (int64_t j = 0; j < n; ++j)
+                    if (storage_ == VectorStorage::None || count[j] > static_cast<uint32_t>(ke)) cut.push_back(j);
+                const size_t nc = cut.size(), dd = static_cast<size_t>(d_);
+                std::vector<const uint32_t*> cut_ids(nc);
+                std::vector<uint32_t> cut_count(nc);
+                rb.scaled.resize(nc * dd);
+                rb.offset.resize(nc);
+                for (size_t c = 0; c < nc; ++c) {
+                    cut_ids[c] = ids[cut[c]];
+                    cut_count[c] = count[cut[c]];
+                    rb.offset[c] = sq4::prepare_query(q + (b0 + i0 + cut[c]) * d_, d_, sq_lo_.data(),
+                                                      sq_step_.data(), &rb.scaled[c * dd]);
+                }
+                rescore_batch(cut_ids.data(), cut_count.data(), static_cast<int64_t>(nc), sq_ptr_,
+                              sq4::row_bytes(d_), ntotal_, static_cast<size_t>(ke), rb,
+                              [&](size_t c, const uint8_t* row) {
+                                  return rb.offset[c] + dot4(&rb.scaled[c * dd], row, d_);
+                              });
+                for (size_t c = 0; c < nc; ++c) {
+                    const Scored* best = &rb.best[c * static_cast<size_t>(ke)];
+                    if (storage_ == VectorStorage::None) {  // the 4-bit scores are the answer
+                        write(b0 + i0 + cut[c], best, rb.nbest[c]);
+                        continue;
+                    }
+                    for (size_t r = 0; r < rb.nbest[c]; ++r) ids[cut[c]][r] = static_cast<uint32_t>(best[r].id);
+                    count[cut[c]] = static_cast<uint32_t>(rb.nbest[c]);
+                }
+                if (storage_ == VectorStorage::None) return;
             }
+            const bool f32 = storage_ == VectorStorage::F32;
+            rescore_batch(ids.data(), count.data(), n, vec_ptr_, vector_bytes(), ntotal_, static_cast<size_t>(kf), rb,
+                          [&](size_t j, const uint8_t* row) {
+                              const float* qv = q + (b0 + i0 + static_cast<int64_t>(j)) * d_;
+                              return f32 ? K.dot(qv, reinterpret_cast<const float*>(row), d_)
+                                         : K.dot_f16(qv, reinterpret_cast<const uint16_t*>(row), d_);
+                          });
+            for (int64_t j = 0; j < n; ++j)
+                write(b0 + i0 + j, &rb.best[static_cast<size_t>(j * kf)], rb.nbest[static_cast<size_t>(j)]);
         });
     }
     errors.rethrow();

@@ -141,15 +141,16 @@ def test_4bit_rows_alone_rank_without_stored_vectors(data):
     assert recall(ids, gt) >= 0.8
 
 
-@pytest.mark.parametrize("store", ["fp16", "none"])
-def test_batched_4bit_rerank_equals_one_query_at_a_time(data, store):
-    # Many queries in one call are re-ranked together in row order (batches of 256 split across the threads);
-    # every answer must be the one the query gets alone.
+@pytest.mark.parametrize("store,sq,nbits", [("fp16", 4, 4), ("none", 4, 4), ("fp16", 0, 4), ("fp32", 0, 4),
+                                            ("fp16", 4, 8)])
+def test_batched_rerank_equals_one_query_at_a_time(data, store, sq, nbits):
+    # Many queries in one call are re-ranked together in row order (batches of 128 split across the threads), by
+    # 4-bit rows and by full vectors; every answer must be the one the query gets alone.
     x, q, _ = data
-    index = build_index(x, f"ivfpq,nbits=4,nlist=16,m=24,store={store},sq=4,niter=6,pq_niter=6")
+    index = build_index(x, f"ivfpq,nbits={nbits},nlist=16,m=24,store={store},sq={sq},niter=6,pq_niter=6")
     rng = np.random.default_rng()
     many = (q[rng.integers(0, len(q), 601)] + 0.05 * rng.standard_normal((601, q.shape[1]))).astype(np.float32)
-    kw = dict(nprobe=5, rerank=300, **({"exact": 40} if store == "fp16" else {}))
+    kw = dict(nprobe=5, rerank=300, **({"exact": 40} if sq and store != "none" else {}))
     alone = [index.search(many[i:i + 1], 20, **kw) for i in range(0, len(many), 7)]
     for threads in (1, 2):
         s, ids = index.search(many, 20, threads=threads, **kw)
