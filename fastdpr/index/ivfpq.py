@@ -48,11 +48,11 @@ in the file and memory-mapped with the full vectors. A search ranks its ``rerank
 and reads the full vectors of only the best ``exact`` (``"auto"``: 3 k; 0: all of them, the rows unused); without
 stored vectors the 4-bit scores are the answer. A 4-bit row is a quarter of an fp16 row's bytes, but scattered
 reads are bound by latency: read one query at a time, a 4-bit row cost ~0.2 us at 1M x 768 against ~0.27 us in fp16.
-So the queries of one call are re-ranked in batches of 128 whose candidates' rows are visited in address order
-(each query still gets the list it would get alone): with the 1,000 queries in one call, 1,766 q/s at recall@100
-0.953 (nprobe 192, rerank 2,500, exact 150), 27.9x exact search; one query per call, 718 q/s
-(benchmarks/results/ann_compressed.md). In a file, the 4-bit rows of DPR's 21M passages (7.5 GiB) fit the page
-cache of a 24 GB machine where the fp16 rows (30 GiB) do not::
+So with a re-rank the queries of one call go in batches of 128 whose candidates' rows (4-bit, then full vectors)
+are visited in address order (each query still gets the list it would get alone): with the 1,000 queries in one
+call, 2,092 q/s at recall@100 0.951 (nprobe 224, rerank 1,750, spread 0.5, exact 150), 34.0x exact search; one
+query per call, 1,361 q/s (benchmarks/results/ann_compressed.md). In a file, the 4-bit rows of DPR's 21M
+passages (7.5 GiB) fit the page cache of a 24 GB machine where the fp16 rows (30 GiB) do not::
 
     index = build_index(vectors, "ivfpq,nbits=4,m=96,store=fp16,aniso=0.2,sq=4,spread=0.5")   # 1M x 768
     index.save("index.fdpr")
