@@ -747,171 +747,171 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
     std::vector<uint32_t> npending;  // per query of the batch: how many ids wait
     std::vector<RescoreBatch> batches(batched ? static_cast<size_t>(nthreads) : 0);
     for (int64_t b0 = 0; b0 < nq; b0 += batch) {
-    const int64_t bn = std::min(batch, nq - b0);
-    if (batched) {
-        pending.resize(static_cast<size_t>(bn * kc));
-        npending.assign(static_cast<size_t>(bn), 0);
-    }
+        const int64_t bn = std::min(batch, nq - b0);
+        if (batched) {
+            pending.resize(static_cast<size_t>(bn * kc));
+            npending.assign(static_cast<size_t>(bn), 0);
+        }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1 && bn > G)
-    for (int64_t g = b0 / G; g < (b0 + bn + G - 1) / G; ++g) {
-        errors.run([&] {
-            Scratch& sc = scratch[static_cast<size_t>(thread_index())];
-            if (sc.qc.empty()) {
-                sc.qc.resize(static_cast<size_t>(G) * nlist_);
-                sc.lut.resize(static_cast<size_t>(m_) * kKsub);
-            }
-            std::vector<float>& qc = sc.qc;
-            std::vector<float>& lut = sc.lut;
-            std::vector<float>& buf = sc.buf;
-            TopK& probe = sc.probe;
-            TopK& heap = sc.heap;
-            const int64_t q0 = g * G, gn = std::min(G, nq - q0);
-            inner_products_T(q + q0 * d_, gn, centroids_T_.data(), nlist_, d_, qc.data());
-            for (int64_t r = 0; r < gn; ++r) {
-                const float* qv = q + (q0 + r) * d_;
-                const float* qcr = qc.data() + r * nlist_;
-                probe.reset(nprobe);
-                if (spread == 0.f) {
-                    probe.push_run(qcr, nlist_, 0);
-                } else {
-                    const float qn = std::sqrt(K.dot(qv, qv, d_));
-                    sc.order.resize(static_cast<size_t>(nlist_));
-                    for (int64_t l = 0; l < nlist_; ++l) sc.order[l] = qcr[l] + qn * (spread * list_spread_[l]);
-                    probe.push_run(sc.order.data(), nlist_, 0);
+        for (int64_t g = b0 / G; g < (b0 + bn + G - 1) / G; ++g) {
+            errors.run([&] {
+                Scratch& sc = scratch[static_cast<size_t>(thread_index())];
+                if (sc.qc.empty()) {
+                    sc.qc.resize(static_cast<size_t>(G) * nlist_);
+                    sc.lut.resize(static_cast<size_t>(m_) * kKsub);
                 }
-                const std::vector<Scored> lists = probe.take_sorted();
-                if (nbits_ == 4) {
-                    // m x 16 products of d/m-dimensional sub-vectors, too small for the panel kernel
-                    lut4(qv, codebooks_T_.data(), cb_stride, m_, dsub_, lut.data());
-                    pq4::quantize_lut(lut.data(), m_, sc.qlut);
-                } else {
-                    for (int64_t j = 0; j < m_; ++j)
-                        inner_products_T(qv + j * dsub_, 1, &codebooks_T_[j * cb_stride], kKsub, dsub_,
-                                         &lut[j * kKsub]);
-                }
-                heap.reset(kc);
-                Candidates& cand = sc.cand;
-                if (nbits_ == 4) cand.reset(static_cast<size_t>(kc));
-                for (size_t li = 0; li < lists.size(); ++li) {
-                    const int64_t l = lists[li].id;
-                    const float list_score = qcr[l];  // <q, c>: the probe order may add the spread
-                    const int64_t len = static_cast<int64_t>(list_pos_[l].size());
-                    if (len == 0) continue;
+                std::vector<float>& qc = sc.qc;
+                std::vector<float>& lut = sc.lut;
+                std::vector<float>& buf = sc.buf;
+                TopK& probe = sc.probe;
+                TopK& heap = sc.heap;
+                const int64_t q0 = g * G, gn = std::min(G, nq - q0);
+                inner_products_T(q + q0 * d_, gn, centroids_T_.data(), nlist_, d_, qc.data());
+                for (int64_t r = 0; r < gn; ++r) {
+                    const float* qv = q + (q0 + r) * d_;
+                    const float* qcr = qc.data() + r * nlist_;
+                    probe.reset(nprobe);
+                    if (spread == 0.f) {
+                        probe.push_run(qcr, nlist_, 0);
+                    } else {
+                        const float qn = std::sqrt(K.dot(qv, qv, d_));
+                        sc.order.resize(static_cast<size_t>(nlist_));
+                        for (int64_t l = 0; l < nlist_; ++l) sc.order[l] = qcr[l] + qn * (spread * list_spread_[l]);
+                        probe.push_run(sc.order.data(), nlist_, 0);
+                    }
+                    const std::vector<Scored> lists = probe.take_sorted();
                     if (nbits_ == 4) {
-                        const float base = list_score + sc.qlut.bias, delta = sc.qlut.delta;
-                        // the threshold as a sum: a list none of whose code rows can reach it is not scanned,
-                        // and in a scanned one only the sums that reach it are turned into scores
-                        const uint32_t floor = pq4::first_reaching(base, delta, cand.threshold());
-                        if (floor > sc.qlut.max_sum) continue;
-                        const int64_t nb = pq4::nblocks(len);
-                        sc.sums.resize(static_cast<size_t>(nb * pq4::kBlock));
-                        sc.hits.resize(static_cast<size_t>(len));
-                        // the scan's prefetch runs on into the head of the next list (lists probed in score
-                        // order are far apart in codes_, and the hardware prefetcher stops at every 4 KiB page);
-                        // it may be skipped, which costs only a few wasted requests
-                        const bool more = li + 1 < lists.size();
-                        scan4(list_codes(l), nb, m_, sc.qlut.table.data(), sc.sums.data(),
-                              more ? list_codes(lists[li + 1].id) : nullptr,
-                              more ? list_code_bytes(lists[li + 1].id) : 0);
-                        const uint16_t* sums = sc.sums.data();
+                        // m x 16 products of d/m-dimensional sub-vectors, too small for the panel kernel
+                        lut4(qv, codebooks_T_.data(), cb_stride, m_, dsub_, lut.data());
+                        pq4::quantize_lut(lut.data(), m_, sc.qlut);
+                    } else {
+                        for (int64_t j = 0; j < m_; ++j)
+                            inner_products_T(qv + j * dsub_, 1, &codebooks_T_[j * cb_stride], kKsub, dsub_,
+                                             &lut[j * kKsub]);
+                    }
+                    heap.reset(kc);
+                    Candidates& cand = sc.cand;
+                    if (nbits_ == 4) cand.reset(static_cast<size_t>(kc));
+                    for (size_t li = 0; li < lists.size(); ++li) {
+                        const int64_t l = lists[li].id;
+                        const float list_score = qcr[l];  // <q, c>: the probe order may add the spread
+                        const int64_t len = static_cast<int64_t>(list_pos_[l].size());
+                        if (len == 0) continue;
+                        if (nbits_ == 4) {
+                            const float base = list_score + sc.qlut.bias, delta = sc.qlut.delta;
+                            // the threshold as a sum: a list none of whose code rows can reach it is not scanned,
+                            // and in a scanned one only the sums that reach it are turned into scores
+                            const uint32_t floor = pq4::first_reaching(base, delta, cand.threshold());
+                            if (floor > sc.qlut.max_sum) continue;
+                            const int64_t nb = pq4::nblocks(len);
+                            sc.sums.resize(static_cast<size_t>(nb * pq4::kBlock));
+                            sc.hits.resize(static_cast<size_t>(len));
+                            // the scan's prefetch runs on into the head of the next list (lists probed in score
+                            // order are far apart in codes_, and the hardware prefetcher stops at every 4 KiB page);
+                            // it may be skipped, which costs only a few wasted requests
+                            const bool more = li + 1 < lists.size();
+                            scan4(list_codes(l), nb, m_, sc.qlut.table.data(), sc.sums.data(),
+                                  more ? list_codes(lists[li + 1].id) : nullptr,
+                                  more ? list_code_bytes(lists[li + 1].id) : 0);
+                            const uint16_t* sums = sc.sums.data();
+                            const uint32_t* pos = list_pos_[l].data();
+                            const int64_t nhits = filter4(sums, len, floor, sc.hits.data());
+                            for (int64_t h = 0; h < nhits; ++h) {
+                                const uint32_t i = sc.hits[static_cast<size_t>(h)];
+                                const float v = pq4::score(base, delta, sums[i]);
+                                if (v >= cand.threshold()) cand.push(v, pos + i);  // it may have risen in this list
+                            }
+                            continue;
+                        }
+                        buf.resize(len);
+                        adc_scan(list_codes(l), len, m_, lut.data(), list_score, buf.data());
                         const uint32_t* pos = list_pos_[l].data();
-                        const int64_t nhits = filter4(sums, len, floor, sc.hits.data());
-                        for (int64_t h = 0; h < nhits; ++h) {
-                            const uint32_t i = sc.hits[static_cast<size_t>(h)];
-                            const float v = pq4::score(base, delta, sums[i]);
-                            if (v >= cand.threshold()) cand.push(v, pos + i);  // it may have risen in this list
+                        float thr = heap.threshold();
+                        for (int64_t i = 0; i < len; ++i) {
+                            if (buf[i] >= thr) {
+                                heap.push(buf[i], pos[i]);
+                                thr = heap.threshold();
+                            }
                         }
+                    }
+                    std::vector<Scored> found;
+                    if (nbits_ == 4) {
+                        cand.take(found);
+                        // re-ranking re-sorts anyway
+                        if (rerank == 0) std::sort(found.begin(), found.end(), Better{});
+                    } else {
+                        found = heap.take_sorted();
+                    }
+                    if (!batched) {
+                        write(q0 + r, found.data(), found.size());
                         continue;
                     }
-                    buf.resize(len);
-                    adc_scan(list_codes(l), len, m_, lut.data(), list_score, buf.data());
-                    const uint32_t* pos = list_pos_[l].data();
-                    float thr = heap.threshold();
-                    for (int64_t i = 0; i < len; ++i) {
-                        if (buf[i] >= thr) {
-                            heap.push(buf[i], pos[i]);
-                            thr = heap.threshold();
-                        }
-                    }
+                    const size_t i = static_cast<size_t>(q0 + r - b0);
+                    for (size_t c = 0; c < found.size(); ++c)  // <= kc
+                        pending[i * kc + c] = static_cast<uint32_t>(found[c].id);
+                    npending[i] = static_cast<uint32_t>(found.size());
                 }
-                std::vector<Scored> found;
-                if (nbits_ == 4) {
-                    cand.take(found);
-                    // re-ranking re-sorts anyway
-                    if (rerank == 0) std::sort(found.begin(), found.end(), Better{});
-                } else {
-                    found = heap.take_sorted();
-                }
-                if (!batched) {
-                    write(q0 + r, found.data(), found.size());
-                    continue;
-                }
-                const size_t i = static_cast<size_t>(q0 + r - b0);
-                for (size_t c = 0; c < found.size(); ++c)  // <= kc
-                    pending[i * kc + c] = static_cast<uint32_t>(found[c].id);
-                npending[i] = static_cast<uint32_t>(found.size());
-            }
-        });
-    }
-    errors.rethrow();
-    if (!batched) continue;
-    // the re-ranks: one part of the batch per thread, of consecutive queries
-    const int64_t parts = std::min<int64_t>(nthreads, bn);
+            });
+        }
+        errors.rethrow();
+        if (!batched) continue;
+        // the re-ranks: one part of the batch per thread, of consecutive queries
+        const int64_t parts = std::min<int64_t>(nthreads, bn);
 #pragma omp parallel for schedule(static, 1) num_threads(nthreads) if (parts > 1)
-    for (int64_t t = 0; t < parts; ++t) {
-        errors.run([&] {
-            const int64_t i0 = bn * t / parts, n = bn * (t + 1) / parts - i0;
-            RescoreBatch& rb = batches[static_cast<size_t>(t)];
-            std::vector<uint32_t*> ids(static_cast<size_t>(n));
-            std::vector<uint32_t> count(static_cast<size_t>(n));
-            for (int64_t j = 0; j < n; ++j) {
-                ids[j] = pending.data() + static_cast<size_t>((i0 + j) * kc);
-                count[j] = npending[static_cast<size_t>(i0 + j)];
-            }
-            if (sq_stage) {
-                // the queries with more candidates than `exact` (all of them without stored vectors)
-                std::vector<int64_t> cut;
-                for (int64_t j = 0; j < n; ++j)
-                    if (storage_ == VectorStorage::None || count[j] > static_cast<uint32_t>(ke)) cut.push_back(j);
-                const size_t nc = cut.size(), dd = static_cast<size_t>(d_);
-                std::vector<const uint32_t*> cut_ids(nc);
-                std::vector<uint32_t> cut_count(nc);
-                rb.scaled.resize(nc * dd);
-                rb.offset.resize(nc);
-                for (size_t c = 0; c < nc; ++c) {
-                    cut_ids[c] = ids[cut[c]];
-                    cut_count[c] = count[cut[c]];
-                    rb.offset[c] = sq4::prepare_query(q + (b0 + i0 + cut[c]) * d_, d_, sq_lo_.data(),
-                                                      sq_step_.data(), &rb.scaled[c * dd]);
+        for (int64_t t = 0; t < parts; ++t) {
+            errors.run([&] {
+                const int64_t i0 = bn * t / parts, n = bn * (t + 1) / parts - i0;
+                RescoreBatch& rb = batches[static_cast<size_t>(t)];
+                std::vector<uint32_t*> ids(static_cast<size_t>(n));
+                std::vector<uint32_t> count(static_cast<size_t>(n));
+                for (int64_t j = 0; j < n; ++j) {
+                    ids[j] = pending.data() + static_cast<size_t>((i0 + j) * kc);
+                    count[j] = npending[static_cast<size_t>(i0 + j)];
                 }
-                rescore_batch(cut_ids.data(), cut_count.data(), static_cast<int64_t>(nc), sq_ptr_,
-                              sq4::row_bytes(d_), ntotal_, static_cast<size_t>(ke), rb,
-                              [&](size_t c, const uint8_t* row) {
-                                  return rb.offset[c] + dot4(&rb.scaled[c * dd], row, d_);
-                              });
-                for (size_t c = 0; c < nc; ++c) {
-                    const Scored* best = &rb.best[c * static_cast<size_t>(ke)];
-                    if (storage_ == VectorStorage::None) {  // the 4-bit scores are the answer
-                        write(b0 + i0 + cut[c], best, rb.nbest[c]);
-                        continue;
+                if (sq_stage) {
+                    // the queries with more candidates than `exact` (all of them without stored vectors)
+                    std::vector<int64_t> cut;
+                    for (int64_t j = 0; j < n; ++j)
+                        if (storage_ == VectorStorage::None || count[j] > static_cast<uint32_t>(ke)) cut.push_back(j);
+                    const size_t nc = cut.size(), dd = static_cast<size_t>(d_);
+                    std::vector<const uint32_t*> cut_ids(nc);
+                    std::vector<uint32_t> cut_count(nc);
+                    rb.scaled.resize(nc * dd);
+                    rb.offset.resize(nc);
+                    for (size_t c = 0; c < nc; ++c) {
+                        cut_ids[c] = ids[cut[c]];
+                        cut_count[c] = count[cut[c]];
+                        rb.offset[c] = sq4::prepare_query(q + (b0 + i0 + cut[c]) * d_, d_, sq_lo_.data(),
+                                                          sq_step_.data(), &rb.scaled[c * dd]);
                     }
-                    for (size_t r = 0; r < rb.nbest[c]; ++r) ids[cut[c]][r] = static_cast<uint32_t>(best[r].id);
-                    count[cut[c]] = static_cast<uint32_t>(rb.nbest[c]);
+                    rescore_batch(cut_ids.data(), cut_count.data(), static_cast<int64_t>(nc), sq_ptr_,
+                                  sq4::row_bytes(d_), ntotal_, static_cast<size_t>(ke), rb,
+                                  [&](size_t c, const uint8_t* row) {
+                                      return rb.offset[c] + dot4(&rb.scaled[c * dd], row, d_);
+                                  });
+                    for (size_t c = 0; c < nc; ++c) {
+                        const Scored* best = &rb.best[c * static_cast<size_t>(ke)];
+                        if (storage_ == VectorStorage::None) {  // the 4-bit scores are the answer
+                            write(b0 + i0 + cut[c], best, rb.nbest[c]);
+                            continue;
+                        }
+                        for (size_t r = 0; r < rb.nbest[c]; ++r) ids[cut[c]][r] = static_cast<uint32_t>(best[r].id);
+                        count[cut[c]] = static_cast<uint32_t>(rb.nbest[c]);
+                    }
+                    if (storage_ == VectorStorage::None) return;
                 }
-                if (storage_ == VectorStorage::None) return;
-            }
-            const bool f32 = storage_ == VectorStorage::F32;
-            rescore_batch(ids.data(), count.data(), n, vec_ptr_, vector_bytes(), ntotal_, static_cast<size_t>(kf), rb,
-                          [&](size_t j, const uint8_t* row) {
-                              const float* qv = q + (b0 + i0 + static_cast<int64_t>(j)) * d_;
-                              return f32 ? K.dot(qv, reinterpret_cast<const float*>(row), d_)
-                                         : K.dot_f16(qv, reinterpret_cast<const uint16_t*>(row), d_);
-                          });
-            for (int64_t j = 0; j < n; ++j)
-                write(b0 + i0 + j, &rb.best[static_cast<size_t>(j * kf)], rb.nbest[static_cast<size_t>(j)]);
-        });
-    }
-    errors.rethrow();
+                const bool f32 = storage_ == VectorStorage::F32;
+                rescore_batch(ids.data(), count.data(), n, vec_ptr_, vector_bytes(), ntotal_, static_cast<size_t>(kf),
+                              rb, [&](size_t j, const uint8_t* row) {
+                                  const float* qv = q + (b0 + i0 + static_cast<int64_t>(j)) * d_;
+                                  return f32 ? K.dot(qv, reinterpret_cast<const float*>(row), d_)
+                                             : K.dot_f16(qv, reinterpret_cast<const uint16_t*>(row), d_);
+                              });
+                for (int64_t j = 0; j < n; ++j)
+                    write(b0 + i0 + j, &rb.best[static_cast<size_t>(j * kf)], rb.nbest[static_cast<size_t>(j)]);
+            });
+        }
+        errors.rethrow();
     }
 }
 
