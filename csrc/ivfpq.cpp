@@ -259,17 +259,19 @@ template <class Score>
 void rescore_batch(const uint32_t* const* ids, const uint32_t* count, int64_t nb, const uint8_t* rows,
                    size_t row_bytes, int64_t ntotal, size_t keep, RescoreBatch& b, Score score) {
     const size_t nq = static_cast<size_t>(nb);
+    size_t total = 0;
+    for (size_t i = 0; i < nq; ++i) total += count[i];
+    // buckets of at most ~1 MiB of rows, and no more buckets than candidates (one query's few thousand share no
+    // pages: a finer sort would only cost time)
     int shift = 0;
     while ((size_t{2} << shift) * row_bytes <= (size_t{1} << 20)) ++shift;
+    while ((static_cast<size_t>(ntotal) >> shift) > total) ++shift;
     const size_t nbuckets = (static_cast<size_t>(ntotal) >> shift) + 1;
     b.bucket.assign(nbuckets + 1, 0);
     b.best.resize(nq * keep);
     b.nbest.assign(nq, 0);
-    size_t total = 0;
-    for (size_t i = 0; i < nq; ++i) {
+    for (size_t i = 0; i < nq; ++i)
         for (uint32_t c = 0; c < count[i]; ++c) ++b.bucket[(ids[i][c] >> shift) + 1];
-        total += count[i];
-    }
     for (size_t t = 0; t < nbuckets; ++t) b.bucket[t + 1] += b.bucket[t];
     b.order.resize(total);
     for (size_t i = 0; i < nq; ++i)
