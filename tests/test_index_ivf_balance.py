@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from compiled_extension import extension
 
 from fastdpr.errors import InputError
 from fastdpr.index.base import build_index, load_index
 from fastdpr.index.ivfpq import SPEC_PARAMS, IVFPQIndex
 from fastdpr.index.kmeans import kmeans, nearest, small_cluster_floor
 
-try:
-    from fastdpr import _C
-
-    HAVE_C = hasattr(_C, "kmeans")
-except ImportError:  # pragma: no cover - the extension is part of the normal install
-    _C, HAVE_C = None, False
+_C = extension("kmeans")
+HAVE_C = _C is not None
 
 needs_c = pytest.mark.skipif(not HAVE_C, reason="compiled extension not built")
 

@@ -6,18 +6,15 @@ import math
 
 import numpy as np
 import pytest
+from compiled_extension import extension
 
 from fastdpr.errors import InputError
 from fastdpr.index import fileformat
 from fastdpr.index.base import build_index, load_index
 from fastdpr.index.ivfpq import IVFPQIndex
 
-try:
-    from fastdpr import _C
-
-    HAVE_C = hasattr(_C, "IVFPQ")
-except ImportError:  # pragma: no cover - the extension is part of the normal install
-    _C, HAVE_C = None, False
+_C = extension("IVFPQ")
+HAVE_C = _C is not None
 
 needs_c = pytest.mark.skipif(not HAVE_C, reason="compiled extension not built")
 BACKENDS = ["numpy"] + (["compiled"] if HAVE_C else [])

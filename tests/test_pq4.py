@@ -5,21 +5,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from compiled_extension import extension, simd_levels
 
 from fastdpr.errors import InputError
 from fastdpr.index import pq4
 from fastdpr.index.base import build_index, load_index
 
-try:
-    from fastdpr import _C
-
-    HAVE_C = hasattr(_C, "pq4_scan")
-except ImportError:  # pragma: no cover - the extension is part of the normal install
-    _C, HAVE_C = None, False
+_C = extension("pq4_scan")
+HAVE_C = _C is not None
 
 pytestmark = pytest.mark.skipif(not HAVE_C, reason="compiled extension not built")
 
-LEVELS = [lv for lv in ("scalar", "avx2", "avx512") if HAVE_C and _C.simd_supported(lv)]
+LEVELS = simd_levels(_C)
 
 
 def clustered(rng, n, d, n_clusters=16, rank=4):

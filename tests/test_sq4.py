@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from compiled_extension import extension, simd_levels
 
 from fastdpr.errors import InputError, MissingDependency
 from fastdpr.index import IVFPQIndex, build_index, load_index
 
-try:
-    from fastdpr import _C
-
-    HAVE_C = hasattr(_C, "sq4_scores")
-except ImportError:  # pragma: no cover - the extension is part of the normal install
-    _C, HAVE_C = None, False
+_C = extension("sq4_scores")
+HAVE_C = _C is not None
 
 pytestmark = pytest.mark.skipif(not HAVE_C, reason="compiled extension not built")
 
-LEVELS = [lv for lv in ("scalar", "avx2", "avx512") if HAVE_C and _C.simd_supported(lv)]
+LEVELS = simd_levels(_C)
 
 
 def decode(rows, d, lo, step):
