@@ -721,6 +721,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
         std::vector<float> qc, lut, buf, order;
         std::vector<uint16_t> sums;  // 4-bit: integer scores of a list
         std::vector<uint32_t> hits;  // 4-bit: the indices in a list whose sums reach the threshold
+        std::vector<Scored> found;   // a query's candidates (kept for its capacity)
         pq4::QuantizedLUT qlut;
         Candidates cand;  // 4-bit: candidates at or above the running threshold
         TopK probe, heap;
@@ -836,7 +837,7 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
                             }
                         }
                     }
-                    std::vector<Scored> found;
+                    std::vector<Scored>& found = sc.found;
                     if (nbits_ == 4) {
                         cand.take(found);
                         // re-ranking re-sorts anyway
