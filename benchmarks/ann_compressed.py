@@ -57,6 +57,16 @@ def rss_kib() -> dict[str, int]:
     return out
 
 
+def at_least(low: int):
+    """An argparse type: an integer >= low."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text}")
+        return value
+    return parse
+
+
 def ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",")]
 
@@ -154,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exact", default="0,200,300,500",
                     help="with sq=4: candidates re-scored from fp16 after the 4-bit rows (0: all)")
     ap.add_argument("--exact-queries", type=int, default=200, help="queries timed for exact search")
-    ap.add_argument("--repeats", type=int, default=2, help="timed runs per setting (and of exact search); the best")
-    ap.add_argument("--single-queries", type=int, default=200,
+    ap.add_argument("--repeats", type=at_least(1), default=2, help="timed runs per setting (and of exact search); the best")
+    ap.add_argument("--single-queries", type=at_least(0), default=200,
                     help="queries timed one per call at the cheapest setting reaching the target (0: none)")
-    ap.add_argument("--exact-single-queries", type=int, default=20, help="queries timed one per call for exact search")
+    ap.add_argument("--exact-single-queries", type=at_least(0), default=20, help="queries timed one per call for exact search")
     ap.add_argument("--quick", action="store_true", help="20k x 64, 200 queries")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
