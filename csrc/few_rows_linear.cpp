@@ -59,6 +59,7 @@ constexpr int kRows = 14;
 // (each writes its own output columns); fn only computes, it cannot throw.
 template <class Block>
 void for_blocks(int64_t m, int64_t n, int threads, Block&& fn) {
+    if (m <= 0) return;  // no rows: no blocks (and no division by a block count of 0)
     const int64_t blocks = (m + kRows - 1) / kRows, per = (m + blocks - 1) / blocks, panels = n / kPanel;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && panels > 1)
     for (int64_t pi = 0; pi < panels; ++pi)

@@ -285,3 +285,16 @@ def test_the_few_rows_tower_refuses_token_ids_out_of_range(tmp_path, monkeypatch
                       (([1, 5, 2], [0, 7, 0]), "token type id 7")]:
         with pytest.raises(InputError, match=what):
             model.encode_token_lists([seq], "question", precision="fp32")
+
+
+def test_no_rows_is_an_empty_result_on_every_path():
+    """0 rows split into 0 blocks: no division by a block count of 0 (that was a SIGFPE on AVX-512)."""
+    w = torch.randn(64, 38).bfloat16()
+    packed = C.linear_bf16_pack(_bits(w))
+    for path in PATHS:
+        assert _run(torch.empty(0, 38).bfloat16(), packed, 64, None, None, path, torch.float32).shape == (0, 64)
+    packed32 = C.linear_f32_pack(w.float().numpy())
+    for path in F32_PATHS:
+        out = np.empty((0, 64), np.float32)
+        C.linear_f32(np.empty((0, 38), np.float32), packed32, 64, None, "", None, out, path)
+        assert out.shape == (0, 64)

