@@ -537,9 +537,11 @@ std::vector<Task> make_tasks(const char* name, int64_t T, int64_t heads, int64_t
     int64_t row = 0;
     for (int64_t g = 0; g < n_groups; ++g) {
         const int64_t count = groups[2 * g], length = groups[2 * g + 1];
-        if (count < 0 || length <= 0)
+        // count x length must fit in the rows left, checked by division: their product could overflow int64
+        if (count < 0 || length <= 0 || length > T - row || count > (T - row) / length)
             throw std::invalid_argument(fn + ": group " + std::to_string(g) + " has count " + std::to_string(count) +
-                                        " and length " + std::to_string(length));
+                                        " and length " + std::to_string(length) + ", more than the " +
+                                        std::to_string(T - row) + " rows of qkv left");
         for (int64_t c = 0; c < count; ++c, row += length)
             for (int64_t h = 0; h < heads; ++h) tasks.push_back({row, length, h});
     }

@@ -19,6 +19,9 @@ int64_t check_shapes(const std::string& fn, const Array& qkv, const Array& out, 
     if (groups.ndim() != 2 || groups.shape(1) != 2)
         throw std::invalid_argument(fn + ": groups must be (n, 2) (count, length) pairs");
     const int64_t T = qkv.shape(0), width = qkv.shape(1);
+    if (heads > width / 3)  // (3 x heads could overflow below)
+        throw std::invalid_argument(fn + ": " + std::to_string(heads) + " heads do not fit a qkv width of " +
+                                    std::to_string(width));
     if (width % (3 * heads) != 0)
         throw std::invalid_argument(fn + ": qkv width " + std::to_string(width) + " is not 3 x heads x head_dim");
     const int64_t head_dim = width / (3 * heads);

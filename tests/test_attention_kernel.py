@@ -176,3 +176,31 @@ def test_fp32_tower_with_the_kernel_equals_the_tower_without(tmp_path, monkeypat
     monkeypatch.setattr(inference, "_attention_kernel", lambda dtype: None)
     without = model.encode_passages(texts, precision="fp32", show_progress=False)
     np.testing.assert_allclose(with_kernel, without, rtol=1e-4, atol=1e-5)
+
+
+def test_group_sizes_near_the_int64_limit_are_refused_not_overflowed():
+    """count x length beyond the rows (their product overflowing int64, or wrapping to exactly T) and a head count
+    whose 3 x heads overflows: clear errors. In a subprocess: these were a SIGSEGV."""
+    code = """
+import numpy as np, fastdpr._C as C
+qkv, out = np.zeros((4, 96), np.float32), np.zeros((4, 32), np.float32)
+seen = []
+for groups in ([[1, 2**62]], [[2**62, 2]], [[4, 2**62 + 1]], [[2**61, 2**3]], [[1, 2], [2**62, 4]], [[2**40, 1]]):
+    for fn, q, o in ((C.attention_f32, qkv, out),
+                     (C.attention_bf16, qkv.view(np.uint16)[:, :96], out.view(np.uint16)[:, :32].copy())):
+        try:
+            fn(np.ascontiguousarray(q), o, np.array(groups, np.int64), 1, "scalar", 1)
+        except ValueError as exc:
+            seen.append("rows of qkv left" in str(exc))
+try:
+    C.attention_f32(qkv, out, np.array([[1, 4]], np.int64), 2**62, "", 1)
+except ValueError as exc:
+    seen.append("heads do not fit" in str(exc))
+print(seen)
+"""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str([True] * 13)
