@@ -4,8 +4,9 @@ A reader therefore sees either the old file or the complete new one, never a hal
 ``kill -9``. Every file fastdpr writes goes through here.
 
 A writer killed before it commits leaves its temporary file behind. Temporary names carry the writer's process id
-(``.NAME.<pid>.<random>.tmp`` here, ``NAME.tmp-<pid>`` from the C++ index writer), so the next write of the same
-file removes the ones whose writer is gone (:func:`remove_stale_temp_files`) and never those of a live writer."""
+and a random part (``.NAME.<pid>.<random>.tmp`` here, ``NAME.tmp-<pid>-<random>`` from the C++ index writer), so
+every writer, every thread included, has a file of its own, and the next write of the same file removes the ones
+whose writer is gone (:func:`remove_stale_temp_files`) and never those of a live writer."""
 from __future__ import annotations
 
 import contextlib
@@ -67,15 +68,35 @@ def remove_stale_temp_files(path: str | os.PathLike, stale_after: float = STALE_
     path = Path(path)
     name = glob.escape(path.name)
     ours = re.compile(r"^\." + re.escape(path.name) + r"\.(\d+)\.[^.]+\.tmp$")
-    cxx = re.compile(r"^" + re.escape(path.name) + r"\.tmp-(\d+)$")
-    removed = []
-    now = time.time()
+    # (files of the C++ writer before its names had a random part: NAME.tmp-<pid>)
+    cxx = re.compile(r"^" + re.escape(path.name) + r"\.tmp-(\d+)(?:-[0-9a-f]+)?$")
     try:
         candidates = list(path.parent.glob(f".{name}.*.tmp")) + list(path.parent.glob(f"{name}.tmp-*"))
     except OSError:
-        return removed
+        return []
+    return _remove_dead(candidates, lambda tmp: ours.match(tmp.name) or cxx.match(tmp.name), stale_after)
+
+
+def remove_stale_temp_files_in(directory: str | os.PathLike, prefixes: tuple[str, ...],
+                               stale_after: float = STALE_AFTER) -> list[Path]:
+    """:func:`remove_stale_temp_files` for every file of ``directory`` whose name starts with one of ``prefixes``
+    (e.g. ``(".shard-",)``): the temporary files of dead writers of any of those files. Returns what was removed."""
+    directory = Path(directory)
+    ours = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp$")
+    try:
+        candidates = [p for p in directory.glob(".*.tmp") if p.name.startswith(prefixes)]
+    except OSError:
+        return []
+    return _remove_dead(candidates, lambda tmp: ours.match(tmp.name), stale_after)
+
+
+def _remove_dead(candidates: list[Path], parse, stale_after: float) -> list[Path]:
+    """Remove the candidates whose name (``parse`` -> a match with the writer's pid as group 1) names a process
+    that is gone, and which were not modified for ``stale_after`` seconds."""
+    removed = []
+    now = time.time()
     for tmp in candidates:
-        match = ours.match(tmp.name) or cxx.match(tmp.name)
+        match = parse(tmp)
         if match is None or _pid_alive(int(match.group(1))):
             continue
         try:

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -303,3 +305,20 @@ def test_cli_encode_and_merge(model, corpus, reference, tmp_path):
     np.testing.assert_array_equal(vectors, reference[0])
     assert ids == reference[1]
     assert cli.main(["encode", "--model", str(model_dir), str(jsonl)]) == 2  # no -o: a one-line error
+
+
+def test_a_worker_removes_only_dead_writers_temporary_files(model, corpus, tmp_path):
+    """Workers of one folder run side by side: one starting must not delete the files another is writing."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = {f".shard-00001.npy.{os.getpid()}.abc_12.tmp": True,
+             f".manifest.part-1.json.{os.getpid()}.xyz_9.tmp": True,
+             f".shard-00003.npy.{dead.pid}.abc_12.tmp": False,
+             f".manifest.part-1.json.{dead.pid}.xyz_9.tmp": False}
+    old = time.time() - 3600
+    for name in names:
+        (tmp_path / name).write_bytes(b"half")
+        os.utime(tmp_path / name, (old, old))
+    encode_corpus(model, corpus, tmp_path, batch_size=8, shard_size=10, shard=(0, 2), show_progress=False)
+    left = {p.name for p in tmp_path.glob(".*.tmp")}
+    assert left == {name for name, keep in names.items() if keep}

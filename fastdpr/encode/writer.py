@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastdpr.atomic import atomic_open, write_json
+from fastdpr.atomic import atomic_open, remove_stale_temp_files_in, write_json
 from fastdpr.encode.fingerprint import model_fingerprint
 from fastdpr.encode.layout import (
     _IDENTITY,
@@ -92,13 +92,9 @@ def _write_shard(out_dir: Path, index: int, row_start: int, vectors: np.ndarray,
 
 
 def _remove_stale_temp_files(out_dir: Path) -> int:
-    """Temporary files a killed writer left behind (``.shard-*.tmp``, ``.manifest*.tmp``)."""
-    removed = 0
-    for path in out_dir.glob(".*.tmp"):
-        if path.name.startswith((".shard-", ".manifest")):
-            path.unlink(missing_ok=True)
-            removed += 1
-    return removed
+    """Temporary files killed writers left behind (``.shard-*.tmp``, ``.manifest*.tmp``); those of live writers
+    (other shards' workers writing into the same folder) are theirs."""
+    return len(remove_stale_temp_files_in(out_dir, (".shard-", ".manifest")))
 
 
 @dataclass
