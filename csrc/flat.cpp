@@ -73,6 +73,8 @@ void VectorStore::load(const io::Reader& r, const std::string& name, size_t n, b
     if (dim_ == 0 || s.length / bytes_per_vector() != n || s.length != n * bytes_per_vector())
         r.fail("section '" + name + "' does not hold " + std::to_string(n) + " vectors of dimension " +
                std::to_string(dim_));
+    if (storage_ == Storage::F16) r.check_finite_half(name, reinterpret_cast<const uint16_t*>(s.data), n * dim_);
+    else r.check_finite(name, reinterpret_cast<const float*>(s.data), n * dim_);
     n_ = n;
     f32_.clear();
     f16_.clear();

@@ -753,6 +753,7 @@ std::unique_ptr<HNSWIndex> HNSWIndex::load(const io::Reader& r, bool mmap) {
     if (vs.length / row_bytes != n || vs.length != n * row_bytes)
         r.fail("section 'vectors' does not hold " + std::to_string(n) + " vectors of dimension " +
                std::to_string(dim));
+    if (p.storage == Storage::F16) r.check_finite_half("vectors", reinterpret_cast<const uint16_t*>(vs.data), n * dim);
     const int8_t* levels = r.array<int8_t>("levels", n);
     const uint32_t* links0 = r.array<uint32_t>("links0", n * stride0);
     size_t upper_total = 0;

@@ -6,10 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <random>
 #include <sstream>
+#include <thread>
 
 namespace fastdpr::io {
 
@@ -81,9 +85,30 @@ uint32_t crc32(const void* data, size_t n, uint32_t crc) {
 
 Writer::Writer(std::string path, std::string type) : path_(std::move(path)), type_(std::move(type)) {
     check_name(type_, "type");
-    tmp_ = path_ + ".tmp-" + std::to_string(::getpid());
-    fp_ = std::fopen(tmp_.c_str(), "wb");
-    if (!fp_) throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(errno));
+    // One temporary file per writer, never shared: two writers of one path (threads of one process, too) each
+    // fill their own and the last rename wins with a whole file. The pid leads, so that fastdpr/atomic.py can tell
+    // a dead writer's leftovers from a live one's; O_EXCL makes a collision of the random part a retry, not a share.
+    static std::atomic<uint64_t> counter{0};
+    std::random_device entropy;
+    int fd = -1;
+    for (int attempt = 0; fd < 0; ++attempt) {
+        const uint64_t salt = (uint64_t{entropy()} << 32 | entropy()) ^
+                              (std::hash<std::thread::id>{}(std::this_thread::get_id()) * 0x9e3779b97f4a7c15ULL) ^
+                              counter.fetch_add(1);
+        char suffix[32];
+        std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(salt));
+        tmp_ = path_ + ".tmp-" + std::to_string(::getpid()) + "-" + suffix;
+        fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && (errno != EEXIST || attempt >= 100))
+            throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(errno));
+    }
+    fp_ = ::fdopen(fd, "wb");
+    if (!fp_) {
+        const int err = errno;
+        ::close(fd);
+        std::remove(tmp_.c_str());
+        throw std::runtime_error("cannot write " + path_ + ": " + std::strerror(err));
+    }
     uint8_t zeros[kHeaderSize] = {0};
     write_at_end(zeros, kHeaderSize);  // the real header is written by commit()
 }
@@ -170,13 +195,33 @@ void Writer::commit() {
 // ---------------------------------------------------------------------------------------------------------------
 // Mapping / Reader
 
-Mapping::Mapping(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY);
+namespace {
+// Opens `path` for reading if it is a regular file. O_NONBLOCK: opening a FIFO would wait for a writer forever (a
+// device could block too); it is refused after the open returns, and means nothing for a regular file.
+int open_regular(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
     struct stat st;
     if (::fstat(fd, &st) != 0) {
+        const int err = errno;
         ::close(fd);
-        throw std::runtime_error("cannot stat " + path + ": " + std::strerror(errno));
+        throw std::runtime_error("cannot stat " + path + ": " + std::strerror(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ::close(fd);
+        throw FormatError(path + ": not a valid fastdpr index: not a regular file");
+    }
+    return fd;
+}
+}  // namespace
+
+Mapping::Mapping(const std::string& path) {
+    const int fd = open_regular(path);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+        const int err = errno;
+        ::close(fd);
+        throw std::runtime_error("cannot stat " + path + ": " + std::strerror(err));
     }
     size_ = static_cast<size_t>(st.st_size);
     if (size_ > 0) {
@@ -270,6 +315,22 @@ Reader::Reader(const std::string& path, bool verify) : path_(path) {
     }
 }
 
+void Reader::check_finite(const std::string& section, const float* p, size_t n) const {
+    bool finite = true;
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, p + i, 4);
+        finite &= (u & 0x7f800000u) != 0x7f800000u;  // exponent all ones: Inf or NaN
+    }
+    if (!finite) fail("section '" + section + "' holds NaN or Inf");
+}
+
+void Reader::check_finite_half(const std::string& section, const uint16_t* p, size_t n) const {
+    bool finite = true;
+    for (size_t i = 0; i < n; ++i) finite &= (p[i] & 0x7c00u) != 0x7c00u;
+    if (!finite) fail("section '" + section + "' holds NaN or Inf");
+}
+
 std::vector<std::string> Reader::names() const {
     std::vector<std::string> out;
     for (const auto& kv : sections_) out.push_back(kv.first);
@@ -319,11 +380,16 @@ double Reader::meta_float(const std::string& key) const {
 }
 
 std::string peek_type(const std::string& path) {
-    std::FILE* fp = std::fopen(path.c_str(), "rb");
-    if (!fp) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+    const int fd = open_regular(path);
     uint8_t header[kHeaderSize];
-    const size_t got = std::fread(header, 1, kHeaderSize, fp);
-    std::fclose(fp);
+    size_t got = 0;
+    while (got < kHeaderSize) {
+        const ssize_t r = ::read(fd, header + got, kHeaderSize - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += static_cast<size_t>(r);
+    }
+    ::close(fd);
     if (got < kHeaderSize) throw FormatError(path + ": not a valid fastdpr index: file is truncated");
     if (std::memcmp(header, kMagic, 8) != 0) throw FormatError(path + ": not a valid fastdpr index: bad magic number");
     if (get_u32(header + 52) != crc32(header, 52))

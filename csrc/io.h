@@ -38,7 +38,8 @@ public:
 
 uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
 
-// Writes to `path.tmp-<pid>` and renames over `path` on commit(), so readers never see half a file.
+// Writes to its own `path.tmp-<pid>-<random>` and renames it over `path` on commit(), so readers never see half a
+// file, and two writers of one path never write into one temporary file.
 class Writer {
 public:
     Writer(std::string path, std::string type);
@@ -130,6 +131,10 @@ public:
     std::shared_ptr<Mapping> mapping() const { return map_; }
 
     [[noreturn]] void fail(const std::string& what) const;
+    // NaN or Inf among the n numbers of a section is a FormatError: checksums vouch only for the bytes, and such a
+    // value in a vector, centroid or codeword makes every score it enters NaN (found nothing) or Inf.
+    void check_finite(const std::string& section, const float* p, size_t n) const;
+    void check_finite_half(const std::string& section, const uint16_t* p, size_t n) const;  // IEEE half bits
 
 private:
     std::string path_, type_;

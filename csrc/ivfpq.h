@@ -92,7 +92,8 @@ public:
                 int64_t* positions, int threads = 0, float spread = 0.f, int64_t exact = 0) const;
 
     // Keep every vector also as a 4-bit scalar-quantized row (csrc/sq4.h) for a first re-rank: 4 or 0 (none).
-    // Only on an empty index. Its ranges come from train(), or from the first add() after set_trained().
+    // Only on an empty index. Its ranges come from train(), or from the first add() after set_trained() together with
+    // what the trained state can reconstruct (fit_sq_ranges).
     void set_sq(int bits);
     int sq_bits() const { return sq_bits_; }
     const uint8_t* sq_rows() const { return sq_ptr_; }  // size() x sq4::row_bytes(dim) bytes
@@ -128,6 +129,9 @@ public:
 
 private:
     void check_trained(const char* what) const;
+    // search() with its checks done, the lock held and the queries of extreme magnitude scaled
+    void search_unscaled(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
+                         int64_t* positions, int nthreads, float spread, int64_t exact) const;
     void prepare_tables(const float* centroids);  // packed copies (kmeans.h pack_columns) the search kernels stream
     // `cent`: the centroid rows (centroids())
     void assign_lists(const float* cent, const float* x, int64_t n, int64_t* lists) const;
@@ -138,6 +142,7 @@ private:
     void relayout(const std::vector<int64_t>& room);
     void append_codes(int64_t list, const uint8_t* code_row);
     void refresh_spreads();  // list_spread_ from list_sq_ after adds or a load
+    void fit_sq_ranges(const float* cent, const float* x, int64_t n);  // 4-bit row ranges at the first add
     void own_vectors();  // copy memory-mapped vectors (and 4-bit rows) into owned memory before appending
 
     // Searches share it; train/add/set_trained take it alone, so a search never sees lists being reallocated.

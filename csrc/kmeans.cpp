@@ -164,12 +164,44 @@ void check_positive(int64_t v, const char* what) {
     if (v <= 0) throw std::invalid_argument(std::string("k-means: ") + what + " must be positive, got " + std::to_string(v));
 }
 
+// exponent_of the n x d points, whose NaN or Inf anywhere is an error naming the point.
+int training_exponent(const float* x, int64_t n, int64_t d) {
+    float top = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+        float row_top = 0.f;
+        bool finite = true;
+        for (int64_t t = 0; t < d; ++t) {
+            const float v = x[i * d + t];
+            finite = finite && std::isfinite(v);
+            row_top = std::max(row_top, std::fabs(v));
+        }
+        if (!finite)
+            throw std::invalid_argument("k-means: training point " + std::to_string(i) + " contains NaN or Inf");
+        top = std::max(top, row_top);
+    }
+    return exponent_of(top);
+}
+
 // Fewest points a cluster may keep with balance b: floor(b * n / k), computed as fastdpr/index/kmeans.py does.
 int64_t small_cluster_floor(double balance, int64_t n, int64_t k) {
     return static_cast<int64_t>(balance * static_cast<double>(n) / static_cast<double>(k));
 }
 
 }  // namespace
+
+int exponent_of(float top) {
+    if (!(top > 0.f) || !std::isfinite(top) || (top >= 0x1p-30f && top <= 0x1p30f)) return 0;
+    int e = 0;
+    std::frexp(top, &e);  // top = f 2^e, f in [0.5, 1)
+    return e;
+}
+
+int magnitude_exponent(const float* v, int64_t n) {
+    float top = 0.f;
+    for (int64_t i = 0; i < n; ++i)
+        if (std::isfinite(v[i])) top = std::max(top, std::fabs(v[i]));
+    return exponent_of(top);
+}
 
 size_t packed_size(int64_t n, int64_t d) {
     return static_cast<size_t>((n + kTile - 1) / kTile) * kTile * static_cast<size_t>(d);
@@ -218,6 +250,16 @@ void inner_products(const float* x, int64_t nx, const float* y, int64_t ny, int6
 void assign_nearest(const float* x, int64_t n, const float* centroids, int64_t k, int64_t d, bool max_inner_product,
                     int64_t* labels, float* dist) {
     if (n <= 0) return;
+    // Centroids (and so, in every use here, the points) far outside float32's comfortable range would overflow the
+    // products or lose them below the normal range: both sides are scaled by the same power of two, which changes
+    // no ranking, and the distances scaled back (see kmeans()).
+    const int exponent = magnitude_exponent(centroids, k * d);
+    std::vector<float> scaled_centroids;
+    if (exponent != 0) {
+        scaled_centroids.assign(centroids, centroids + static_cast<size_t>(k) * d);
+        for (float& v : scaled_centroids) v = std::ldexp(v, -exponent);
+        centroids = scaled_centroids.data();
+    }
     const std::vector<float> cT = pack_columns(centroids, k, d);
     // L2: argmin ||x - c||^2 == argmax <x, c> - ||c||^2 / 2
     std::vector<float> bias(k, 0.f);
@@ -236,12 +278,20 @@ void assign_nearest(const float* x, int64_t n, const float* centroids, int64_t k
         errors.run([&] {
             float best[kRows];
             const int64_t i0 = b * kRows, rows = std::min(kRows, n - i0);
-            nearest_impl(x + i0 * d, rows, cT.data(), bias.data(), k, d,
-                         scratch[static_cast<size_t>(thread_index())].data(), labels + i0, best);
+            const float* xb = x + i0 * d;
+            if (exponent != 0) {
+                thread_local std::vector<float> xs;
+                xs.resize(static_cast<size_t>(rows) * d);
+                for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::ldexp(xb[i], -exponent);
+                xb = xs.data();
+            }
+            nearest_impl(xb, rows, cT.data(), bias.data(), k, d, scratch[static_cast<size_t>(thread_index())].data(),
+                         labels + i0, best);
             if (dist)
-                for (int64_t r = 0; r < rows; ++r)
-                    dist[i0 + r] = max_inner_product ? best[r]
-                                                     : std::max(0.f, sqnorm(x + (i0 + r) * d, d) - 2.f * best[r]);
+                for (int64_t r = 0; r < rows; ++r) {
+                    const float v = max_inner_product ? best[r] : std::max(0.f, sqnorm(xb + r * d, d) - 2.f * best[r]);
+                    dist[i0 + r] = exponent != 0 ? std::ldexp(v, 2 * exponent) : v;
+                }
         });
     }
     errors.rethrow();
@@ -259,6 +309,11 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
         throw std::invalid_argument("k-means: need at least k=" + std::to_string(k) + " training points, got " +
                                     std::to_string(n));
     checked_mul(static_cast<size_t>(n), static_cast<size_t>(d), "k-means: training points x dimension");
+    // Every distance below is a float32 sum of d squares: at |x| ~ 1e19 they overflow to inf (and the k-means++
+    // potential with them), at ~1e-20 they vanish below float32's normal range, and all points look alike. The
+    // points are brought to a largest magnitude in [0.5, 1) by a power of two, exact in both directions, when they
+    // lie outside a range where no such thing can happen; centroids are scaled back at the end.
+    const int exponent = training_exponent(x_in, n, d);
     std::mt19937_64 rng(p.seed);
     KMeansResult res;
 
@@ -281,6 +336,11 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
         x = sub.data();
     }
     res.n_train = nt;
+    if (exponent != 0) {  // scaled in the subsample's copy, or in one of the whole input
+        if (sub.empty()) sub.assign(x_in, x_in + static_cast<size_t>(n) * d);
+        for (float& v : sub) v = std::ldexp(v, -exponent);
+        x = sub.data();
+    }
 
     std::vector<float>& c = res.centroids;
     c.assign(static_cast<size_t>(k) * d, 0.f);
@@ -338,7 +398,7 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
                     });
                 }
                 errors.rethrow();
-                if (pot < best_pot) {
+                if (pot < best_pot || best_at < 0) {  // (the first trial is kept whatever its potential)
                     best_pot = pot;
                     best_at = at;
                     best_d2.swap(cand_d2);
@@ -425,6 +485,12 @@ KMeansResult kmeans(const float* x_in, int64_t n, int64_t d, const KMeansParams&
             ++res.empty_splits;
         }
         if (p.spherical) normalise_rows();
+    }
+    if (exponent != 0 && p.spherical) {  // unit centroids at any scale; the objective is a mean <x, c>
+        for (double& o : res.objective) o = std::ldexp(o, exponent);
+    } else if (exponent != 0) {
+        for (float& v : c) v = std::ldexp(v, exponent);
+        for (double& o : res.objective) o = std::ldexp(o, 2 * exponent);
     }
     return res;
 }

@@ -27,6 +27,13 @@ std::vector<float> unpack_columns(const float* packed, int64_t n, int64_t d);
 void assign_nearest(const float* x, int64_t n, const float* centroids, int64_t k, int64_t d, bool max_inner_product,
                     int64_t* labels, float* dist);
 
+// The power of two 2^e that brings the largest finite |v| of v[0, n) into [0.5, 1) by v * 2^-e, or e = 0 when that
+// magnitude lies in [2^-30, 2^30] already: there d (<= 2^20) squared differences or products of two such vectors
+// stay far inside float32's normal range, where outside it they overflow (|v| ~ 1e19) or fall below it (~ 1e-20).
+// Scaling both sides of a comparison by one power of two is exact and changes no ranking.
+int magnitude_exponent(const float* v, int64_t n);
+int exponent_of(float top);  // the same for one known magnitude
+
 struct KMeansParams {
     int64_t k = 256;
     int niter = 20;

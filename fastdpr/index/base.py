@@ -76,10 +76,20 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
             key, value = (s.strip() for s in p.split("=", 1))
             if not key or not value:
                 raise InputError(f"bad field {p!r} in index spec {spec!r}")
-            params[key] = parse_value(value)
+            value = parse_value(value)
         else:
-            params[p] = True
+            key, value = p, True
+        # the last one winning would build something other than what one of them says
+        if key in params:
+            raise InputError(f"index spec {spec!r} gives {key!r} twice")
+        params[key] = value
     return kind, params
+
+
+def check_storage_flags(params: dict[str, Any], where: str) -> None:
+    """The bare ``fp16`` and ``fp32`` flags of a spec exclude each other."""
+    if params.get("fp16") is True and params.get("fp32") is True:
+        raise InputError(f"{where}: fp16 and fp32 conflict; give one of them")
 
 
 def parse_value(value: str) -> Any:
@@ -447,6 +457,8 @@ def resolve_index_path(path: str | os.PathLike) -> Path:
         path = path / INDEX_FILE_NAME
     if not path.exists():
         raise InputError("index file not found", path=str(path))
+    if not path.is_file():  # a FIFO or a device: opening it could wait forever
+        raise InputError("not a valid fastdpr index: not a regular file", path=str(path))
     return path
 
 

@@ -62,6 +62,8 @@ def open_reader(path: str | os.PathLike, verify: bool = True):
 
 
 def peek_type(path: str | os.PathLike) -> str:
+    if not os.path.isfile(path):  # a FIFO would block the open below until someone writes to it
+        raise InputError("not a valid fastdpr index: not a regular file", path=str(path))
     with open(path, "rb") as fh:
         header = fh.read(HEADER_SIZE)
     if len(header) < HEADER_SIZE or header[:8] != MAGIC:
@@ -169,6 +171,8 @@ class _TypedReader:
 class PyReader(_TypedReader):
     def __init__(self, path: str | os.PathLike, verify: bool = True):
         self.path = str(path)
+        if not os.path.isfile(path):
+            self._fail("not a regular file")
         size = os.path.getsize(path)
         if size < HEADER_SIZE:
             self._fail(f"file is truncated ({size} bytes)")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fastdpr.index._native import native
-from fastdpr.index.base import Index, take_params
+from fastdpr.index.base import Index, check_storage_flags, take_params
 from fastdpr.index.rows import RowStore
 
 NUMPY_BLOCK = 16384  # vectors scored per matrix product in the fallback
@@ -88,6 +88,7 @@ class FlatIndex(Index):
     @classmethod
     def from_spec(cls, dim: int, params: dict[str, Any]) -> "FlatIndex":
         p = take_params(params, {"fp16": False, "fp32": False}, "flat")
+        check_storage_flags(p, "flat")
         return cls(dim, fp16=p["fp16"])
 
     @property

@@ -46,7 +46,7 @@ import numpy as np
 
 from fastdpr.errors import InputError
 from fastdpr.index._native import native
-from fastdpr.index.base import Index, take_params
+from fastdpr.index.base import Index, check_storage_flags, take_params
 from fastdpr.index.flat import numpy_exact_search
 from fastdpr.index.rows import RowStore
 
@@ -88,12 +88,13 @@ class HNSWIndex(Index):
     @classmethod
     def from_spec(cls, dim: int, params: dict[str, Any]) -> "HNSWIndex":
         p = take_params(params, DEFAULTS, "hnsw")
+        check_storage_flags(p, "hnsw")
         graph = p["graph"]
         if p["mips"] not in ("ip", "l2"):
             raise InputError(f"hnsw: mips must be ip or l2, got {p['mips']!r}")
         if p["mips"] == "l2":
-            if graph not in ("ip", "l2"):
-                raise InputError("hnsw: mips=l2 and graph= conflict; give one of them")
+            if "graph" in params and graph != "l2":
+                raise InputError(f"hnsw: mips=l2 and graph={graph} conflict; give one of them")
             graph = "l2"
         return cls(dim, M=p["M"], efc=p["efc"], ef=p["ef"], fp16=p["fp16"], graph=graph, phi=p["phi"],
                    entry=p["entry"], seed=p["seed"], floor=p["floor"])

@@ -86,7 +86,8 @@ import numpy as np
 
 from fastdpr.errors import InputError, MissingDependency
 from fastdpr.index._native import fallback_forced, native
-from fastdpr.index.base import Index, check_matrix, take_params
+from fastdpr.index.base import Index, check_matrix, check_storage_flags, take_params
+from fastdpr.index.rows import check_finite_section
 from fastdpr.index.kmeans import kmeans, nearest  # noqa: F401  (kmeans: re-exported, it used to live here)
 
 KSUB = 256  # codewords per sub-quantizer (8-bit codes)
@@ -120,10 +121,29 @@ NBITS = (4, 8)
 ANISO_TRAIN_POINTS = 16384
 STORE_CODES = {"none": 0, "fp16": 1, "fp32": 2}
 
+# spread: the probe order adds spread |q| s_l to <q, c> in float32. Useful values are near 1 (0.5 measured best);
+# far beyond it the order is that of s_l alone, and 1e300 is not even a float32 (every search refused it)
+MAX_SPREAD = 1e6
 RERANK_AUTO = "auto"  # re-rank 4 k candidates when the full vectors are stored, else none
 EXACT_PER_K = 3  # exact="auto" with sq=4: the best 3 k candidates by 4-bit rows get their exact scores
 _LEGACY_RERANK_AUTO = -1  # the old spelling of "auto" (spec strings, files, search)
 _LEGACY_INDEX_SETTING = -2  # the old search() spelling of "the index's own setting"
+
+
+# residuals x - c are float32 and c is a mean of such rows: |x| <= 2^126 keeps them finite (csrc/ivfpq.cpp)
+MAX_MAGNITUDE = 2.0 ** 126
+
+
+def check_magnitude(x: np.ndarray, what: str) -> None:
+    """Components beyond ``MAX_MAGNITUDE`` are an ``InputError`` naming the first such row (in chunks)."""
+    if x.dtype.kind != "f" or np.finfo(x.dtype).max <= MAX_MAGNITUDE:
+        return
+    for start in range(0, x.shape[0], 65536):
+        big = np.abs(x[start:start + 65536]) > MAX_MAGNITUDE
+        if big.any():
+            row = start + int(np.argwhere(big)[0, 0])
+            raise InputError(f"ivfpq: {what} row {row} has a component beyond 2^126 (8.5e37): its residuals would "
+                             "leave float32; rescale the vectors")
 
 
 def rerank_setting(value: Any, where: str = "ivfpq") -> int | str:
@@ -150,10 +170,10 @@ def exact_setting(value: Any, where: str = "ivfpq") -> int | str:
 
 
 def spread_setting(value: Any, where: str = "ivfpq") -> float:
-    """A ``spread`` setting: a finite number >= 0 (0: lists probed in order of <q, c> alone)."""
+    """A ``spread`` setting: a number in [0, MAX_SPREAD] (0: lists probed in order of <q, c> alone)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or \
-            not math.isfinite(value) or value < 0:
-        raise InputError(f"{where}: spread must be a finite number >= 0, got {value!r}")
+            not math.isfinite(value) or not 0 <= value <= MAX_SPREAD:
+        raise InputError(f"{where}: spread must be a number in [0, {MAX_SPREAD:g}], got {value!r}")
     return float(value)
 
 
@@ -198,6 +218,8 @@ class IVFPQIndex(Index):
             raise InputError(f"{where}: nbits={nbits} is not supported; codes are 8-bit (nbits=8) or 4-bit (nbits=4)")
         if isinstance(aniso, bool) or not isinstance(aniso, (int, float)) or not 0 <= aniso < 1:
             raise InputError(f"{where}: aniso (the anisotropic threshold) must be in [0, 1), got {aniso!r}")
+        if aniso and nbits != 4:  # 8-bit codes are chosen by plain nearest codeword: the setting would do nothing
+            raise InputError(f"{where}: aniso applies to 4-bit codes only (nbits=4), not nbits={nbits}")
         if aniso_niter < 0:
             raise InputError(f"{where}: aniso_niter must be >= 0, got {aniso_niter}")
         spread = spread_setting(spread, where)
@@ -252,8 +274,13 @@ class IVFPQIndex(Index):
     @classmethod
     def from_spec(cls, dim: int, params: dict[str, Any]) -> "IVFPQIndex":
         params = dict(params)
+        check_storage_flags(params, "ivfpq")
         for flag in ("fp16", "fp32"):
+            if flag in params and not isinstance(params[flag], bool):
+                raise InputError(f"ivfpq: {flag} is a flag; write {flag} or store={flag}")
             if params.pop(flag, False) is True:
+                if "store" in params:
+                    raise InputError(f"ivfpq: store={params['store']} and {flag} conflict; give one of them")
                 params["store"] = flag
         if "spherical" in params:  # a spec string spells it "spherical", "spherical=true|false|1|0"
             value = params["spherical"]
@@ -314,6 +341,7 @@ class IVFPQIndex(Index):
         if n > keep:
             rows = np.sort(np.random.default_rng(self.train_params["seed"]).choice(n, keep, replace=False))
             x = x[rows]
+        check_magnitude(x, "training vectors")
         x = check_matrix(x, self.dim, "training vectors")
         if self._impl is None or self._impl.nlist != nlist:
             self._impl = self._make_impl(nlist)
@@ -363,6 +391,10 @@ class IVFPQIndex(Index):
 
     def _ntotal(self) -> int:
         return 0 if self._impl is None else len(self._impl)
+
+    def _check_rows(self, x: np.ndarray) -> None:
+        super()._check_rows(x)
+        check_magnitude(x, "vectors")
 
     def _add(self, x: np.ndarray) -> None:
         self._impl.add(x)
@@ -440,8 +472,8 @@ class IVFPQIndex(Index):
         exact: int | str = RERANK_AUTO
         if reader.has_meta("exact") and reader.meta("exact") != RERANK_AUTO:
             exact = reader.meta_int("exact", 0, 1 << 30)
-        if not (math.isfinite(spread) and spread >= 0):
-            reader.fail("spread must be a finite number >= 0")
+        if not (math.isfinite(spread) and 0 <= spread <= MAX_SPREAD):
+            reader.fail(f"spread must be a number in [0, {MAX_SPREAD:g}]")
         if store == "none" and rerank != RERANK_AUTO and rerank > 0:
             rerank = 0
         index = cls(impl.dim, nlist=impl.nlist, m=impl.m, nbits=impl.nbits, store=store, nprobe=nprobe, rerank=rerank,
@@ -657,6 +689,8 @@ class NumpyIVFPQ:
         if trained:
             centroids = reader.array("centroids", np.float32, nlist * d)
             codebooks = reader.array("codebooks", np.float32, m * KSUB * (d // m))
+            check_finite_section(reader, "centroids", centroids)
+            check_finite_section(reader, "codebooks", codebooks)
         off = reader.array("list_offsets", np.int64, nlist + 1)
         if off[0] != 0 or off[-1] != n or (np.diff(off) < 0).any():
             reader.fail("list offsets do not cover the vectors")
@@ -677,9 +711,15 @@ class NumpyIVFPQ:
             if not (np.isfinite(sq).all() and (sq >= 0).all()):
                 reader.fail("list residual sums must be finite and >= 0")
             out._sq = np.array(sq)
+            sizes = np.diff(off).astype(np.float64)
+            big = sizes >= 2  # (lists of fewer members have no spread)
+            spreads = np.sqrt(sq[big] / sizes[big] / d * 2.0 * np.log(sizes[big]))
+            if (spreads > np.finfo(np.float32).max).any():
+                reader.fail("list residual sums too large for their spreads")
         if store != "none":
             dtype = np.float16 if store == "fp16" else np.float32
             vec = reader.array("vectors", dtype, n * d).reshape(n, d)
+            check_finite_section(reader, "vectors", vec)
             out._vectors = vec if mmap else np.array(vec)
             out.vectors_mapped = bool(mmap)
         return out

@@ -104,6 +104,20 @@ def train_anisotropic(x: np.ndarray, resid: np.ndarray, codebooks: np.ndarray, e
     cb = np.array(codebooks, np.float32, copy=True)
     if x.shape != resid.shape or x.ndim != 2:
         raise InputError(f"anisotropic training: x {x.shape} and residuals {resid.shape} must be equal (n, d)")
+    # The loss is a sum of squares: at magnitudes ~1e19 its float32 terms overflow, at ~1e-20 they vanish. It is
+    # homogeneous, so the training runs at a largest magnitude in [0.5, 1) (a power of two, exact; the same rule as
+    # csrc/kmeans.h magnitude_exponent) and its codebooks and losses are scaled back.
+    top = max(float(np.abs(a).max(initial=0.0)) for a in (x, resid, cb))
+    if top > 0 and not 2.0 ** -30 <= top <= 2.0 ** 30:
+        e = int(np.frexp(top)[1])
+        cb, codes, losses = _train_anisotropic(*(np.ldexp(a, -e).astype(np.float32) for a in (x, resid, cb)), eta,
+                                               niter)
+        return np.ldexp(cb, e).astype(np.float32), codes, [float(np.ldexp(v, 2 * e)) for v in losses]
+    return _train_anisotropic(x, resid, cb, eta, niter)
+
+
+def _train_anisotropic(x: np.ndarray, resid: np.ndarray, cb: np.ndarray, eta: float, niter: int,
+                       ) -> tuple[np.ndarray, np.ndarray, list[float]]:
     m, ksub, dsub = cb.shape
     n, d = x.shape
     if m * dsub != d:

@@ -8,6 +8,15 @@ from typing import Any
 import numpy as np
 
 
+def check_finite_section(reader: Any, name: str, values: np.ndarray, chunk: int = 1 << 22) -> None:
+    """NaN or Inf in a section is a bad file (as in csrc/io.h check_finite): checksums vouch only for the bytes.
+    In chunks of values, so a memory-mapped section needs no full-size temporary."""
+    flat = values.reshape(-1)
+    for start in range(0, flat.size, chunk):
+        if not np.isfinite(flat[start:start + chunk]).all():
+            reader.fail(f"section {name!r} holds NaN or Inf")
+
+
 class RowStore:
     """Rows of ``dim`` numbers stored as fp16 or fp32."""
 
@@ -53,6 +62,7 @@ class RowStore:
             reader.fail(f"unknown storage {storage!r}")
         store = cls(dim, fp16=storage == "fp16")
         rows = reader.array("vectors", store.dtype, count * dim).reshape(count, dim)
+        check_finite_section(reader, "vectors", rows)
         store._chunks = [rows if mmap else np.array(rows)]
         store._n = count
         return store
