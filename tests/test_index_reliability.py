@@ -274,3 +274,12 @@ def test_non_finite_values_in_a_4bit_file_are_refused_on_load(tmp_path, section,
     _poison(path, section, dtype, value)
     with pytest.raises(InputError, match=words):
         load_index(path)
+
+
+def test_the_sigbus_limit_of_mapped_files_stays_documented():
+    """Truncating a memory-mapped index under a live process is a SIGBUS no check can prevent: said where users
+    and maintainers look."""
+    from pathlib import Path
+
+    assert "SIGBUS" in load_index.__doc__
+    assert "SIGBUS" in (Path(__file__).parents[1] / "docs" / "architecture.md").read_text()

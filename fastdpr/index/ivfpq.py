@@ -136,7 +136,7 @@ MAX_MAGNITUDE = 2.0 ** 126
 
 def check_magnitude(x: np.ndarray, what: str) -> None:
     """Components beyond ``MAX_MAGNITUDE`` are an ``InputError`` naming the first such row (in chunks)."""
-    if x.dtype.kind != "f" or np.finfo(x.dtype).max <= MAX_MAGNITUDE:
+    if x.dtype.kind != "f" or float(np.finfo(x.dtype).max) <= MAX_MAGNITUDE:
         return
     for start in range(0, x.shape[0], 65536):
         big = np.abs(x[start:start + 65536]) > MAX_MAGNITUDE
