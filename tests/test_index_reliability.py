@@ -183,6 +183,23 @@ def test_ivfpq_answers_the_same_at_any_scale(spec):
     np.testing.assert_allclose(s_mid, s_ref * np.float32(2.0 ** 40), rtol=1e-6)
 
 
+def test_the_numpy_backend_answers_the_same_at_any_scale():
+    force_fallback(True)
+    try:
+        x = _clustered(3000)
+        q = x[:50] + np.float32(0.1)
+        spec = "ivfpq,nlist=16,m=8,niter=5,pq_niter=5"
+        _, i_ref = build_index(x, spec).search(q, 10, nprobe=16)
+        for scale in (2.0 ** -70, 2.0 ** 63):
+            index = build_index((x * np.float32(scale)).astype(np.float32), spec)
+            assert not index.compiled
+            np.testing.assert_array_equal(index.search(q, 10, nprobe=16)[1], i_ref)
+        _, i_big = build_index(x, spec).search((q * np.float32(2.0 ** 124)).astype(np.float32), 10, nprobe=16)
+        np.testing.assert_array_equal(i_big, i_ref)
+    finally:
+        force_fallback(False)
+
+
 @needs_native
 def test_compiled_training_refuses_nan_and_inf_at_the_boundary():
     """NaN in a training set made the k-means++ potential NaN, no candidate was chosen, and the seeding read before

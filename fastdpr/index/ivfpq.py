@@ -88,7 +88,7 @@ from fastdpr.errors import InputError, MissingDependency
 from fastdpr.index._native import fallback_forced, native
 from fastdpr.index.base import Index, check_matrix, check_storage_flags, take_params
 from fastdpr.index.rows import check_finite_section
-from fastdpr.index.kmeans import kmeans, nearest  # noqa: F401  (kmeans: re-exported, it used to live here)
+from fastdpr.index.kmeans import kmeans, magnitude_exponent, nearest  # noqa: F401  (kmeans: re-exported)
 
 KSUB = 256  # codewords per sub-quantizer (8-bit codes)
 MAX_M4 = 2048  # 4-bit codes: most sub-quantizers (csrc/pq4.h kMaxM)
@@ -619,6 +619,13 @@ class NumpyIVFPQ:
             raise InputError("ivfpq: the index is not trained; call train() before search()")
         if rerank > 0 and self.store == "none":
             raise InputError("ivfpq: rerank needs the full vectors (store=fp16 or fp32)")
+        # queries of extreme magnitude searched scaled, their scores scaled back (as csrc/ivfpq.cpp does)
+        exps = np.array([magnitude_exponent(qv) for qv in q], np.int64)
+        if exps.any():
+            scores, out = self.search(np.ldexp(q, -exps[:, None]).astype(np.float32), k, nprobe, rerank, threads,
+                                      spread)
+            with np.errstate(over="ignore"):  # a score beyond float32 is Inf, as in the compiled search
+                return np.ldexp(scores, exps[:, None]).astype(np.float32), out
         nprobe = min(nprobe, self.nlist)
         kc = max(k, rerank) if rerank > 0 else k
         scores = np.full((q.shape[0], k), -np.inf, dtype=np.float32)

@@ -15,13 +15,29 @@ import numpy as np
 from fastdpr.errors import InputError
 
 
+def magnitude_exponent(a: np.ndarray) -> int:
+    """e such that a * 2^-e has its largest finite magnitude in [0.5, 1), or 0 when that magnitude lies in
+    [2^-30, 2^30] already (csrc/kmeans.h magnitude_exponent: where float32 distances neither overflow nor fall below
+    the normal range)."""
+    finite = a[np.isfinite(a)] if a.size else a
+    top = float(np.abs(finite).max(initial=0.0))
+    if top == 0.0 or 2.0 ** -30 <= top <= 2.0 ** 30:
+        return 0
+    return int(np.frexp(top)[1])
+
+
 def nearest(x: np.ndarray, centroids: np.ndarray, max_inner_product: bool, block: int = 4096) -> np.ndarray:
-    """Row-wise argmin ||x - c||^2 (or argmax <x, c>), ties to the lowest index, in blocks."""
+    """Row-wise argmin ||x - c||^2 (or argmax <x, c>), ties to the lowest index, in blocks (both sides scaled by a
+    power of two where the centroids' magnitude is extreme, which changes no ranking)."""
+    e = magnitude_exponent(centroids)
+    if e:
+        centroids = np.ldexp(centroids, -e).astype(np.float32)
     half = np.zeros(centroids.shape[0], np.float32) if max_inner_product else \
         0.5 * np.einsum("ij,ij->i", centroids, centroids, dtype=np.float32)
     out = np.empty(x.shape[0], dtype=np.int64)
     for s in range(0, x.shape[0], block):
-        out[s:s + block] = np.argmax(x[s:s + block] @ centroids.T - half, axis=1)
+        xb = np.ldexp(x[s:s + block], -e).astype(np.float32) if e else x[s:s + block]
+        out[s:s + block] = np.argmax(xb @ centroids.T - half, axis=1)
     return out
 
 
@@ -46,6 +62,20 @@ def kmeans(x: np.ndarray, k: int, niter: int = 20, seed: int = 1234, spherical: 
         raise InputError(f"k-means: balance must be in [0, 1), got {balance!r}")
     if n < k:
         raise InputError(f"k-means: need at least k={k} training points, got {n}")
+    if not np.isfinite(x).all():
+        raise InputError(f"k-means: training point {int(np.argwhere(~np.isfinite(x))[0, 0])} contains NaN or Inf")
+    # trained at a largest magnitude in [0.5, 1) where float32 distances would overflow or vanish (csrc/kmeans.cpp)
+    e = magnitude_exponent(x)
+    if e:
+        c = _kmeans(np.ldexp(x, -e).astype(np.float32), k, niter, seed, spherical, max_points_per_centroid, kmeanspp,
+                    balance)
+        return c if spherical else np.ldexp(c, e).astype(np.float32)
+    return _kmeans(x, k, niter, seed, spherical, max_points_per_centroid, kmeanspp, balance)
+
+
+def _kmeans(x: np.ndarray, k: int, niter: int, seed: int, spherical: bool, max_points_per_centroid: int,
+            kmeanspp: bool, balance: float) -> np.ndarray:
+    n, d = x.shape
     rng = np.random.default_rng(seed)
     if n > k * max_points_per_centroid:
         x = x[np.sort(rng.choice(n, k * max_points_per_centroid, replace=False))]
