@@ -10,7 +10,7 @@ import pytest
 from test_index_hardening import C, needs_native, run_isolated
 
 from fastdpr.errors import InputError
-from fastdpr.index import build_index, fileformat, load_index, make_index, parse_spec
+from fastdpr.index import build_index, load_index, make_index, parse_spec
 from fastdpr.index._native import force_fallback
 
 
