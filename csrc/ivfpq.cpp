@@ -480,7 +480,10 @@ void IVFPQ::fit_sq_ranges(const float* cent, const float* x, int64_t n) {
     for (int64_t t = 0; t < d_; ++t) {
         const int64_t j = t / dsub_, u = t % dsub_;
         float clo = cent[t], chi = cent[t], wlo = codebooks_[j * ksub_ * dsub_ + u], whi = wlo;
-        for (int64_t l = 1; l < nlist_; ++l) clo = std::min(clo, cent[l * d_ + t]), chi = std::max(chi, cent[l * d_ + t]);
+        for (int64_t l = 1; l < nlist_; ++l) {
+            clo = std::min(clo, cent[l * d_ + t]);
+            chi = std::max(chi, cent[l * d_ + t]);
+        }
         for (int64_t c = 1; c < ksub_; ++c) {
             const float w = codebooks_[(j * ksub_ + c) * dsub_ + u];
             wlo = std::min(wlo, w), whi = std::max(whi, w);
@@ -1074,7 +1077,8 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
                           (storage == VectorStorage::F32 ? 4 : storage == VectorStorage::F16 ? 2 : 0);
     const uint8_t* v = storage != VectorStorage::None ? rd.array<uint8_t>("vectors", vbytes) : nullptr;
     if (storage == VectorStorage::F32) rd.check_finite("vectors", reinterpret_cast<const float*>(v), vbytes / 4);
-    if (storage == VectorStorage::F16) rd.check_finite_half("vectors", reinterpret_cast<const uint16_t*>(v), vbytes / 2);
+    if (storage == VectorStorage::F16)
+        rd.check_finite_half("vectors", reinterpret_cast<const uint16_t*>(v), vbytes / 2);
 
     const int sq_bits = rd.has_meta("sq_bits") ? static_cast<int>(rd.meta_int("sq_bits", 4, 4)) : 0;
     const float *sq_lo = nullptr, *sq_step = nullptr;
