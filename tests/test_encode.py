@@ -101,8 +101,13 @@ def test_resume_after_interruption_equals_uninterrupted_run(model, corpus, refer
     assert manifest["count"] == 20 and not manifest["complete"]
     with pytest.raises(InputError, match="incomplete encoding .20 of 57"):
         load_vectors(tmp_path)
-    # what a kill -9 can leave: a half-written temp file, and a finished shard whose manifest entry never came
-    (tmp_path / ".shard-00002.npy.abc123.tmp").write_bytes(b"\x93NUMPY half")
+    # what a kill -9 can leave: a half-written temp file (of a writer that is gone, idle for an hour), and a
+    # finished shard whose manifest entry never came
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    half = tmp_path / f".shard-00002.npy.{dead.pid}.abc123.tmp"
+    half.write_bytes(b"\x93NUMPY half")
+    os.utime(half, (time.time() - 3600, time.time() - 3600))
     (tmp_path / "shard-00002.npy").write_bytes(b"garbage from an unrecorded write")
     resumed = encode_corpus(model, corpus, tmp_path, batch_size=8, dtype="float32", shard_size=10,
                             show_progress=False)
@@ -250,7 +255,7 @@ _KILLER = textwrap.dedent("""
         state["n"] += 1
         if state["n"] == {kill_at}:
             # a real kill -9 in the middle of a write: half the bytes in the temp file, then SIGKILL
-            tmp = path.with_name("." + path.name + ".killed.tmp")
+            tmp = path.with_name(f".{{path.name}}.{{os.getpid()}}.killed.tmp")  # atomic_open's naming
             with open(tmp, "wb") as fh:
                 fh.write(data[: len(data) // 2])
                 fh.flush()
@@ -277,11 +282,15 @@ def test_real_sigkill_mid_write_then_resume(model, corpus, reference, tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert json.loads((out / "manifest.json").read_text())["count"] == 20
-    assert list(out.glob(".*.tmp"))  # the half-written file is there ...
+    left = list(out.glob(".*.tmp"))
+    assert left  # the half-written file is there ...
+    # ... and goes once its writer is dead and it has been idle for atomic.STALE_AFTER (a rerun a while later)
+    for tmp in left:
+        os.utime(tmp, (time.time() - 3600, time.time() - 3600))
     reloaded = type(model).from_pretrained(model_dir)
     resumed = encode_corpus(reloaded, Corpus.from_passages(json.loads(passages.read_text())), out, batch_size=8,
                             dtype="float32", shard_size=10, show_progress=False)
-    assert resumed["encoded_now"] == 37 and not list(out.glob(".*.tmp"))  # ... and is never taken for a shard
+    assert resumed["encoded_now"] == 37 and not list(out.glob(".*.tmp"))  # never taken for a shard
     vectors, ids = load_vectors(out, verify=True)
     np.testing.assert_array_equal(vectors, reference[0])
     assert ids == reference[1]
