@@ -68,6 +68,10 @@ class TrainingArguments:
     chunk_size: int = 32
     gradient_checkpointing: bool = False
     bidirectional: bool = False
+    # > 0: each question's softmax covers only its group of this many consecutive questions of the batch (their
+    # positives and hard negatives), the rest of the batch is not its negatives: the number of negatives can then
+    # be varied at a fixed batch, encoding and step count (benchmarks/negatives_bench.py). 0: the whole batch
+    group_size: int = 0
     # < 1: every saved or validated model is start + interpolate·(trained − start), the trained weights averaged
     # with the starting ones (WiSE-FT, Wortsman et al., CVPR 2022): fine-tuning a pretrained retriever on a few
     # thousand questions keeps most of its gain on the new data and forgets much less of what it knew
@@ -98,6 +102,8 @@ class TrainingArguments:
         for name in ("batch_size", "epochs", "chunk_size", "logging_steps"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if int(self.group_size) < 0:
+            raise InputError(f"group_size must be >= 0 (0: the whole batch), got {self.group_size!r}")
         if self.n_hard < 0 or self.n_random < 0:
             raise InputError("n_hard and n_random must be >= 0")
         if self.loss_backend not in ("auto", "triton", "torch", "reference"):
@@ -304,7 +310,7 @@ class Trainer:
 
         def loss_from_reps(q, p):
             loss = batch_loss(q, p, local, batch, scale=scale, loss_fn=self.loss_fn,
-                              bidirectional=self.args.bidirectional)
+                              bidirectional=self.args.bidirectional, group_size=self.args.group_size or None)
             return loss * world_scale
 
         def backward(loss):
