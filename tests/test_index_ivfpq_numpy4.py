@@ -300,6 +300,10 @@ def test_an_index_with_4bit_rows_but_no_rows_yet_round_trips(tmp_path, pool):
     twin = numpy_twin(first)
     assert twin.sq == 4 and twin._impl.sq_ranges() is None and len(twin) == 0
     assert twin.save(tmp_path / "n.fdpr").read_bytes() == first.read_bytes()
+    writer = fileformat.PyWriter(tmp_path / "py.fdpr", "ivfpq")
+    empty._write(writer)  # the compiled state through a numpy copy
+    writer.commit()
+    assert (tmp_path / "py.fdpr").read_bytes() == first.read_bytes()
 
 
 def test_numpy_refuses_to_build_4bit_codes_and_rows_but_says_why(tmp_path, pool):

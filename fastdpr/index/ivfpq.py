@@ -626,8 +626,6 @@ class NumpyIVFPQ:
         list_ids = np.arange(self.nlist)
         if spread > 0:  # the compiled order in float32: <q, c> + |q| (spread s_l)
             spreads = np.float32(spread) * np.array([self.list_spread(ln) for ln in range(self.nlist)], np.float32)
-        if self.nbits == 4:
-            tables, biases, deltas = numpy_pq4.quantize_tables(numpy_pq4.query_tables(q, self._codebooks))
         for i, qv in enumerate(q):
             order = coarse[i]
             if spread > 0:
@@ -640,7 +638,8 @@ class NumpyIVFPQ:
             pos = np.concatenate([self._pos[ln] for ln in probe])
             list_score = np.repeat(coarse[i, probe], [len(self._pos[ln]) for ln in probe]).astype(np.float32)
             if self.nbits == 4:
-                s = numpy_pq4.code_scores(list_score, biases[i], deltas[i], numpy_pq4.scan(codes, tables[i]))
+                table, bias, delta = numpy_pq4.quantize_tables(numpy_pq4.query_tables(qv[None], self._codebooks))
+                s = numpy_pq4.code_scores(list_score, bias[0], delta[0], numpy_pq4.scan(codes, table[0]))
                 live = ~np.isnan(s)  # a non-finite table scores nothing
                 s, pos = s[live], pos[live]
             else:
