@@ -49,7 +49,7 @@ def assert_same_answers(got, want, atol):
     np.testing.assert_array_equal(gi < 0, wi < 0)
     np.testing.assert_allclose(gs, ws, rtol=0, atol=atol)
     differ = np.argwhere(gi != wi)
-    assert len(differ) <= 0.02 * max(1, (wi >= 0).sum()), f"{len(differ)} of {(wi >= 0).sum()} ids differ"
+    assert len(differ) <= max(2, 0.02 * (wi >= 0).sum()), f"{len(differ)} of {(wi >= 0).sum()} ids differ"
     for r, c in differ:
         where = np.flatnonzero(wi[r] == gi[r, c])
         ref = ws[r, where[0]] if len(where) else ws[r][wi[r] >= 0][-1]
@@ -226,11 +226,17 @@ def test_query_tables_are_the_compiled_ones_on_random_floats(tmp_path, dsub):
     index.set_trained(np.zeros((1, d), np.float32), (rng.normal(size=(m, 16, dsub)) * 1.3).astype(np.float32))
     index.add(x)
     twin = numpy_twin(index.save(tmp_path / "t.fdpr"))
-    for k in (1, 50, 1600):
-        want = index.search(q, k, nprobe=1, rerank=0)
-        got = twin.search(q, k, nprobe=1, rerank=0)
-        np.testing.assert_array_equal(got[0], want[0])
-        np.testing.assert_array_equal(got[1], want[1])
+    before = _C.simd_level()
+    try:
+        for level in LEVELS:  # every level's tables are the scalar ones (csrc/ivfpq.cpp lut4, csrc/pq4.cpp)
+            _C.simd_force(level)
+            for k in (1, 50, 1600):
+                want = index.search(q, k, nprobe=1, rerank=0)
+                got = twin.search(q, k, nprobe=1, rerank=0)
+                np.testing.assert_array_equal(got[0], want[0], err_msg=level)
+                np.testing.assert_array_equal(got[1], want[1], err_msg=level)
+    finally:
+        _C.simd_force(before)
 
 
 def test_equal_scores_come_back_in_id_order_as_compiled(tmp_path):

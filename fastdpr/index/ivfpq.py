@@ -651,13 +651,13 @@ class NumpyIVFPQ:
             best = _top(s, pos, kc)
             s, pos = s[best], pos[best]
             if rerank > 0:
-                s, pos = self._rerank(qv, s, pos, kf, kc, exact)
+                s, pos = self._rerank(qv, pos, kf, kc, exact)
             s, pos = s[:kf], pos[:kf]
             scores[i, :len(s)] = s
             out[i, :len(pos)] = pos
         return scores, out
 
-    def _rerank(self, qv: np.ndarray, s: np.ndarray, pos: np.ndarray, kf: int, kc: int, exact: int):
+    def _rerank(self, qv: np.ndarray, pos: np.ndarray, kf: int, kc: int, exact: int):
         """The re-ranks of one query's candidates: by 4-bit rows where they cut the candidates to the best
         max(kf, exact) (all of them without stored vectors: their scores are then the answer), then by the full
         vectors."""
