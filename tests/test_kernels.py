@@ -213,3 +213,15 @@ def test_kernels_property(n_queries, n_hard, dim, n_pad, duplicates, bidirection
     kwargs = dict(scale=scale, column_ids=ids if duplicates else None, column_valid=valid,
                   bidirectional=bidirectional)
     check_against_reference(q, p, targets, kwargs, seed, rtol=1e-5, atol=5e-5, tiles=SMALL_TILES)
+
+
+@pytest.mark.parametrize("n_queries,n_hard,group", [(9, 1, 2), (19, 2, 8), (17, 0, 16)])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_kernels_grouped_softmax(n_queries, n_hard, group, bidirectional):
+    # group_size: each row sees only its group's columns; the kernels run group by group
+    seed = fresh_seed()
+    q, p, targets, ids, valid = make_batch(n_queries, n_hard, 37, seed, duplicates=True)
+    if n_hard:
+        valid[targets[1::3] + n_hard] = False  # a question with fewer hard negatives than asked
+    kwargs = dict(scale=2.3, column_ids=ids, column_valid=valid, bidirectional=bidirectional, group_size=group)
+    check_against_reference(q, p, targets, kwargs, seed, rtol=1e-5, atol=2e-5, tiles=SMALL_TILES)

@@ -231,6 +231,96 @@ def test_module_wraps_the_function():
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Softmax groups (group_size): fewer negatives at the same batch
+# --------------------------------------------------------------------------------------------------------------
+
+def grouped_batch(n_queries, n_hard, dim, seed, dtype=torch.float64):
+    """The training layout with no trailing padding (groups need N = B·g) but a few padded hard-negative slots, as
+    a question with fewer negatives than asked leaves them."""
+    q, p, targets, ids, valid = make_batch(n_queries, n_hard, dim, seed, dtype=dtype, duplicates=True)
+    if n_hard:
+        valid[targets[1::3] + n_hard] = False
+    return q, p, targets, ids, valid
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_groups_score_each_row_against_its_group_only(backend, bidirectional):
+    seed = fresh_seed()
+    n, h, group, scale = 11, 2, 4, 1.6
+    q, p, targets, ids, valid = grouped_batch(n, h, 7, seed)
+    got = inbatch_nll(q, p, targets, scale=scale, column_ids=ids, column_valid=valid, bidirectional=bidirectional,
+                      reduction="none", group_size=group, backend=backend)
+    slots = 1 + h
+    for i in range(n):
+        members = [k for k in range(n) if k // group == i // group]
+        y = int(targets[i])
+        kept = [j for j in range(members[0] * slots, (members[-1] + 1) * slots)
+                if valid[j] and (j == y or ids[j] != ids[y])]
+        scores = scale * p[kept] @ q[i]
+        want = torch.logsumexp(scores, 0) - scores[kept.index(y)]
+        if bidirectional:
+            others = [k for k in members if k == i or ids[targets[k]] != ids[y]]
+            rev = scale * q[others] @ p[y]
+            want = 0.5 * (want + torch.logsumexp(rev, 0) - rev[others.index(i)])
+        assert float(got[i]) == pytest.approx(float(want), rel=1e-12), f"row {i}, seed {seed}"
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_groups_of_one_without_hard_negatives_leave_only_the_positive(backend):
+    q, p, targets, _, _ = make_batch(6, 0, 5, fresh_seed(), dtype=torch.float64)
+    losses = inbatch_nll(q, p, targets, group_size=1, reduction="none", backend=backend)
+    torch.testing.assert_close(losses, torch.zeros_like(losses), rtol=0, atol=1e-14)  # logsumexp of one score
+
+
+@pytest.mark.parametrize("n_queries,n_hard,group", [(1, 0, 1), (9, 1, 2), (13, 3, 5), (16, 1, 16), (16, 1, 40),
+                                                    (31, 2, 8)])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_grouped_fallback_matches_grouped_reference(n_queries, n_hard, group, bidirectional):
+    seed = fresh_seed()
+    q, p, targets, ids, valid = grouped_batch(n_queries, n_hard, 19, seed, dtype=torch.float32)
+    kwargs = dict(scale=3.1, column_ids=ids, column_valid=valid, bidirectional=bidirectional, group_size=group)
+    assert_matches_reference(q, p, targets, kwargs, seed, backend="torch", chunk_rows=3)
+
+
+def test_grouped_fallback_gradcheck_float64():
+    seed = fresh_seed()
+    q, p, targets, ids, valid = grouped_batch(7, 1, 3, seed)
+    q.requires_grad_()
+    p.requires_grad_()
+
+    def loss(q_, p_):
+        return inbatch_nll(q_, p_, targets, scale=1.3, column_ids=ids, column_valid=valid, bidirectional=True,
+                           reduction="none", backend="torch", group_size=3)
+
+    assert torch.autograd.gradcheck(loss, (q, p), eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+def test_group_as_large_as_the_batch_is_the_plain_loss():
+    seed = fresh_seed()
+    q, p, targets, ids, valid = grouped_batch(10, 1, 6, seed)
+    plain = inbatch_nll(q, p, targets, column_ids=ids, column_valid=valid, backend="torch")
+    for group in (10, 11, 10_000):
+        assert float(inbatch_nll(q, p, targets, column_ids=ids, column_valid=valid, backend="torch",
+                                 group_size=group)) == float(plain)
+    # and a smaller group removes negatives: the loss can only fall
+    assert float(inbatch_nll(q, p, targets, column_ids=ids, column_valid=valid, backend="torch",
+                             group_size=2)) < float(plain)
+
+
+@pytest.mark.parametrize("group,p_rows,targets,message", [
+    (0, 4, [0, 2], "group_size must be a positive integer"),
+    (True, 4, [0, 2], "group_size must be a positive integer"),
+    (1.5, 4, [0, 2], "group_size must be a positive integer"),
+    (1, 5, [0, 2], "same number of columns per query row"),
+    (1, 4, [0, 1], r"positive of query row 1 \(column 1\) lies outside its group"),
+])
+def test_bad_group_size_is_named(group, p_rows, targets, message):
+    with pytest.raises(ValueError, match=message):
+        inbatch_nll(torch.randn(2, 3), torch.randn(p_rows, 3), torch.tensor(targets), group_size=group)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Argument checks and dispatch
 # --------------------------------------------------------------------------------------------------------------
 

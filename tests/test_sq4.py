@@ -209,14 +209,15 @@ def test_bad_sq_settings_are_refused(data):
         index._impl.sq = 0  # the index holds rows
 
 
-def test_the_numpy_reader_refuses_a_file_with_4bit_rows(tmp_path, data):
+def test_the_numpy_reader_reads_a_file_with_4bit_rows(tmp_path, data):
     from fastdpr.index import fileformat
     from fastdpr.index.ivfpq import NumpyIVFPQ
 
     x, _, _ = data
     index = build_index(x[:1000], "ivfpq,nlist=4,m=24,fp16,sq=4,niter=2,pq_niter=2")  # 8-bit codes
     path = index.save(tmp_path / "sq.fdpr")
-    with pytest.raises(InputError, match="sq=4"):
-        NumpyIVFPQ.read_sections(fileformat.PyReader(path))
-    with pytest.raises(InputError, match="sq=4"):
-        NumpyIVFPQ.from_compiled(index._impl)
+    for twin in (NumpyIVFPQ.read_sections(fileformat.PyReader(path)), NumpyIVFPQ.from_compiled(index._impl)):
+        assert twin.sq == 4
+        np.testing.assert_array_equal(twin.sq_rows(), index._impl.sq_rows())
+        for a, b in zip(twin.sq_ranges(), index._impl.sq_ranges()):
+            np.testing.assert_array_equal(a, b)

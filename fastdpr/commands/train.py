@@ -68,7 +68,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--chunk-size", type=int, default=32, help="texts per encoder call with --grad-cache")
     train.add_argument("--gradient-checkpointing", action="store_true")
     train.add_argument("--bidirectional", action="store_true", help="add the passage-to-question loss (GTR)")
+    train.add_argument("--group-size", type=int, default=0, metavar="G",
+                       help="score each question only against the passages of its group of G questions "
+                            "(fewer negatives at the same batch, for ablations; 0: the whole batch)")
     train.add_argument("--sample-positive", action="store_true", help="sample the positive (default: the first)")
+    train.add_argument("--freeze-passages", action="store_true",
+                       help="train the question tower only (a shared tower is untied): vectors and indexes made "
+                            "with the starting model stay valid")
+    train.add_argument("--negatives-from", metavar="VECTORS_DIR",
+                       help="with --freeze-passages: the starting model's `fastdpr encode` output, whose passages "
+                            "every question also meets as negatives")
+    train.add_argument("--pool-negatives", type=int, default=0, metavar="K",
+                       help="with --negatives-from: each question's K best pool passages (their union over the "
+                            "batch) instead of the whole pool (0)")
     train.add_argument("--loss-backend", choices=["auto", "triton", "torch", "reference"], default="auto")
     train.add_argument("--seed", type=int, default=12345)
     train.add_argument("--skip-bad", action="store_true", help="skip malformed training records (counted)")
@@ -123,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
         epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, warmup_steps=args.warmup,
         weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, precision=args.precision,
         grad_cache=args.grad_cache, chunk_size=args.chunk_size, gradient_checkpointing=args.gradient_checkpointing,
-        bidirectional=args.bidirectional, loss_backend=args.loss_backend, sample_positive=args.sample_positive,
+        bidirectional=args.bidirectional, group_size=args.group_size, freeze_passages=args.freeze_passages,
+        negatives_from=args.negatives_from, pool_negatives=args.pool_negatives, loss_backend=args.loss_backend, sample_positive=args.sample_positive,
         seed=args.seed, logging_steps=args.logging_steps, eval_steps=args.eval_steps, save_steps=args.save_steps,
         save_total_limit=args.keep_checkpoints, best_metric=args.best_metric, device=args.device,
         show_progress=not args.no_progress, interpolate=args.interpolate,

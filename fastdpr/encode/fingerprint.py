@@ -7,12 +7,18 @@ import json
 import numpy as np
 
 
+#: the settings that change a passage's vector (sharing a tower, the temperature or the question length do not:
+#: a model whose question tower was fine-tuned against frozen passages keeps its corpus vectors)
+PASSAGE_SETTINGS = ("pooling", "similarity", "projection_dim", "max_passage_length", "pair_token_types", "lowercase")
+
+
 def model_fingerprint(model) -> str:
-    """A short hash of the passage tower's weights and the model config: vectors from different weights must never
-    be mixed in one directory."""
+    """A short hash of the passage tower's weights and the settings that shape its vectors: vectors from different
+    weights must never be mixed in one directory."""
     import torch
 
-    h = hashlib.sha256(json.dumps(model.config.to_dict(), sort_keys=True).encode())
+    settings = model.config.to_dict()
+    h = hashlib.sha256(json.dumps({k: settings[k] for k in PASSAGE_SETTINGS}, sort_keys=True).encode())
     with torch.no_grad():
         modules = [model.passage_encoder] + ([model.passage_projection] if model.passage_projection is not None
                                              else [])

@@ -25,7 +25,7 @@ Example::
     index = build_index(vectors, "ivfpq,nlist=1024,m=48,store=fp16")
     scores, ids = index.search(queries, k=100, nprobe=32, rerank=400)
 
-4-bit codes (``nbits=4``, compiled backend only): 16 codewords per sub-space, stored in blocks of 32 vectors and
+4-bit codes (``nbits=4``): 16 codewords per sub-space, stored in blocks of 32 vectors and
 scored with uint8 tables inside SIMD registers (csrc/pq4.h); the best ``rerank`` candidates are then re-scored
 exactly from the stored vectors. ``aniso=T`` (0 < T < 1) trains the codebooks for the score-aware (anisotropic) loss
 of ScaNN's paper (fastdpr/index/pq4.py) and chooses codes for the same loss. It is off by default because, with an
@@ -43,7 +43,7 @@ residuals); ``spread=0`` (the default) is plain <q, c>. At 1M x 768 with 2,048 l
 query's top-100 inside the first 256 lists against 0.958 (benchmarks/results/ann_probe_study.md). The sums behind
 s_l are kept per list and saved; files written before them probe by <q, c> whatever the spread.
 
-4-bit rows (``sq=4``, compiled backend): every vector is also kept as a d/2-byte scalar-quantized row (csrc/sq4.h),
+4-bit rows (``sq=4``): every vector is also kept as a d/2-byte scalar-quantized row (csrc/sq4.h),
 in the file and memory-mapped with the full vectors. A search ranks its ``rerank`` candidates by those rows first
 and reads the full vectors of only the best ``exact`` (``"auto"``: 3 k; 0: all of them, the rows unused); without
 stored vectors the 4-bit scores are the answer. A 4-bit row is a quarter of an fp16 row's bytes, but scattered
@@ -75,7 +75,9 @@ index's setting.
 
 The compiled backend (``fastdpr._C.IVFPQ``) and the numpy backend here give the same codes and scores from the
 same trained state and read and write the same file; ``FASTDPR_NO_NATIVE=1`` (or ``force_fallback``) makes
-``backend=auto`` pick numpy.
+``backend=auto`` pick numpy. That holds for 4-bit codes and 4-bit rows too (fastdpr/index/numpy_pq4.py): numpy
+reads, searches and writes them with the compiled answers (scores to float rounding, ties by id), but training
+and adding to such an index need the compiled core.
 """
 from __future__ import annotations
 
@@ -85,6 +87,7 @@ from typing import Any
 import numpy as np
 
 from fastdpr.errors import InputError, MissingDependency
+from fastdpr.index import numpy_pq4
 from fastdpr.index._native import fallback_forced, native
 from fastdpr.index.base import Index, check_matrix, check_storage_flags, take_params
 from fastdpr.index.rows import check_finite_section
@@ -298,7 +301,7 @@ class IVFPQIndex(Index):
                    "is not used with backend=numpy" if self.backend == "numpy" else
                    "is not available (reinstall fastdpr with a C++ compiler, or use backend=numpy)")
             what = ("backend=compiled" if self.backend == "compiled" else
-                    "nbits=4 (fast-scan codes, compiled only)" if self.nbits == 4 else "sq=4 (compiled only)")
+                    "building nbits=4 (fast-scan codes)" if self.nbits == 4 else "building sq=4 (4-bit rows)")
             raise MissingDependency(f"ivfpq: {what}, but the compiled extension fastdpr._C {why}")
         return C
 
@@ -476,10 +479,14 @@ class IVFPQIndex(Index):
             reader.fail(f"spread must be a number in [0, {MAX_SPREAD:g}]")
         if store == "none" and rerank != RERANK_AUTO and rerank > 0:
             rerank = 0
-        index = cls(impl.dim, nlist=impl.nlist, m=impl.m, nbits=impl.nbits, store=store, nprobe=nprobe, rerank=rerank,
-                    assign="ip" if impl.assign_by_ip else "l2", spread=spread, exact=exact,
-                    sq=0 if isinstance(impl, NumpyIVFPQ) else impl.sq,
-                    backend="numpy" if isinstance(impl, NumpyIVFPQ) else "compiled")
+        compiled = not isinstance(impl, NumpyIVFPQ)
+        # without the compiled core the constructor refuses to build 4-bit codes or rows; a read index is not
+        # built, so the numpy one is made with 8-bit settings and then takes the file's
+        index = cls(impl.dim, nlist=impl.nlist if compiled else 0, m=impl.m, nbits=impl.nbits if compiled else 8,
+                    store=store, nprobe=nprobe, rerank=rerank, assign="ip" if impl.assign_by_ip else "l2",
+                    spread=spread, exact=exact, sq=impl.sq if compiled else 0,
+                    backend="compiled" if compiled else "numpy")
+        index.nlist, index.nbits, index.sq = impl.nlist, impl.nbits, impl.sq
         index._impl = impl
         return index
 
@@ -494,19 +501,25 @@ def _top(scores: np.ndarray, ids: np.ndarray, k: int) -> np.ndarray:
 
 
 class NumpyIVFPQ:
-    """Pure-numpy IVF-PQ with the compiled class's interface (used when ``fastdpr._C`` is absent)."""
+    """Pure-numpy IVF-PQ with the compiled class's interface (used when ``fastdpr._C`` is absent). Indexes with
+    4-bit codes or 4-bit rows are read, searched and written here (fastdpr/index/numpy_pq4.py) but built by the
+    compiled core only."""
 
     def __init__(self, dim: int, nlist: int, m: int, nbits: int = 8, store: str = "none", assign_by_ip: bool = False):
         if dim < 1 or nlist < 1 or m < 1 or dim % m:
             raise InputError(f"ivfpq: bad shape dim={dim}, nlist={nlist}, m={m} (m must divide dim)")
-        if nbits != 8:
-            raise InputError("ivfpq: only 8-bit codes are supported")
+        if nbits not in NBITS:
+            raise InputError(f"ivfpq: nbits={nbits} is not supported; codes are 8-bit or 4-bit")
         self.dim, self.nlist, self.m, self.dsub = dim, nlist, m, dim // m
-        self.nbits, self.store, self.assign_by_ip = 8, store, assign_by_ip
+        self.nbits, self.ksub, self.store, self.assign_by_ip = nbits, 2 ** nbits, store, assign_by_ip
+        self.aniso_eta = 1.0  # 4-bit: how the stored codes were chosen (kept for the file)
+        self.sq = 0  # 4: 4-bit rows, set by a reader or from_compiled
+        self._sq_ranges: tuple[np.ndarray, np.ndarray] | None = None  # (lo, step) of the 4-bit rows
+        self._sq_rows = np.empty((0, numpy_pq4.row_bytes(dim)), np.uint8)
         self.vectors_mapped = False
         self._centroids: np.ndarray | None = None
         self._codebooks: np.ndarray | None = None
-        self._codes = [np.empty((0, m), np.uint8) for _ in range(nlist)]
+        self._codes = [np.empty((0, m), np.uint8) for _ in range(nlist)]  # unpacked, whatever nbits
         self._pos = [np.empty(0, np.int64) for _ in range(nlist)]
         self._sq = np.zeros(nlist, np.float64)  # per list: sum of ||x - c||^2 over its members
         self._vectors = np.empty((0, dim), {"none": np.float32, "fp16": np.float16, "fp32": np.float32}[store])
@@ -515,11 +528,15 @@ class NumpyIVFPQ:
     @classmethod
     def from_compiled(cls, impl) -> "NumpyIVFPQ":
         """A numpy copy of a compiled index's state (for writing through a pure-Python file writer)."""
-        if getattr(impl, "sq", 0):
-            raise InputError("ivfpq: an index with 4-bit rows (sq=4) is written by the compiled writer only")
-        out = cls(impl.dim, impl.nlist, impl.m, 8, impl.store, impl.assign_by_ip)
+        out = cls(impl.dim, impl.nlist, impl.m, impl.nbits, impl.store, impl.assign_by_ip)
         if impl.is_trained:
             out.set_trained(impl.centroids(), impl.codebooks())
+        if impl.nbits == 4:
+            out.aniso_eta = float(impl.aniso_eta)
+        out.sq = int(impl.sq)
+        if out.sq and impl.sq_ranges() is not None:
+            out._sq_ranges = impl.sq_ranges()
+            out._sq_rows = impl.sq_rows()
         out._codes = [impl.list_codes(ln) for ln in range(impl.nlist)]
         out._pos = [impl.list_positions(ln) for ln in range(impl.nlist)]
         out._sq = np.array([impl.list_residual_sq(ln) for ln in range(impl.nlist)], np.float64)
@@ -539,11 +556,12 @@ class NumpyIVFPQ:
     def memory_bytes(self) -> int:
         vb = {"none": 0, "fp16": 2, "fp32": 4}[self.store] * self.dim
         trained = 0 if self._centroids is None else 4 * (self._centroids.size + self._codebooks.size)
-        return self._n * (self.m + 8 + vb) + trained + self._sq.nbytes
+        return self._n * (self.m + 8 + vb) + trained + self._sq.nbytes + self._sq_rows.nbytes
 
     def train(self, x: np.ndarray, niter: int = 20, pq_niter: int = 20, seed: int = 1234,
               max_points_per_centroid: int = 64, pq_max_points_per_centroid: int = 256,
               spherical: bool = False, balance: float = 0.0) -> None:
+        numpy_pq4.refuse_build(self.nbits, self.sq, "training")
         n = x.shape[0]
         if n < self.nlist or n < KSUB:
             raise InputError(f"ivfpq: training needs at least max(nlist={self.nlist}, 256) vectors, got {n}")
@@ -560,7 +578,7 @@ class NumpyIVFPQ:
         if self._n:
             raise InputError("ivfpq: cannot replace the trained state of an index holding vectors")
         self._centroids = np.ascontiguousarray(centroids, dtype=np.float32).reshape(self.nlist, self.dim)
-        self._codebooks = np.ascontiguousarray(codebooks, dtype=np.float32).reshape(self.m, KSUB, self.dsub)
+        self._codebooks = np.ascontiguousarray(codebooks, dtype=np.float32).reshape(self.m, self.ksub, self.dsub)
 
     def centroids(self) -> np.ndarray:
         return self._centroids.copy()
@@ -580,6 +598,13 @@ class NumpyIVFPQ:
     def list_residual_sq(self, ln: int) -> float:
         return float(self._sq[ln])
 
+    def sq_rows(self) -> np.ndarray | None:
+        """(n, ceil(dim / 2)) 4-bit rows, or None (the compiled class's accessor)."""
+        return self._sq_rows if self.sq and self._sq_ranges is not None else None
+
+    def sq_ranges(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return self._sq_ranges
+
     def list_spread(self, ln: int) -> float:
         """s_l of the spread-aware probe order (csrc/ivfpq.h list_spread)."""
         n = len(self._pos[ln])
@@ -588,6 +613,8 @@ class NumpyIVFPQ:
     def encode(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not self.is_trained:
             raise InputError("ivfpq: the index is not trained; call train() before encode()")
+        if self.nbits == 4 and self.aniso_eta != 1.0:  # codes chosen for the anisotropic loss: csrc/ivfpq.cpp
+            numpy_pq4.refuse_build(self.nbits, self.sq, "encoding vectors for")
         lists = nearest(x, self._centroids, self.assign_by_ip)
         resid = x - self._centroids[lists]
         codes = np.empty((x.shape[0], self.m), np.uint8)
@@ -599,6 +626,7 @@ class NumpyIVFPQ:
     def add(self, x: np.ndarray) -> None:
         if not self.is_trained:
             raise InputError("ivfpq: the index is not trained; call train() before add()")
+        numpy_pq4.refuse_build(self.nbits, self.sq, "adding vectors to")
         lists, codes = self.encode(x)
         resid = x.astype(np.float64) - self._centroids[lists]
         np.add.at(self._sq, lists, np.einsum("ij,ij->i", resid, resid))
@@ -614,20 +642,23 @@ class NumpyIVFPQ:
         self._n += x.shape[0]
 
     def search(self, q: np.ndarray, k: int, nprobe: int = 16, rerank: int = 0, threads: int = 0,
-               spread: float = 0.0):
+               spread: float = 0.0, exact: int = 0):
+        """csrc/ivfpq.h search: the same candidates, re-ranks and order (ties by position)."""
         if not self.is_trained:
             raise InputError("ivfpq: the index is not trained; call train() before search()")
-        if rerank > 0 and self.store == "none":
-            raise InputError("ivfpq: rerank needs the full vectors (store=fp16 or fp32)")
+        if rerank > 0 and self.store == "none" and not self.sq:
+            raise InputError("ivfpq: rerank needs the full vectors (store=fp16 or fp32) or 4-bit rows (sq=4)")
         # queries of extreme magnitude searched scaled, their scores scaled back (as csrc/ivfpq.cpp does)
         exps = np.array([magnitude_exponent(qv) for qv in q], np.int64)
         if exps.any():
             scores, out = self.search(np.ldexp(q, -exps[:, None]).astype(np.float32), k, nprobe, rerank, threads,
-                                      spread)
+                                      spread, exact)
             with np.errstate(over="ignore"):  # a score beyond float32 is Inf, as in the compiled search
                 return np.ldexp(scores, exps[:, None]).astype(np.float32), out
         nprobe = min(nprobe, self.nlist)
-        kc = max(k, rerank) if rerank > 0 else k
+        # candidates beyond the index size cannot exist: k and rerank beyond it only pad the output
+        kf = min(k, self._n)
+        kc = min(max(k, rerank), self._n) if rerank > 0 else kf
         scores = np.full((q.shape[0], k), -np.inf, dtype=np.float32)
         out = np.full((q.shape[0], k), -1, dtype=np.int64)
         coarse = q @ self._centroids.T
@@ -639,39 +670,75 @@ class NumpyIVFPQ:
             if spread > 0:
                 order = coarse[i] + np.sqrt(np.float32(qv @ qv)) * spreads
             probe = _top(order, list_ids, nprobe)
-            lut = np.einsum("jcd,jd->jc", self._codebooks, qv.reshape(self.m, self.dsub))
+            probe = probe[[len(self._pos[ln]) > 0 for ln in probe]]
+            if not len(probe):
+                continue
             codes = np.concatenate([self._codes[ln] for ln in probe])
             pos = np.concatenate([self._pos[ln] for ln in probe])
-            # the same float32 accumulation order as the compiled scan: list score first, then j = 0..m-1
-            s = np.repeat(coarse[i, probe], [self._codes[ln].shape[0] for ln in probe]).astype(np.float32)
-            for j in range(self.m):
-                s += lut[j, codes[:, j]]
+            list_score = np.repeat(coarse[i, probe], [len(self._pos[ln]) for ln in probe]).astype(np.float32)
+            if self.nbits == 4:
+                table, bias, delta = numpy_pq4.quantize_tables(numpy_pq4.query_tables(qv[None], self._codebooks))
+                s = numpy_pq4.code_scores(list_score, bias[0], delta[0], numpy_pq4.scan(codes, table[0]))
+                live = ~np.isnan(s)  # a non-finite table scores nothing
+                s, pos = s[live], pos[live]
+            else:
+                # the same float32 accumulation order as the compiled scan: list score first, then j = 0..m-1
+                lut = np.einsum("jcd,jd->jc", self._codebooks, qv.reshape(self.m, self.dsub))
+                s = list_score
+                for j in range(self.m):
+                    s += lut[j, codes[:, j]]
             best = _top(s, pos, kc)
             s, pos = s[best], pos[best]
             if rerank > 0:
-                s = self._vectors[pos].astype(np.float32) @ qv
-                best = _top(s, pos, k)
-                s, pos = s[best], pos[best]
+                s, pos = self._rerank(qv, pos, kf, kc, exact)
+            s, pos = s[:kf], pos[:kf]
             scores[i, :len(s)] = s
             out[i, :len(pos)] = pos
         return scores, out
 
+    def _rerank(self, qv: np.ndarray, pos: np.ndarray, kf: int, kc: int, exact: int):
+        """The re-ranks of one query's candidates: by 4-bit rows where they cut the candidates to the best
+        max(kf, exact) (all of them without stored vectors: their scores are then the answer), then by the full
+        vectors."""
+        if self.sq and (self.store == "none" or exact > 0):
+            keep = kf if self.store == "none" else min(max(kf, exact), kc)
+            if self.store == "none" or len(pos) > keep:
+                lo, step = self._sq_ranges
+                s = numpy_pq4.row_scores(qv, self._sq_rows[pos], lo, step)
+                best = _top(s, pos, keep)
+                s, pos = s[best], pos[best]
+                if self.store == "none":
+                    return s, pos
+        s = self._vectors[pos].astype(np.float32) @ qv
+        best = _top(s, pos, kf)
+        return s[best], pos[best]
+
     # -- the file sections csrc/ivfpq.cpp writes and reads -------------------------------------------------------
     def write_sections(self, writer) -> None:
-        for key, value in (("dim", self.dim), ("nlist", self.nlist), ("m", self.m), ("nbits", 8),
-                           ("storage", STORE_CODES[self.store]), ("assign_by_ip", int(self.assign_by_ip)),
-                           ("trained", int(self.is_trained)), ("ntotal", self._n)):
+        # the compiled writer's order of metadata and sections (csrc/ivfpq.cpp save), so the files are the same
+        meta: list[tuple[str, Any]] = [("dim", self.dim), ("nlist", self.nlist), ("m", self.m),
+                                       ("nbits", self.nbits)]
+        if self.nbits == 4:
+            meta.append(("aniso_eta", "%.17g" % self.aniso_eta))  # the compiled writer's text for a float
+        meta.append(("storage", STORE_CODES[self.store]))
+        if self.sq:
+            meta.append(("sq_bits", self.sq))
+        meta += [("assign_by_ip", int(self.assign_by_ip)), ("trained", int(self.is_trained)), ("ntotal", self._n)]
+        for key, value in meta:
             writer.meta(key, value)
         if self.is_trained:
             writer.add("centroids", self._centroids)
             writer.add("codebooks", self._codebooks)
         offsets = np.concatenate([[0], np.cumsum([len(p) for p in self._pos])]).astype(np.int64)
         writer.add("list_offsets", offsets)
-        writer.add("codes", np.concatenate(self._codes).astype(np.uint8))
+        writer.add("codes", numpy_pq4.pack_lists(self._codes, self.m) if self.nbits == 4 else
+                   np.concatenate(self._codes).astype(np.uint8))
         writer.add("list_pos", np.concatenate(self._pos).astype(np.int64))
         writer.add("list_resid_sq", self._sq)
         if self.store != "none":
             writer.add("vectors", np.ascontiguousarray(self._vectors))
+        if self.sq and self._sq_ranges is not None:
+            numpy_pq4.write_rows(writer, self._sq_ranges, self._sq_rows)
 
     @classmethod
     def read_sections(cls, reader, mmap: bool = False) -> "NumpyIVFPQ":
@@ -682,10 +749,7 @@ class NumpyIVFPQ:
         m = reader.meta_int("m", 1, d)
         if d % m:
             reader.fail("m does not divide dim")
-        if reader.meta_int("nbits", 4, 8) != 8:
-            reader.fail("it holds 4-bit codes, which need the compiled extension fastdpr._C")
-        if reader.has_meta("sq_bits"):
-            reader.fail("it holds 4-bit rows (sq=4), which need the compiled extension fastdpr._C")
+        nbits, eta = numpy_pq4.read_code_settings(reader, m, MAX_M4)
         store = {v: k for k, v in STORE_CODES.items()}[reader.meta_int("storage", 0, 2)]
         by_ip = reader.meta_int("assign_by_ip", 0, 1) == 1
         trained = reader.meta_int("trained", 0, 1) == 1
@@ -695,22 +759,33 @@ class NumpyIVFPQ:
         # every section's size is checked against the metadata before anything is allocated from it
         if trained:
             centroids = reader.array("centroids", np.float32, nlist * d)
-            codebooks = reader.array("codebooks", np.float32, m * KSUB * (d // m))
+            codebooks = reader.array("codebooks", np.float32, m * 2 ** nbits * (d // m))
             check_finite_section(reader, "centroids", centroids)
             check_finite_section(reader, "codebooks", codebooks)
         off = reader.array("list_offsets", np.int64, nlist + 1)
         if off[0] != 0 or off[-1] != n or (np.diff(off) < 0).any():
             reader.fail("list offsets do not cover the vectors")
-        codes = reader.array("codes", np.uint8, n * m).reshape(n, m)
+        if nbits == 4:
+            codes4 = numpy_pq4.read_codes(reader, np.diff(off), m)
+        else:
+            codes = reader.array("codes", np.uint8, n * m).reshape(n, m)
         pos = reader.array("list_pos", np.int64, n)
         if n and (pos.min() < 0 or pos.max() >= n):
             reader.fail("list position out of range")
         if n and np.bincount(pos, minlength=n).max() != 1:
             reader.fail("list positions repeat a vector")
-        out = cls(d, nlist, m, 8, store, by_ip)
+        sq_bits, sq_ranges, sq_rows = numpy_pq4.read_rows(reader, d, n)
+        out = cls(d, nlist, m, nbits, store, by_ip)
         if trained:
             out.set_trained(centroids, codebooks)
-        out._codes = [np.array(codes[off[ln]:off[ln + 1]]) for ln in range(nlist)]
+        out.aniso_eta, out.sq, out._sq_ranges = eta, sq_bits, sq_ranges
+        if sq_ranges is not None:
+            out._sq_rows = sq_rows if mmap else np.array(sq_rows)
+            out.vectors_mapped = bool(mmap) and sq_rows.size > 0
+        if nbits == 4:
+            out._codes = codes4
+        else:
+            out._codes = [np.array(codes[off[ln]:off[ln + 1]]) for ln in range(nlist)]
         out._pos = [np.array(pos[off[ln]:off[ln + 1]]) for ln in range(nlist)]
         out._n = n
         if reader.has("list_resid_sq"):  # absent from files written before the spreads were kept

@@ -95,11 +95,11 @@ def chunked_lse(q, p, targets, row_ids, column_ids, column_valid, scale: float, 
 
 
 def inbatch_nll_reference(q, p, targets, scale=1.0, column_ids=None, column_valid=None, bidirectional=False,
-                          reduction="mean"):
+                          reduction="mean", group_size=None):
     """The loss written the obvious way: the full B×N score matrix in float64, autograd for the gradients.
 
     Memory is O(B·N); it exists to check the other implementations (same arguments and meaning as
-    :func:`fastdpr.kernels.inbatch_nll`).
+    :func:`fastdpr.kernels.inbatch_nll`).  Groups are a mask here (the other paths slice them out).
     """
     q64, p64 = q.to(torch.float64), p.to(torch.float64)
     n_rows, n_cols = q.shape[0], p.shape[0]
@@ -111,6 +111,11 @@ def inbatch_nll_reference(q, p, targets, scale=1.0, column_ids=None, column_vali
         keep &= column_valid[None, :]
     if column_ids is not None:
         keep &= ~((column_ids[None, :] == column_ids[targets][:, None]) & (cols[None, :] != targets[:, None]))
+    row_group = col_group = None
+    if group_size is not None:
+        row_group = rows // group_size
+        col_group = (cols // (n_cols // n_rows)) // group_size
+        keep &= row_group[:, None] == col_group[None, :]
     scores = scores.masked_fill(~keep, float("-inf"))
     losses = torch.logsumexp(scores, dim=1) - scores[rows, targets]
     if bidirectional:
@@ -120,6 +125,8 @@ def inbatch_nll_reference(q, p, targets, scale=1.0, column_ids=None, column_vali
             pos_ids = column_ids[targets]
             dup = (pos_ids[None, :] == pos_ids[:, None]) & (rows[None, :] != rows[:, None])
             reverse = reverse.masked_fill(dup, float("-inf"))
+        if row_group is not None:
+            reverse = reverse.masked_fill(row_group[None, :] != row_group[:, None], float("-inf"))
         losses = 0.5 * (losses + torch.logsumexp(reverse, dim=1) - reverse[rows, rows])
     return reduce_losses(losses, reduction)
 

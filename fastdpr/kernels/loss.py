@@ -208,10 +208,30 @@ def _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, c
     return chunked_lse(q, p, targets, row_ids, column_ids, column_valid, scale, chunk_rows)
 
 
+def _check_group_size(group_size, n_rows: int, n_cols: int, targets: torch.Tensor) -> int | None:
+    """None when every row sees every column; else the validated group size (rows per group)."""
+    if group_size is None:
+        return None
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive integer or None, got {group_size!r}")
+    if group_size >= n_rows:
+        return None
+    if n_cols % n_rows:
+        raise ValueError(f"group_size needs the same number of columns per query row (the training layout): "
+                         f"{n_cols} columns for {n_rows} rows")
+    slots = n_cols // n_rows
+    outside = (targets // slots) // group_size != torch.arange(n_rows, device=targets.device) // group_size
+    if bool(outside.any()):
+        row = int(outside.nonzero()[0])
+        raise ValueError(f"group_size={group_size}: the positive of query row {row} (column {int(targets[row])}) "
+                         f"lies outside its group's columns")
+    return group_size
+
+
 def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: float = 1.0,
                 column_ids: torch.Tensor | None = None, column_valid: torch.Tensor | None = None,
                 bidirectional: bool = False, reduction: str = "mean", backend: str = "auto", *,
-                tiles: dict | None = None, chunk_rows: int | None = None,
+                group_size: int | None = None, tiles: dict | None = None, chunk_rows: int | None = None,
                 chunk_size: int | None = None) -> torch.Tensor:
     """In-batch softmax cross-entropy of queries against all passages of the batch, without the B×N matrix.
 
@@ -223,6 +243,12 @@ def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: 
       column — by dedup, another query's positive or hard negative — is a false negative, not a negative).
 
     The positive column itself is never excluded (padding a positive is an error).
+
+    ``group_size=G`` splits the softmax into groups (for ablations of the number of negatives at a fixed batch):
+    with ``g = N / B`` columns per query row (the training layout), rows ``[kG, (k+1)G)`` are scored only against
+    columns ``[kGg, (k+1)Gg)``, so each query sees ``G − 1`` in-batch negatives plus the group's hard negatives;
+    the bidirectional term likewise scores a positive only against its group's queries.  ``None`` (or ``G ≥ B``)
+    is the whole batch.  The groups run one after another through the chosen backend, so no kernel changes.
 
     ``bidirectional=True`` adds the passages → queries direction (as in GTR): the positive passage of query i is
     scored against every query, ``R_ik = scale·p_{y_i}·q_k``, with query k ≠ i excluded when
@@ -236,6 +262,7 @@ def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: 
             differentiated.
         column_ids: (N,) integer passage ids, for the false-negative mask.  column_valid: (N,) bool, False = padding.
         reduction: "mean" (over the B rows), "sum", or "none" (the (B,) vector).
+        group_size: query rows per softmax group (None: the whole batch), see above.
         backend: "auto" (Triton on CUDA; the Triton interpreter on CPU when TRITON_INTERPRET=1; the chunked
             PyTorch fallback otherwise, and always for float64), or force "triton", "torch", "reference".
         tiles: Triton tile sizes ``{"BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DO"}`` (powers of two ≥ 16, optional
@@ -260,11 +287,31 @@ def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: 
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     targets, scale, column_ids, column_valid = _check_inputs(q, p, targets, scale, column_ids, column_valid)
+    group_size = _check_group_size(group_size, q.shape[0], p.shape[0], targets)
     chunk_rows = _renamed_chunk_rows(chunk_rows, chunk_size)
     impl = resolve_backend(backend, q)
     if impl == "reference":
-        return inbatch_nll_reference(q, p, targets, scale, column_ids, column_valid, bidirectional, reduction)
+        return inbatch_nll_reference(q, p, targets, scale, column_ids, column_valid, bidirectional, reduction,
+                                     group_size=group_size)
+    if group_size is None:
+        losses = _row_losses(impl, q, p, targets, scale, column_ids, column_valid, bidirectional, tiles, chunk_rows)
+    else:
+        # a group is a contiguous block of rows and of columns: slicing it out gives exactly the masked loss
+        slots = p.shape[0] // q.shape[0]
+        parts = []
+        for lo in range(0, q.shape[0], group_size):
+            hi = min(lo + group_size, q.shape[0])
+            cols = slice(lo * slots, hi * slots)
+            parts.append(_row_losses(
+                impl, q[lo:hi], p[cols], targets[lo:hi] - lo * slots, scale,
+                None if column_ids is None else column_ids[cols],
+                None if column_valid is None else column_valid[cols], bidirectional, tiles, chunk_rows))
+        losses = torch.cat(parts)
+    return reduce_losses(losses, reduction)
 
+
+def _row_losses(impl, q, p, targets, scale, column_ids, column_valid, bidirectional, tiles, chunk_rows):
+    """The (B,) per-row losses of one softmax over all of ``p``, by the "triton" or "torch" implementation."""
     acc = accumulation_dtype(q.dtype)
     positives = p.index_select(0, targets)
     pos_logit = scale * (q.to(acc) * positives.to(acc)).sum(dim=1)
@@ -275,10 +322,8 @@ def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: 
         # columns = queries, row i's positive is column i, and the column ids are the ids of each query's positive
         rows = torch.arange(q.shape[0], device=q.device)
         lse_rev = _lse(impl, positives, q, rows, row_ids, row_ids, None, scale, tiles, chunk_rows)
-        losses = 0.5 * (lse.to(acc) + lse_rev.to(acc)) - pos_logit
-    else:
-        losses = lse.to(acc) - pos_logit
-    return reduce_losses(losses, reduction)
+        return 0.5 * (lse.to(acc) + lse_rev.to(acc)) - pos_logit
+    return lse.to(acc) - pos_logit
 
 
 class InBatchNLLLoss(torch.nn.Module):
@@ -297,7 +342,7 @@ class InBatchNLLLoss(torch.nn.Module):
 
     def __init__(self, scale: float = 1.0, bidirectional: bool = False, reduction: str = "mean",
                  backend: str = "auto", tiles: dict | None = None, chunk_rows: int | None = None,
-                 chunk_size: int | None = None):
+                 chunk_size: int | None = None, group_size: int | None = None):
         super().__init__()
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
@@ -309,12 +354,13 @@ class InBatchNLLLoss(torch.nn.Module):
         self.backend = backend
         self.tiles = tiles
         self.chunk_rows = _renamed_chunk_rows(chunk_rows, chunk_size)
+        self.group_size = group_size
 
     def forward(self, q, p, targets, column_ids=None, column_valid=None):
         return inbatch_nll(q, p, targets, scale=self.scale, column_ids=column_ids, column_valid=column_valid,
                            bidirectional=self.bidirectional, reduction=self.reduction, backend=self.backend,
-                           tiles=self.tiles, chunk_rows=self.chunk_rows)
+                           group_size=self.group_size, tiles=self.tiles, chunk_rows=self.chunk_rows)
 
     def extra_repr(self) -> str:
         return f"scale={self.scale}, bidirectional={self.bidirectional}, reduction={self.reduction!r}, " \
-               f"backend={self.backend!r}"
+               f"backend={self.backend!r}, group_size={self.group_size}"

@@ -287,6 +287,21 @@ class BiEncoder(nn.Module):
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
+    def untie(self) -> "BiEncoder":
+        """Give the passage side its own copy of a shared tower (and projection), so that one side can train while
+        the other stays as it is; separate towers are left alone. Returns the model."""
+        if not self.config.shared:
+            return self
+        import copy
+        import dataclasses
+
+        self.passage_encoder = copy.deepcopy(self.question_encoder)
+        if self.question_projection is not None:
+            self.passage_projection = copy.deepcopy(self.question_projection)
+        self.config = dataclasses.replace(self.config, shared=False)
+        self._inference.clear()
+        return self
+
     # ------------------------------------------------------------------ properties
     @property
     def scale(self) -> float:

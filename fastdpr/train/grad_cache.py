@@ -102,13 +102,14 @@ class GradCacheStep:
                     p_reps.append(p)
         after_encoding = RandomState(self.cuda_devices)
 
-        # 2. loss and its gradient with respect to the representations
-        q_all = torch.cat(q_reps).requires_grad_(True)
-        p_all = torch.cat(p_reps).requires_grad_(True)
+        # 2. loss and its gradient with respect to the representations (a side without chunks, e.g. a frozen
+        # passage tower whose vectors the loss brings itself, is None)
+        q_all = torch.cat(q_reps).requires_grad_(True) if q_reps else None
+        p_all = torch.cat(p_reps).requires_grad_(True) if p_reps else None
         loss = loss_from_reps(q_all, p_all)
         backward(loss)
-        q_grads = q_all.grad.split([r.shape[0] for r in q_reps])
-        p_grads = p_all.grad.split([r.shape[0] for r in p_reps])
+        q_grads = q_all.grad.split([r.shape[0] for r in q_reps]) if q_reps else ()
+        p_grads = p_all.grad.split([r.shape[0] for r in p_reps]) if p_reps else ()
         del q_all, p_all, q_reps, p_reps
 
         # 3. re-encode chunk by chunk with the same random draws and push the cached gradients into the encoder

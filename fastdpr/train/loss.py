@@ -37,12 +37,14 @@ def batch_loss(
     scale: float,
     loss_fn: LossFn,
     bidirectional: bool = False,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     """Mean NLL over every question of the global batch, computed identically on every rank.
 
     ``local`` is this rank's shard of ``global_batch`` (the whole batch when not distributed). Vectors keep the
     encoder's precision: the fused loss accumulates scores and softmax in fp32 itself, so casting bf16/fp16 vectors
-    up first would only double their memory and, on a GPU, lose the tensor cores."""
+    up first would only double their memory and, on a GPU, lose the tensor cores. ``group_size`` (None: the whole
+    batch) is passed on only when set, so loss functions without that argument keep working."""
     device = q_local.device
     dtype = torch.promote_types(q_local.dtype, p_real_local.dtype)
     p_local = place_columns(p_real_local.to(dtype), local.passage_columns, local.n_columns)
@@ -61,4 +63,5 @@ def batch_loss(
         column_ids=global_batch.column_ids.to(device),
         column_valid=global_batch.column_valid.to(device),
         bidirectional=bidirectional,
+        **({} if group_size is None else {"group_size": group_size}),
     )

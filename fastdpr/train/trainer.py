@@ -68,6 +68,17 @@ class TrainingArguments:
     chunk_size: int = 32
     gradient_checkpointing: bool = False
     bidirectional: bool = False
+    # > 0: each question's softmax covers only its group of this many consecutive questions of the batch (their
+    # positives and hard negatives), the rest of the batch is not its negatives: the number of negatives can then
+    # be varied at a fixed batch, encoding and step count (benchmarks/negatives_bench.py). 0: the whole batch
+    group_size: int = 0
+    # query-side fine-tuning: the passage tower is frozen (a shared tower is untied first), so the vectors it
+    # encoded stay valid and the index needs no re-encoding; `negatives_from` (a `fastdpr encode` output of this
+    # model) adds that pool as negatives of every question: all of it (`pool_negatives` 0) or the union of each
+    # question's `pool_negatives` best by its current vector (fastdpr/train/pool.py)
+    freeze_passages: bool = False
+    negatives_from: str | None = None
+    pool_negatives: int = 0
     # < 1: every saved or validated model is start + interpolate·(trained − start), the trained weights averaged
     # with the starting ones (WiSE-FT, Wortsman et al., CVPR 2022): fine-tuning a pretrained retriever on a few
     # thousand questions keeps most of its gain on the new data and forgets much less of what it knew
@@ -98,6 +109,15 @@ class TrainingArguments:
         for name in ("batch_size", "epochs", "chunk_size", "logging_steps"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if int(self.group_size) < 0:
+            raise InputError(f"group_size must be >= 0 (0: the whole batch), got {self.group_size!r}")
+        if self.negatives_from and not self.freeze_passages:
+            raise InputError("negatives_from needs freeze_passages: the pool's vectors are only valid while the "
+                             "passage tower that encoded them stays as it is")
+        if int(self.pool_negatives) < 0:
+            raise InputError(f"pool_negatives must be >= 0 (0: the whole pool), got {self.pool_negatives!r}")
+        if self.negatives_from and self.group_size:
+            raise InputError("group_size and negatives_from cannot be combined: pool negatives belong to no group")
         if self.n_hard < 0 or self.n_random < 0:
             raise InputError("n_hard and n_random must be >= 0")
         if self.loss_backend not in ("auto", "triton", "torch", "reference"):
@@ -195,7 +215,19 @@ class Trainer:
             raise InputError(f"--batch-size {args.batch_size} must be divisible by the {self.world} ranks")
         if self.loss_fn is None:
             self.loss_fn = functools.partial(fused_inbatch_nll(), backend=args.loss_backend)
+        self.pool = None
+        if args.freeze_passages:
+            if self.world > 1:
+                raise InputError("freeze_passages is not supported under torchrun yet: train on one device")
+            self.model.untie()
+            for module in (self.model.passage_encoder, self.model.passage_projection):
+                for param in (module.parameters() if module is not None else ()):
+                    param.requires_grad_(False)
         self.model.to(self.device)
+        if args.negatives_from:
+            from fastdpr.train.pool import PassagePool
+
+            self.pool = PassagePool.load(args.negatives_from, self.model, self.device)
         if args.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         # BiEncoder.forward(q_tokens, p_tokens) -> (q, p) runs both towers in one call, so DDP (which hooks
@@ -304,7 +336,7 @@ class Trainer:
 
         def loss_from_reps(q, p):
             loss = batch_loss(q, p, local, batch, scale=scale, loss_fn=self.loss_fn,
-                              bidirectional=self.args.bidirectional)
+                              bidirectional=self.args.bidirectional, group_size=self.args.group_size or None)
             return loss * world_scale
 
         def backward(loss):
@@ -312,6 +344,8 @@ class Trainer:
 
         self.model.train()
         q_tokens, p_tokens = self._tokens(local)
+        if self.args.freeze_passages:
+            return self._question_side_step(local, batch, q_tokens, p_tokens, scale, backward)
         if self.args.grad_cache:
             c = self.args.chunk_size
             q_chunks = [trim_padding(t) for t in split_tokens(q_tokens, c)]
@@ -324,6 +358,36 @@ class Trainer:
             backward(loss)
             loss = loss.detach()
         return loss / world_scale
+
+    def _question_side_step(self, local: Batch, batch: Batch, q_tokens: dict, p_tokens: dict, scale: float,
+                            backward) -> torch.Tensor:
+        """A step with the passage tower frozen: the batch's passages are encoded once without a graph (in eval
+        mode, so exactly as the corpus was), the pool joins them as columns, and only questions get gradients."""
+        self.model.passage_encoder.eval()
+        chunk = self.args.chunk_size if self.args.grad_cache else max(1, p_tokens["input_ids"].shape[0])
+        with torch.no_grad(), self._autocast():
+            p_real = torch.cat([self.pair(None, trim_padding(t))[1] for t in split_tokens(p_tokens, chunk)])
+
+        def loss_from_reps(q, _p=None):
+            p = place_columns(p_real.to(q.dtype), local.passage_columns, local.n_columns)
+            ids, valid = batch.column_ids.to(q.device), batch.column_valid.to(q.device)
+            if self.pool is not None:
+                extra, keys = self.pool.columns(q, self.args.pool_negatives)
+                p = torch.cat([p, extra.to(q.dtype)])
+                ids = torch.cat([ids, keys])
+                valid = torch.cat([valid, torch.ones(keys.shape[0], dtype=torch.bool, device=q.device)])
+            kwargs = {"group_size": self.args.group_size} if self.args.group_size else {}
+            return self.loss_fn(q, p, batch.targets.to(q.device), scale=scale, column_ids=ids, column_valid=valid,
+                                bidirectional=self.args.bidirectional, **kwargs)
+
+        if self.args.grad_cache:
+            q_chunks = [trim_padding(t) for t in split_tokens(q_tokens, self.args.chunk_size)]
+            return self.grad_cache(q_chunks, [], loss_from_reps, backward)
+        with self._autocast():
+            q = self.encoder(q_tokens, None)[0]
+        loss = loss_from_reps(q)
+        backward(loss)
+        return loss.detach()
 
     def optimizer_step(self) -> float:
         self.scaler.unscale_(self.optimizer)
