@@ -2,7 +2,6 @@
 
 Bodies are read and checked here by hand (``fastdpr.serve.requests``) rather than through pydantic models, so
 that each refusal is one line naming the field and the configured limits apply."""
-from __future__ import annotations
 
 import asyncio
 import hmac
