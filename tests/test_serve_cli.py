@@ -48,15 +48,26 @@ def _args(tmp):
             "--threads", "1"]
 
 
-def test_serve_answers_as_search_does_and_sigterm_drains_then_exits_zero(files):
-    from fastdpr.commands.search import build_retriever
+def _parse(argv):
+    import argparse
+
     from fastdpr.commands.serve import add_arguments
 
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.slow
+def test_serve_answers_as_search_does_and_sigterm_drains_then_exits_zero(files):
+    from fastdpr.commands.search import build_retriever
+
     tmp, questions = files
+    dense_args = _args(tmp)[:4] + _args(tmp)[6:8]  # model, index, corpus: no BM25 (its first search compiles)
     with loopback_socket() as sock:
         port = sock.getsockname()[1]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "FASTDPR_API_KEY": ""}
-    proc = subprocess.Popen([sys.executable, "-m", "fastdpr", "serve", *_args(tmp), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "fastdpr", "serve", *dense_args, "--port", str(port),
                              "--max-wait-ms", "800"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     try:
@@ -68,7 +79,7 @@ def test_serve_answers_as_search_does_and_sigterm_drains_then_exits_zero(files):
             time.sleep(0.1)
         about = client.describe()
         with cf.ThreadPoolExecutor(4) as pool:
-            futures = [pool.submit(client.search, questions[i:i + 2], 5, "hybrid") for i in range(0, 8, 2)]
+            futures = [pool.submit(client.search, questions[i:i + 2], 5) for i in range(0, 8, 2)]
             time.sleep(0.3)  # the four wait in the queue (--max-wait-ms 800) when the signal comes
             proc.send_signal(signal.SIGTERM)
             answers = [f.result(timeout=60) for f in futures]
@@ -79,18 +90,27 @@ def test_serve_answers_as_search_does_and_sigterm_drains_then_exits_zero(files):
             proc.communicate()
     assert proc.returncode == 0, err
     assert "stopped" in err
-    assert about["modes"] == ["dense", "sparse", "hybrid"] and about["alpha"] == 0.5 and about["passages"] == 40
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(_args(tmp))
+    assert about["modes"] == ["dense"] and about["default_mode"] == "dense" and about["passages"] == 40
+    args = _parse(dense_args)
     args.batch_size = 64
-    args.mode = "hybrid"
-    hybrid = build_retriever(args, "hybrid", alpha=0.5, method="linear")
-    want = hybrid.retrieve(questions, 5)
+    want = build_retriever(args, "dense").retrieve(questions, 5)
     got = [hits for answer in answers for hits in answer]
     assert [[p["id"] for p in g] for g in got] == [[p["id"] for p in w] for w in want]
+
+
+def test_the_backend_holds_what_the_arguments_name(files):
+    from fastdpr.commands.serve import build_backend
+
+    tmp, _ = files
+    backend = build_backend(_parse([*_args(tmp), "--max-batch", "32", "--precision", "bf16"]))
+    hybrid = backend.retrievers["hybrid"]
+    assert backend.modes == ("dense", "sparse", "hybrid") and backend.default_mode == "hybrid"
+    assert (hybrid.alpha, hybrid.method, hybrid.k_union) == (0.5, "linear", 20)
+    assert backend.retrievers["dense"] is hybrid.dense and backend.retrievers["sparse"] is hybrid.sparse
+    assert hybrid.dense.batch_size == 32 and hybrid.dense.precision == "bf16"
+    assert backend.description["alpha"] == 0.5 and backend.passages() == 40
+    sparse_only = build_backend(_parse(["--bm25", str(tmp / "bm25"), "--corpus", str(tmp / "passages.jsonl")]))
+    assert sparse_only.modes == ("sparse",) and not sparse_only.can_encode
 
 
 @pytest.mark.parametrize("argv, message", [
