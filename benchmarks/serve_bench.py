@@ -243,6 +243,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="results directory (default benchmarks/results)")
     ap.add_argument("--name", default="serve")
     args = ap.parse_args()
+    # a benchmark stopped by SIGTERM (e.g. a timeout) still stops the servers it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.quick:
         args.level_seconds, args.soak_seconds, args.overload_seconds = 5.0, 60.0, 10.0
     files = run_files(args.run)
@@ -286,8 +288,8 @@ def main() -> None:
                 row = asyncio.run(closed_loop(single.url, mode, clients, args.level_seconds, max_requests, qs,
                                               args.timeout))
                 one_at_a_time.append({"server": "max-batch 1", **row})
-                print(f"max-batch 1 {mode} {clients:>3} clients: {row['qps']:.1f} q/s p99 {row['p99_ms']:.1f} ms",
-                      flush=True)
+                print(f"max-batch 1 {mode} {clients:>3} clients: {row['qps']:.1f} q/s p99 {row['p99_ms']:.1f} ms "
+                      f"{row['statuses']}", flush=True)
     finally:
         single_rc = single.stop()
 
