@@ -48,19 +48,29 @@ LEVELS = (1, 8, 32, 128)
 
 
 def run_files(run: Path) -> dict:
+    """The files a server needs from a quickstart run: its fine-tuned model and index when the run got that far,
+    else the packaged starting model and the zero-shot index (same architecture and size, so the same speed)."""
     from fastdpr.quickstart.config import QuickstartConfig
-    from fastdpr.quickstart.experiment import Workspace, trained_model_path
+    from fastdpr.quickstart.experiment import Workspace, load_model, trained_model_path
 
-    ws = Workspace(QuickstartConfig(), run, run, print)
-    index = next((p for p in (run / "index_dense.fdpr", run / "index_dense") if p.exists()), None)
+    config = QuickstartConfig()
     needed = [run / "corpus.jsonl", run / "bm25", run / "questions" / "nq_test.jsonl"]
-    if index is None or any(not p.exists() for p in needed):
-        raise SystemExit(f"--run {run}: not a finished quickstart run (corpus.jsonl, bm25/, index_dense, "
-                         "questions/nq_test.jsonl)")
+    if any(not p.exists() for p in needed):
+        raise SystemExit(f"--run {run}: not a quickstart run (corpus.jsonl, bm25/, questions/nq_test.jsonl)")
+    model = trained_model_path(Workspace(config, run, run, print))
+    if (model / "fastdpr.json").is_file() and (run / "index_dense").exists():
+        model, index, which = str(model), str(run / "index_dense"), "fine-tuned"
+    elif (run / "index_zero_shot").exists():
+        # the starting model takes its GTR settings from code: saved once as a directory `fastdpr serve` loads
+        saved = run / "serve_bench_zero_shot_model"
+        if not (saved / "fastdpr.json").is_file():
+            load_model(config).save_pretrained(saved)
+        model, index, which = str(saved), str(run / "index_zero_shot"), "zero-shot (packaged, not fine-tuned)"
+    else:
+        raise SystemExit(f"--run {run}: no dense index yet (index_dense or index_zero_shot)")
     questions = [json.loads(line)["question"] for line in open(needed[2], encoding="utf-8")]
-    return {"model": str(trained_model_path(ws)), "index": str(index), "bm25": str(run / "bm25"),
-            "corpus": str(run / "corpus.jsonl"), "questions": questions,
-            "k_union": QuickstartConfig().k_union}
+    return {"model": model, "index": index, "which_model": which, "bm25": str(run / "bm25"),
+            "corpus": str(run / "corpus.jsonl"), "questions": questions, "k_union": config.k_union}
 
 
 # ---------------------------------------------------------------------------------------------- in-process
@@ -309,12 +319,12 @@ def main() -> None:
     checks["after_overload_ok"] = f"{after['ok']}/{after['requests']}"
     checks["sigterm_exit_codes"] = [batched_rc, single_rc]
     payload = {"settings": {k: v for k, v in vars(args).items() if k not in ("run", "out")} | {"k": K,
-               "k_union": files["k_union"], "passages": 5000, "questions": len(qs), "precision": "bf16"},
+               "k_union": files["k_union"], "model": files["which_model"], "passages": 5000, "questions": len(qs), "precision": "bf16"},
                "in_process": baseline, "levels": levels + one_at_a_time, "half_saturation": half,
                "saturation_qps": saturation, "soak": soak, "soak_rss_mib": rss, "overload": overload,
                "after_overload": after, "checks": checks}
     cols = ["server", "mode", "clients", "qps", "p50_ms", "p95_ms", "p99_ms", "ok", "requests"]
-    md = (f"`fastdpr serve` against the quickstart's fine-tuned MiniLM (bf16 questions), flat index and BM25 over "
+    md = (f"`fastdpr serve` against the quickstart's {files['which_model']} MiniLM (bf16 questions), flat index and BM25 over "
           f"its 5,000 passages (hybrid: k_union {files['k_union']}); one NQ test question per request, k={K}; "
           "server and load generator (httpx) share the machine's cores over loopback. The machine is shared: "
           "read the ratios of rows measured in this one run rather than absolute numbers.\n\n"

@@ -4,7 +4,6 @@ Prometheus text; the README's curl example runs."""
 import concurrent.futures as cf
 import http.client
 import json
-import re
 import shlex
 import subprocess
 import threading
@@ -43,6 +42,8 @@ def world(tmp_path_factory):
     dense = DenseRetriever(model, index, corpus, batch_size=64)
     sparse = SparseRetriever(BM25.from_corpus(corpus, show_progress=False), corpus, threads=1)
     hybrid = HybridRetriever(dense, sparse, k_union=20)
+    # the first BM25 search compiles (numba): paid here once, so that each server's own warm-up is short
+    Backend(hybrid=hybrid).warm_up()
     return {"tmp": tmp, "questions": questions, "dense": dense, "sparse": sparse, "hybrid": hybrid,
             "model": model, "index": index, "corpus": corpus}
 
@@ -252,11 +253,12 @@ def test_api_key(world):
 
 
 def test_readme_curl_example_runs(world):
-    text = README.read_text(encoding="utf-8")
-    block = re.search(r"<!-- tested: readme-serve -->\n```bash\n(.*?)^```", text, re.S | re.M)
-    assert block, "README.md has no block marked <!-- tested: readme-serve -->"
-    command = block.group(1).replace("\\\n", " ").strip()
+    from test_readme import marked_blocks, shell_lines
+
+    lang, code = marked_blocks(README.read_text(encoding="utf-8"))["readme-serve"]
+    (command,) = shell_lines(code)
     argv = shlex.split(command, comments=True)
+    assert lang == "bash"
     assert argv[0] == "curl" and "http://127.0.0.1:8000/search" in argv
     payload = json.loads(argv[argv.index("-d") + 1])
     with serving(_app(world)) as server:

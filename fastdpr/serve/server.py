@@ -51,7 +51,7 @@ def loopback_socket(port: int = 0) -> socket.socket:
 
 
 @contextlib.contextmanager
-def serving(app, *, ready_timeout_s: float = 60.0, wait_ready: bool = True,
+def serving(app, *, ready_timeout_s: float = 300.0, wait_ready: bool = True,
             log_level: str = "warning") -> Iterator["Running"]:
     """Run ``app`` on a free loopback port on a background thread; yields a :class:`Running` with its ``url``.
     Leaving the block shuts the server down gracefully (queued work is answered first)."""
