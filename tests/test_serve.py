@@ -104,7 +104,8 @@ def _request(url: str, method: str, path: str, body: bytes | None, headers: dict
     host, port = url.rsplit("/", 1)[1].split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        conn.request(method, path, body=body, headers=headers or {})
+        conn.request(method, path, body=body, headers=headers or {},
+                     encode_chunked=(headers or {}).get("Transfer-Encoding") == "chunked")
         resp = conn.getresponse()
         return resp.status, dict(resp.getheaders()), resp.read().decode("utf-8")
     finally:
@@ -152,6 +153,9 @@ def test_malformed_requests_get_a_one_line_4xx(world):
                    for body, _, _ in MALFORMED]
         big = _request(server.url, "POST", "/search", b'{"question": "' + b"x" * (10 << 20) + b'"}',
                        {"Content-Type": "application/json"})
+        chunked = _request(server.url, "POST", "/search", iter([b'{"question": "', b"x" * (40 << 10),
+                                                                   b"x" * (40 << 10), b'"}']),
+                           {"Transfer-Encoding": "chunked"})  # no Content-Length: counted as it arrives
         not_found = _get(server.url, "/nowhere")
         wrong_method = _get(server.url, "/search")
         encode_bad = _request(server.url, "POST", "/encode", b'{"questions": [""]}')
@@ -161,6 +165,7 @@ def test_malformed_requests_get_a_one_line_4xx(world):
         assert (got_status, body) == (status, body)
         assert fragment in error and "\n" not in error and "Traceback" not in error
     assert big[0] == 413 and "at most 65536" in json.loads(big[2])["error"]
+    assert chunked[0] == 413 and "over 65536 bytes" in json.loads(chunked[2])["error"]
     assert not_found[0] == 404 and wrong_method[0] == 405 and encode_bad[0] == 422
     assert len(still_fine) == 1 and len(still_fine[0]) == 3
 
@@ -173,9 +178,11 @@ class Slow:
     def __init__(self, delay: float):
         self.delay = delay
         self.calls: list[int] = []
+        self.seen: list[str] = []
 
     def retrieve(self, questions, k):
         self.calls.append(len(questions))
+        self.seen.extend(questions)
         time.sleep(self.delay)
         return [[{"id": q, "title": "", "text": q, "score": 1.0}] for q in questions]
 
@@ -219,6 +226,23 @@ def test_shutdown_answers_what_is_queued_and_then_refuses_connections():
     assert answers == [[[{"id": f"q{i}", "title": "", "text": f"q{i}", "score": 1.0}]] for i in range(8)]
     with pytest.raises(ServerError):
         Client(url, timeout=2).search(["late"], mode="sparse")
+
+
+def test_a_client_that_gives_up_takes_its_question_out_of_the_queue():
+    slow = Slow(0.3)
+    app = create_app(Backend(sparse=slow), max_batch=1, max_wait_ms=0)
+    with serving(app) as server:
+        with cf.ThreadPoolExecutor(2) as pool:
+            busy = pool.submit(Client(server.url).search, ["busy"], 1, "sparse")
+            time.sleep(0.1)
+            with pytest.raises(ServerError):  # times out while "busy" still runs
+                Client(server.url, timeout=0.1).search(["abandoned"], 1, "sparse")
+            busy.result(timeout=30)
+        deadline = time.monotonic() + 10
+        while app.state.batcher.depth and time.monotonic() < deadline:
+            time.sleep(0.01)
+        Client(server.url).search(["after"], 1, "sparse")
+    assert "busy" in slow.seen and "after" in slow.seen and "abandoned" not in slow.seen
 
 
 def test_metrics_parse_as_prometheus_text(world):

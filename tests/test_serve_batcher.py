@@ -153,3 +153,26 @@ def test_close_answers_everything_queued_then_refuses():
     out = run(main())
     assert time.perf_counter() - start < 0.9
     assert sorted(q for part in out for _, q in part) == sorted(f"{k}{i}" for i in range(3) for k in "ab")
+
+
+def test_a_cancelled_job_leaves_the_queue_uncomputed():
+    rec = Recorder(delay=0.1)
+
+    async def main():
+        b = Batcher(rec, max_batch=1, max_wait_ms=0)
+        await b.start()
+        busy = asyncio.ensure_future(b.submit("a", ["busy"]))
+        await asyncio.sleep(0.02)
+        abandoned = asyncio.ensure_future(b.submit("a", ["abandoned", "too"]))
+        kept = asyncio.ensure_future(b.submit("a", ["kept"]))
+        await asyncio.sleep(0)
+        assert b.depth == 3
+        abandoned.cancel()
+        await asyncio.sleep(0)
+        depth = b.depth
+        await asyncio.gather(busy, kept)
+        await b.close()
+        return depth
+
+    assert run(main()) == 1
+    assert [qs for _, qs in rec.calls] == [["busy"], ["kept"]]

@@ -71,7 +71,7 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
 
     def _fail(request: Request, err: RequestError) -> Response:
         request.state.error_reason = {400: "bad_json", 401: "unauthorized", 413: "too_large", 422: "invalid",
-                                      503: "overloaded"}.get(err.status, str(err.status))
+                                      499: "client_gone", 503: "overloaded"}.get(err.status, str(err.status))
         return _json({"error": err.message}, err.status, err.headers)
 
     @app.exception_handler(RequestError)
@@ -111,26 +111,46 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
                         pass
                 raise RequestError(413, f"the body has {declared_n} bytes; at most {limit}")
         chunks, size = [], 0
-        async for chunk in request.stream():
+        async for chunk in request.stream():  # no or a false Content-Length: counted as it arrives
             size += len(chunk)
-            if size > limit:
-                raise RequestError(413, f"the body is over {limit} bytes")
-            chunks.append(chunk)
+            if size > limit * _DRAIN_FACTOR:
+                break
+            if size <= limit:
+                chunks.append(chunk)
+        if size > limit:
+            raise RequestError(413, f"the body is over {limit} bytes")
         return b"".join(chunks)
 
-    async def _submit(key: tuple, questions: list[str]) -> list:
+    async def _submit(request: Request, key: tuple, questions: list[str]) -> list:
+        """The batch's answers; a client that disconnects first (e.g. timed out) takes its questions out of
+        the queue, so that abandoned requests are never computed ahead of live ones."""
+        job = asyncio.ensure_future(batcher.submit(key, questions))
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            return await batcher.submit(key, questions)
+            await asyncio.wait((job, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not job.done():
+                job.cancel()
+            gone.cancel()
+        if not job.done() or job.cancelled():
+            raise RequestError(499, "the client closed the connection before the answer")
+        try:
+            return job.result()
         except QueueFull as err:
             raise RequestError(503, str(err), {"Retry-After": str(err.retry_after)}) from None
         except Closed as err:
             raise RequestError(503, str(err), {"Retry-After": "1"}) from None
 
+    async def _disconnected(request: Request) -> None:
+        # the body has been read: the next message on the channel is the disconnect, whenever it comes
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
     @app.post("/search")
     async def search(request: Request):
         _authorize(request)
         s = parse_search(parse_json(await _body(request)), limits, backend.modes, backend.default_mode)
-        results = await _submit(("search", s.mode, s.k), s.questions)
+        results = await _submit(request, ("search", s.mode, s.k), s.questions)
         return _json({"mode": s.mode, "k": s.k, "results": results})
 
     @app.post("/encode")
@@ -139,7 +159,7 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
         if not backend.can_encode:
             raise RequestError(422, "this server has no dense model: nothing to encode with")
         questions = parse_encode(parse_json(await _body(request)), limits)
-        vectors = await _submit(("encode",), questions)
+        vectors = await _submit(request, ("encode",), questions)
         return _json({"dim": len(vectors[0]), "vectors": vectors})
 
     @app.get("/healthz")

@@ -84,7 +84,20 @@ class Batcher:
         self._counts[key] = self._counts.get(key, 0) + len(job.questions)
         self.depth += len(job.questions)
         self._wake.set()
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            # the caller gave up (its client went away): a job still queued leaves the queue, uncomputed
+            self._discard(job)
+            raise
+
+    def _discard(self, job: _Job) -> None:
+        try:
+            self._jobs.remove(job)
+        except ValueError:
+            return  # already taken into a batch
+        self._counts[job.key] -= len(job.questions)
+        self.depth -= len(job.questions)
 
     async def close(self) -> None:
         """Stop taking jobs, answer every job already queued, then stop the worker."""
