@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("fastdpr.commands.evaluate", "top-k accuracy, MRR, nDCG, recall of a run"),
     "train-reader": ("fastdpr.commands.train_reader", "train the extractive reader"),
     "read": ("fastdpr.commands.read", "extract answers from retrieved passages"),
+    "serve": ("fastdpr.commands.serve", "dense, sparse and hybrid search over HTTP, requests batched together"),
     "bench": ("fastdpr.commands.bench", "speed benchmarks against peers"),
     "quickstart": ("fastdpr.commands.quickstart", "the whole chain on a real dataset shipped in packages"),
 }

@@ -102,7 +102,7 @@ def option(argv: list[str], *names: str) -> str:
 
 def test_marked_blocks_are_found():
     blocks = marked_blocks(README.read_text(encoding="utf-8"))
-    assert set(blocks) == {"readme-pipeline", "readme-api", "readme-loss"}
+    assert set(blocks) == {"readme-pipeline", "readme-api", "readme-loss", "readme-serve"}  # serve: test_serve.py
     assert blocks["readme-pipeline"][0] == "bash"
     assert blocks["readme-api"][0] == blocks["readme-loss"][0] == "python"
     # neither the network nor the long chain belongs in the tested block

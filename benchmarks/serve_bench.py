@@ -1,0 +1,352 @@
+"""``fastdpr serve`` under load, against the same retrievers called in-process.
+
+A finished quickstart run provides the model (fine-tuned MiniLM), its flat index and BM25 over the 5,000-passage
+pool, and NQ test questions; each request asks one question, k=10:
+
+    fastdpr quickstart --out RUN
+    python benchmarks/serve_bench.py --run RUN                  # the full protocol (about 20 minutes)
+    python benchmarks/serve_bench.py --run RUN --quick          # short phases and a 60 s soak, a smoke run
+
+Measured, in this order:
+
+1. in-process throughput: ``retrieve`` one question at a time and in batches of 64 (dense with bf16 questions,
+   and hybrid);
+2. ``fastdpr serve`` (its own process, batching as shipped) under 1, 8, 32 and 128 closed-loop clients (each
+   sends its next request when the last is answered), then the same server with ``--max-batch 1`` (one request
+   at a time): throughput and p50/p95/p99 latency;
+3. p99 latency at half the saturation rate (open loop: requests sent at a fixed rate, whatever the answers);
+4. a soak at 70% of saturation: failed requests and the server's resident memory, start and end;
+5. overload at 3x saturation: every request must get an answer or a 503 within its timeout, and the server must
+   answer normally afterwards.
+
+The load generator (httpx, asyncio) runs in this process, on the same cores as the server: loopback only, every
+phase bounded in requests and in time. On a shared machine absolute numbers move with the neighbours' load; the
+ratios of phases measured minutes apart in one run are what to read.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import markdown_table, write_results  # noqa: E402
+
+K = 10
+LEVELS = (1, 8, 32, 128)
+
+
+# ------------------------------------------------------------------------------------------------ the files
+
+
+def run_files(run: Path) -> dict:
+    """The files a server needs from a quickstart run: its fine-tuned model and index when the run got that far,
+    else the packaged starting model and the zero-shot index (same architecture and size, so the same speed)."""
+    from fastdpr.quickstart.config import QuickstartConfig
+    from fastdpr.quickstart.experiment import Workspace, load_model, trained_model_path
+
+    config = QuickstartConfig()
+    needed = [run / "corpus.jsonl", run / "bm25", run / "questions" / "nq_test.jsonl"]
+    if any(not p.exists() for p in needed):
+        raise SystemExit(f"--run {run}: not a quickstart run (corpus.jsonl, bm25/, questions/nq_test.jsonl)")
+    model = trained_model_path(Workspace(config, run, run, print))
+    if (model / "fastdpr.json").is_file() and (run / "index_dense").exists():
+        model, index, which = str(model), str(run / "index_dense"), "fine-tuned"
+    elif (run / "index_zero_shot").exists():
+        # the starting model takes its GTR settings from code: saved once as a directory `fastdpr serve` loads
+        saved = run / "serve_bench_zero_shot_model"
+        if not (saved / "fastdpr.json").is_file():
+            load_model(config).save_pretrained(saved)
+        model, index, which = str(saved), str(run / "index_zero_shot"), "zero-shot (packaged, not fine-tuned)"
+    else:
+        raise SystemExit(f"--run {run}: no dense index yet (index_dense or index_zero_shot)")
+    questions = [json.loads(line)["question"] for line in open(needed[2], encoding="utf-8")]
+    return {"model": model, "index": index, "which_model": which, "bm25": str(run / "bm25"),
+            "corpus": str(run / "corpus.jsonl"), "questions": questions, "k_union": config.k_union}
+
+
+# ---------------------------------------------------------------------------------------------- in-process
+
+
+def in_process(files: dict, seconds: float) -> dict:
+    """Questions per second of ``retrieve`` one at a time and in batches of 64, per mode."""
+    from fastdpr.data import Corpus
+    from fastdpr.index import load_index
+    from fastdpr.models import BiEncoder
+    from fastdpr.retrieve import DenseRetriever, HybridRetriever, SparseRetriever
+    from fastdpr.sparse import BM25
+
+    corpus = Corpus.open(files["corpus"])
+    model = BiEncoder.from_pretrained(files["model"])
+    model.eval()
+    dense = DenseRetriever(model, load_index(files["index"], mmap=True), corpus, precision="bf16")
+    hybrid = HybridRetriever(dense, SparseRetriever(BM25.load(files["bm25"]), corpus), k_union=files["k_union"])
+    qs = files["questions"]
+    out = {}
+    for mode, retriever in (("dense", dense), ("hybrid", hybrid)):
+        retriever.retrieve(qs[:64], K)  # warm: first calls build caches and compile
+        retriever.retrieve(qs[:1], K)
+        for name, size in (("one_at_a_time", 1), ("batch_64", 64)):
+            done, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds and done < 20 * len(qs):
+                at = done % len(qs)
+                batch = (qs + qs)[at:at + size]
+                retriever.retrieve(batch, K)
+                done += len(batch)
+            out[f"{mode}_{name}_qps"] = done / (time.perf_counter() - start)
+            print(f"in-process {mode} {name}: {out[f'{mode}_{name}_qps']:.1f} q/s", flush=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- server
+
+
+class Server:
+    """``fastdpr serve`` in its own process on a free loopback port."""
+
+    def __init__(self, files: dict, log: Path, *extra: str):
+        from fastdpr.serve.server import loopback_socket
+
+        with loopback_socket() as sock:
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "fastdpr", "serve", "--model", files["model"], "--index", files["index"],
+                "--bm25", files["bm25"], "--corpus", files["corpus"], "--k-union", str(files["k_union"]),
+                "--precision", "bf16", "--port", str(self.port), *extra]
+        self.log = open(log, "a", encoding="utf-8")
+        self.log.write(f"$ {' '.join(argv)}\n")
+        self.log.flush()
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "FASTDPR_API_KEY": ""}
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=self.log, env=env)
+        from fastdpr.serve import Client
+
+        deadline = time.monotonic() + 600
+        while not Client(self.url, timeout=5).ready():
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server exited with {self.proc.returncode}; see {log}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"the server was not ready within 600 s; see {log}")
+            time.sleep(0.2)
+
+    def rss_mib(self) -> float:
+        for line in open(f"/proc/{self.proc.pid}/status", encoding="utf-8"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+# ---------------------------------------------------------------------------------------------- load
+
+
+def _summary(latencies: list[float], statuses: Counter, elapsed: float, **extra) -> dict:
+    ok = statuses.get(200, 0)
+    lat = sorted(latencies)
+
+    def pct(p):
+        return 1000 * lat[min(len(lat) - 1, int(p / 100 * len(lat)))] if lat else float("nan")
+
+    return {**extra, "requests": sum(statuses.values()), "ok": ok, "qps": ok / elapsed if elapsed else 0.0,
+            "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
+            "statuses": {str(k): v for k, v in sorted(statuses.items(), key=lambda kv: str(kv[0]))},
+            "seconds": elapsed}
+
+
+async def _one(http, mode: str, question: str, latencies: list, statuses: Counter) -> None:
+    import httpx
+
+    start = time.perf_counter()
+    try:
+        r = await http.post("/search", json={"question": question, "k": K, "mode": mode})
+        statuses[r.status_code] += 1
+        if r.status_code == 200:
+            latencies.append(time.perf_counter() - start)
+    except httpx.TimeoutException:
+        statuses["timeout"] += 1
+    except httpx.HTTPError as err:
+        statuses[type(err).__name__] += 1
+
+
+async def closed_loop(url: str, mode: str, clients: int, seconds: float, max_requests: int,
+                      questions: list[str], timeout: float) -> dict:
+    import httpx
+
+    latencies: list[float] = []
+    statuses: Counter = Counter()
+    sent = 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as http:
+        stop_at = time.perf_counter() + seconds
+
+        async def client():
+            nonlocal sent
+            while time.perf_counter() < stop_at and sent < max_requests:
+                sent += 1
+                await _one(http, mode, questions[sent % len(questions)], latencies, statuses)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        elapsed = time.perf_counter() - start
+    return _summary(latencies, statuses, elapsed, mode=mode, clients=clients)
+
+
+async def open_loop(url: str, mode: str, rate: float, seconds: float, questions: list[str], timeout: float,
+                    on_tick=None) -> dict:
+    """``rate`` requests a second for ``seconds``, sent on schedule whatever the answers (each on its own
+    connection when needed, up to 1,024 at once)."""
+    import httpx
+
+    latencies: list[float] = []
+    statuses: Counter = Counter()
+    n = max(1, int(rate * seconds))
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as http:
+        tasks = []
+        start = time.perf_counter()
+        next_tick = start
+        for i in range(n):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if on_tick is not None and time.perf_counter() >= next_tick:
+                on_tick()
+                next_tick += 10.0
+            tasks.append(asyncio.ensure_future(_one(http, mode, questions[i % len(questions)], latencies,
+                                                    statuses)))
+        sent_in = time.perf_counter() - start
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - start
+    return {**_summary(latencies, statuses, elapsed, mode=mode), "rate": rate,
+            "offered_rate": n / sent_in if sent_in else rate}
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, required=True, help="output directory of a finished `fastdpr quickstart`")
+    ap.add_argument("--level-seconds", type=float, default=20.0, help="length of each closed-loop level")
+    ap.add_argument("--soak-seconds", type=float, default=600.0)
+    ap.add_argument("--overload-seconds", type=float, default=30.0)
+    ap.add_argument("--timeout", type=float, default=10.0, help="client timeout of one request (s)")
+    ap.add_argument("--quick", action="store_true", help="5 s levels, a 60 s soak, 10 s overload: a smoke run")
+    ap.add_argument("--out", default=None, help="results directory (default benchmarks/results)")
+    ap.add_argument("--name", default="serve")
+    args = ap.parse_args()
+    # a benchmark stopped by SIGTERM (e.g. a timeout) still stops the servers it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.quick:
+        args.level_seconds, args.soak_seconds, args.overload_seconds = 5.0, 60.0, 10.0
+    files = run_files(args.run)
+    qs = files["questions"]
+    log = Path(tempfile.gettempdir()) / f"{args.name}.server.log"  # the servers' own output, not a result
+    max_requests = 200_000
+
+    baseline = in_process(files, seconds=args.level_seconds)
+    levels, one_at_a_time = [], []
+    server = Server(files, log)
+    try:
+        for mode in ("dense", "hybrid"):
+            for clients in LEVELS:
+                row = asyncio.run(closed_loop(server.url, mode, clients, args.level_seconds, max_requests, qs,
+                                              args.timeout))
+                levels.append({"server": "batched", **row})
+                print(f"batched {mode} {clients:>3} clients: {row['qps']:.1f} q/s p99 {row['p99_ms']:.1f} ms "
+                      f"{row['statuses']}", flush=True)
+        saturation = max(r["qps"] for r in levels if r["mode"] == "dense")
+        half = asyncio.run(open_loop(server.url, "dense", saturation / 2, 2 * args.level_seconds, qs, args.timeout))
+        print(f"half saturation ({saturation / 2:.0f}/s): p99 {half['p99_ms']:.1f} ms {half['statuses']}", flush=True)
+        rss = [(0.0, server.rss_mib())]
+        soak_start = time.perf_counter()
+        soak = asyncio.run(open_loop(server.url, "dense", 0.7 * saturation, args.soak_seconds, qs, args.timeout,
+                                     on_tick=lambda: rss.append((time.perf_counter() - soak_start,
+                                                                 server.rss_mib()))))
+        rss.append((time.perf_counter() - soak_start, server.rss_mib()))
+        print(f"soak: {soak['ok']}/{soak['requests']} ok, RSS {rss[0][1]:.0f} -> {rss[-1][1]:.0f} MiB", flush=True)
+        overload = asyncio.run(open_loop(server.url, "dense", 3 * saturation, args.overload_seconds, qs,
+                                         args.timeout))
+        print(f"overload: {overload['statuses']}", flush=True)
+        after = asyncio.run(closed_loop(server.url, "dense", 8, min(5.0, args.level_seconds), 10_000, qs,
+                                        args.timeout))
+        print(f"after overload: {after['statuses']}", flush=True)
+    finally:
+        batched_rc = server.stop()
+    single = Server(files, log, "--max-batch", "1")
+    try:
+        for mode in ("dense", "hybrid"):
+            for clients in LEVELS:
+                row = asyncio.run(closed_loop(single.url, mode, clients, args.level_seconds, max_requests, qs,
+                                              args.timeout))
+                one_at_a_time.append({"server": "max-batch 1", **row})
+                print(f"max-batch 1 {mode} {clients:>3} clients: {row['qps']:.1f} q/s p99 {row['p99_ms']:.1f} ms "
+                      f"{row['statuses']}", flush=True)
+    finally:
+        single_rc = single.stop()
+
+    def at(rows, mode, clients):
+        return next(r for r in rows if r["mode"] == mode and r["clients"] == clients)
+
+    checks = {}
+    for mode in ("dense", "hybrid"):
+        b32 = at(levels, mode, 32)["qps"]
+        checks[f"{mode}_32_clients_vs_in_process_batched"] = b32 / baseline[f"{mode}_batch_64_qps"]
+        checks[f"{mode}_32_clients_vs_max_batch_1"] = b32 / at(one_at_a_time, mode, 32)["qps"]
+    checks["dense_p99_ms_at_half_saturation"] = half["p99_ms"]
+    checks["soak_failed"] = soak["requests"] - soak["ok"]
+    checks["soak_rss_mib_start_end"] = [rss[0][1], rss[-1][1]]
+    answered = sum(v for k, v in overload["statuses"].items() if k in ("200", "503"))
+    checks["overload_answered_200_or_503"] = f"{answered}/{overload['requests']}"
+    checks["after_overload_ok"] = f"{after['ok']}/{after['requests']}"
+    checks["sigterm_exit_codes"] = [batched_rc, single_rc]
+    payload = {"settings": {k: v for k, v in vars(args).items() if k not in ("run", "out")} | {"k": K,
+               "k_union": files["k_union"], "model": files["which_model"], "passages": 5000, "questions": len(qs), "precision": "bf16"},
+               "in_process": baseline, "levels": levels + one_at_a_time, "half_saturation": half,
+               "saturation_qps": saturation, "soak": soak, "soak_rss_mib": rss, "overload": overload,
+               "after_overload": after, "checks": checks}
+    cols = ["server", "mode", "clients", "qps", "p50_ms", "p95_ms", "p99_ms", "ok", "requests"]
+    md = (f"`fastdpr serve` against the quickstart's {files['which_model']} MiniLM (bf16 questions), flat index and BM25 over "
+          f"its 5,000 passages (hybrid: k_union {files['k_union']}); one NQ test question per request, k={K}; "
+          "server and load generator (httpx) share the machine's cores over loopback. The machine is shared: "
+          "read the ratios of rows measured in this one run rather than absolute numbers.\n\n"
+          "In-process `retrieve` (questions/s):\n\n" + markdown_table([baseline], floatfmt=".1f") +
+          "\nClosed loop (each client sends its next request when the last is answered):\n\n" +
+          markdown_table(levels + one_at_a_time, cols, floatfmt=".1f") +
+          f"\nSaturation (dense, batched): {saturation:.1f} q/s.\n\n" +
+          f"Open loop at half saturation ({half['rate']:.0f}/s offered, {half['offered_rate']:.0f}/s sent): "
+          f"p50 {half['p50_ms']:.1f} ms, p95 {half['p95_ms']:.1f} ms, p99 {half['p99_ms']:.1f} ms; "
+          f"statuses {half['statuses']}.\n\n"
+          f"Soak, {args.soak_seconds:.0f} s at 70% of saturation ({soak['rate']:.0f}/s offered, "
+          f"{soak['offered_rate']:.0f}/s sent): {soak['ok']}/{soak['requests']} answered 200, statuses "
+          f"{soak['statuses']}; p99 {soak['p99_ms']:.1f} ms; server RSS {rss[0][1]:.0f} MiB at the start, "
+          f"{rss[-1][1]:.0f} MiB at the end (max {max(r for _, r in rss):.0f}, {len(rss)} samples).\n\n"
+          f"Overload, {args.overload_seconds:.0f} s at 3x saturation ({overload['rate']:.0f}/s offered, "
+          f"{overload['offered_rate']:.0f}/s sent, timeout {args.timeout:.0f} s): statuses {overload['statuses']}; "
+          f"then 8 clients for {after['seconds']:.0f} s: statuses {after['statuses']}.\n\n"
+          "Checks:\n\n" + "\n".join(f"- {k}: {json.dumps(v) if not isinstance(v, float) else f'{v:.2f}'}"
+                                     for k, v in checks.items()) + "\n")
+    write_results(args.name, args.out, payload, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""Micro-batching of concurrent requests: questions that arrive close together go through one encoder call and
+one index call, and each request gets its own slice of the answers back.
+
+Only the standard library: the event loop side (``submit``) never computes anything; ``run_batch`` runs in one
+worker thread, so the model and the index are never entered by two batches at once and the loop stays free to
+accept, parse and answer other requests while a batch runs."""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence
+
+
+class QueueFull(Exception):
+    """The queue already holds ``max_queue`` questions; ``retry_after`` is a hint in whole seconds."""
+
+    def __init__(self, depth: int, retry_after: int):
+        super().__init__(f"the queue is full ({depth} questions waiting); retry in {retry_after}s")
+        self.retry_after = retry_after
+
+
+class Closed(Exception):
+    """The batcher is draining for shutdown and takes no new work."""
+
+
+@dataclass
+class _Job:
+    key: Hashable
+    questions: list[str]
+    future: asyncio.Future
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class Batcher:
+    """Collects jobs ``(key, questions)``; jobs of one key are answered together by one
+    ``run_batch(key, questions) -> per-question results`` call.
+
+    A batch leaves when the oldest waiting job has waited ``max_wait_ms``, or its key has ``max_batch`` questions
+    waiting, or at once when the worker was busy for longer than that (so under load a batch is whatever arrived
+    during the previous one, and an idle server adds at most ``max_wait_ms``). Jobs of other keys keep their
+    place. A job larger than ``max_batch`` goes alone, whole. At most ``max_queue`` questions wait; beyond that
+    ``submit`` raises :class:`QueueFull` (memory stays bounded, and a client learns to back off at once instead
+    of timing out)."""
+
+    def __init__(self, run_batch: Callable[[Hashable, list[str]], Sequence[Any]], *, max_batch: int = 64,
+                 max_wait_ms: float = 5.0, max_queue: int = 1024,
+                 on_batch: Callable[[int, float], None] | None = None):
+        if max_batch < 1 or max_queue < 1 or max_wait_ms < 0:
+            raise ValueError("max_batch and max_queue must be >= 1 and max_wait_ms >= 0")
+        self.run_batch = run_batch
+        self.max_batch = int(max_batch)
+        self.max_wait = float(max_wait_ms) / 1000.0
+        self.max_queue = int(max_queue)
+        self.on_batch = on_batch  # (questions, seconds) of every batch run, for the metrics
+        self.depth = 0  # questions waiting
+        self._jobs: list[_Job] = []
+        self._counts: dict[Hashable, int] = {}
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._closing = False
+        self._seconds_per_question = 0.01  # running estimate, for Retry-After
+
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fastdpr-batch")
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the worker thread, between batches (warm-up, anything that touches the model)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def submit(self, key: Hashable, questions: list[str]) -> list[Any]:
+        """The results of ``questions`` (one per question, in order), once their batch has run."""
+        if self._closing or self._task is None:
+            raise Closed("the server is shutting down")
+        if self.depth + len(questions) > self.max_queue and self.depth > 0:
+            wait = (self.depth + len(questions)) * self._seconds_per_question
+            raise QueueFull(self.depth, max(1, int(wait + 0.999)))
+        job = _Job(key, list(questions), asyncio.get_running_loop().create_future())
+        self._jobs.append(job)
+        self._counts[key] = self._counts.get(key, 0) + len(job.questions)
+        self.depth += len(job.questions)
+        self._wake.set()
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            # the caller gave up (its client went away): a job still queued leaves the queue, uncomputed
+            self._discard(job)
+            raise
+
+    def _discard(self, job: _Job) -> None:
+        try:
+            self._jobs.remove(job)
+        except ValueError:
+            return  # already taken into a batch
+        self._counts[job.key] -= len(job.questions)
+        self.depth -= len(job.questions)
+
+    async def close(self) -> None:
+        """Stop taking jobs, answer every job already queued, then stop the worker."""
+        self._closing = True
+        if self._task is not None:
+            self._wake.set()
+            await self._task
+            self._task = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    async def _wait(self, timeout: float | None) -> None:
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _loop(self) -> None:
+        while True:
+            if not self._jobs:
+                if self._closing:
+                    return
+                await self._wait(None)
+                continue
+            head = self._jobs[0]
+            while not self._closing and self._counts[head.key] < self.max_batch:
+                remaining = head.arrived + self.max_wait - time.monotonic()
+                if remaining <= 0:
+                    break
+                await self._wait(remaining)
+            batch = self._take(head.key)
+            await self._run(head.key, batch)
+
+    def _take(self, key: Hashable) -> list[_Job]:
+        """The oldest jobs of ``key`` up to ``max_batch`` questions (the first whatever its size), in order."""
+        batch, rest, n, full = [], [], 0, False
+        for job in self._jobs:
+            # first in, first out within a key: once a job does not fit, later ones of its key wait too
+            if job.key == key and not full and (not batch or n + len(job.questions) <= self.max_batch):
+                batch.append(job)
+                n += len(job.questions)
+            else:
+                full = full or job.key == key
+                rest.append(job)
+        self._jobs = rest
+        self._counts[key] -= n
+        self.depth -= n
+        return batch
+
+    async def _run(self, key: Hashable, batch: list[_Job]) -> None:
+        live = [job for job in batch if not job.future.done()]  # a client that went away needs no answer
+        if not live:
+            return
+        questions = [q for job in live for q in job.questions]
+        start = time.perf_counter()
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, self.run_batch, key,
+                                                                       questions)
+            if len(results) != len(questions):
+                raise RuntimeError(f"run_batch gave {len(results)} results for {len(questions)} questions")
+        except Exception as err:  # every waiting request learns of it; the loop goes on
+            for job in live:
+                if not job.future.done():
+                    job.future.set_exception(err)
+            return
+        seconds = time.perf_counter() - start
+        self._seconds_per_question = 0.8 * self._seconds_per_question + 0.2 * seconds / len(questions)
+        if self.on_batch is not None:
+            self.on_batch(len(questions), seconds)
+        at = 0
+        for job in live:
+            part = list(results[at:at + len(job.questions)])
+            at += len(job.questions)
+            if not job.future.done():
+                job.future.set_result(part)

@@ -1,0 +1,178 @@
+"""The micro-batcher on its own: grouping, order, limits, errors and draining, with a recording stand-in for the
+model (no HTTP, no torch)."""
+import asyncio
+import threading
+import time
+
+import pytest
+
+from fastdpr.serve.batcher import Batcher, Closed, QueueFull
+
+
+class Recorder:
+    """run_batch that records each call and answers ``(key, question)`` per question."""
+
+    def __init__(self, delay: float = 0.0, fail_on: str | None = None):
+        self.calls: list[tuple] = []
+        self.delay = delay
+        self.fail_on = fail_on
+        self.threads: set[str] = set()
+
+    def __call__(self, key, questions):
+        self.threads.add(threading.current_thread().name)
+        self.calls.append((key, list(questions)))
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail_on in questions:
+            raise ValueError(f"cannot answer {self.fail_on}")
+        return [(key, q) for q in questions]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_concurrent_jobs_share_one_call_and_get_their_own_answers():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch=64, max_wait_ms=50)
+        await b.start()
+        jobs = [b.submit("a", [f"q{i}", f"r{i}"]) for i in range(5)]
+        out = await asyncio.gather(*jobs)
+        await b.close()
+        return out
+
+    out = run(main())
+    assert out == [[("a", f"q{i}"), ("a", f"r{i}")] for i in range(5)]
+    assert rec.calls == [("a", [q for i in range(5) for q in (f"q{i}", f"r{i}")])]
+    assert all(name.startswith("fastdpr-batch") for name in rec.threads)
+
+
+def test_keys_never_mix_and_max_batch_splits_in_arrival_order():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch=3, max_wait_ms=30)
+        await b.start()
+        jobs = [b.submit("a", ["a1", "a2"]), b.submit("b", ["b1"]), b.submit("a", ["a3", "a4"]),
+                b.submit("a", ["a5"]), b.submit("b", ["b2", "b3", "b4", "b5"])]
+        out = await asyncio.gather(*jobs)
+        await b.close()
+        return out
+
+    out = run(main())
+    assert [[q for _, q in part] for part in out] == [["a1", "a2"], ["b1"], ["a3", "a4"], ["a5"],
+                                                     ["b2", "b3", "b4", "b5"]]
+    assert all(len({k for k, _ in part}) == 1 for part in out)
+    # a: [a1 a2] then [a3 a4 a5] (a3 a4 do not fit beside a1 a2); b: [b1], then the 4-question job alone, whole
+    assert rec.calls == [("a", ["a1", "a2"]), ("b", ["b1"]), ("a", ["a3", "a4", "a5"]),
+                         ("b", ["b2", "b3", "b4", "b5"])]
+
+
+def test_max_batch_one_runs_every_question_alone():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch=1, max_wait_ms=0)
+        await b.start()
+        await asyncio.gather(*[b.submit("a", [f"q{i}"]) for i in range(6)])
+        await b.close()
+
+    run(main())
+    assert [len(qs) for _, qs in rec.calls] == [1] * 6
+
+
+def test_an_idle_batcher_adds_at_most_max_wait():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch=64, max_wait_ms=20)
+        await b.start()
+        start = time.perf_counter()
+        await b.submit("a", ["alone"])
+        took = time.perf_counter() - start
+        await b.close()
+        return took
+
+    took = run(main())
+    assert 0.015 <= took < 0.5
+
+
+def test_full_queue_refuses_with_a_retry_hint_and_recovers():
+    rec = Recorder(delay=0.1)
+
+    async def main():
+        b = Batcher(rec, max_batch=1, max_wait_ms=0, max_queue=3)
+        await b.start()
+        first = asyncio.ensure_future(b.submit("a", ["busy"]))
+        await asyncio.sleep(0.02)  # the worker is busy with it; the next ones queue
+        queued = [asyncio.ensure_future(b.submit("a", [f"q{i}"])) for i in range(3)]
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFull) as refused:
+            await b.submit("a", ["one too many"])
+        assert refused.value.retry_after >= 1
+        await asyncio.gather(first, *queued)
+        again = await b.submit("a", ["after"])
+        await b.close()
+        return again
+
+    assert run(main()) == [("a", "after")]
+
+
+def test_an_error_reaches_every_job_of_its_batch_and_the_loop_goes_on():
+    rec = Recorder(fail_on="bad")
+
+    async def main():
+        b = Batcher(rec, max_batch=8, max_wait_ms=20)
+        await b.start()
+        results = await asyncio.gather(b.submit("a", ["ok"]), b.submit("a", ["bad"]), return_exceptions=True)
+        later = await b.submit("a", ["fine"])
+        await b.close()
+        return results, later
+
+    results, later = run(main())
+    assert all(isinstance(r, ValueError) for r in results)
+    assert later == [("a", "fine")]
+
+
+def test_close_answers_everything_queued_then_refuses():
+    rec = Recorder(delay=0.02)
+
+    async def main():
+        b = Batcher(rec, max_batch=2, max_wait_ms=1000)
+        await b.start()
+        jobs = [asyncio.ensure_future(b.submit(k, [f"{k}{i}"])) for i in range(3) for k in "ab"]
+        await asyncio.sleep(0.01)
+        await b.close()  # does not wait out max_wait_ms: the queue is flushed at once
+        with pytest.raises(Closed):
+            await b.submit("a", ["late"])
+        return [j.result() for j in jobs]
+
+    start = time.perf_counter()
+    out = run(main())
+    assert time.perf_counter() - start < 0.9
+    assert sorted(q for part in out for _, q in part) == sorted(f"{k}{i}" for i in range(3) for k in "ab")
+
+
+def test_a_cancelled_job_leaves_the_queue_uncomputed():
+    rec = Recorder(delay=0.1)
+
+    async def main():
+        b = Batcher(rec, max_batch=1, max_wait_ms=0)
+        await b.start()
+        busy = asyncio.ensure_future(b.submit("a", ["busy"]))
+        await asyncio.sleep(0.02)
+        abandoned = asyncio.ensure_future(b.submit("a", ["abandoned", "too"]))
+        kept = asyncio.ensure_future(b.submit("a", ["kept"]))
+        await asyncio.sleep(0)
+        assert b.depth == 3
+        abandoned.cancel()
+        await asyncio.sleep(0)
+        depth = b.depth
+        await asyncio.gather(busy, kept)
+        await b.close()
+        return depth
+
+    assert run(main()) == 1
+    assert [qs for _, qs in rec.calls] == [["busy"], ["kept"]]

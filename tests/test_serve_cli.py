@@ -1,0 +1,133 @@
+"""The ``fastdpr serve`` command as a user runs it: a separate process on a free loopback port, answering as the
+retrievers built from the same files do, and SIGTERM draining what is queued before exiting 0."""
+import concurrent.futures as cf
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fastdpr import cli
+from fastdpr.serve import Client
+from fastdpr.serve.server import loopback_socket
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from tiny_models import tiny_biencoder
+
+    from fastdpr.data import Corpus
+    from fastdpr.index import build_index
+
+    tmp = tmp_path_factory.mktemp("serve_cli")
+    passages = [json.loads(line) for line in open(DATA / "sparse_squad_passages.jsonl", encoding="utf-8")][:40]
+    with open(tmp / "passages.jsonl", "w", encoding="utf-8") as fh:
+        for p in passages:
+            fh.write(json.dumps(p) + "\n")
+    model = tiny_biencoder(tmp / "towers")
+    model.save_pretrained(tmp / "model")
+    corpus = Corpus.open(tmp / "passages.jsonl")
+    build_index(model.encode_passages([corpus[i] for i in range(len(corpus))], batch_size=16), "flat").save(
+        tmp / "index")
+    assert cli.main(["bm25", "build", str(tmp / "passages.jsonl"), "-o", str(tmp / "bm25")]) == 0
+    (tmp / "alpha.json").write_text(json.dumps({"alpha": 0.5, "fusion": "linear"}))
+    questions = [json.loads(line)["question"]
+                 for line in open(DATA / "sparse_squad_questions.jsonl", encoding="utf-8")][:8]
+    return tmp, questions
+
+
+def _args(tmp):
+    return ["--model", str(tmp / "model"), "--index", str(tmp / "index"), "--bm25", str(tmp / "bm25"),
+            "--corpus", str(tmp / "passages.jsonl"), "--alpha-file", str(tmp / "alpha.json"), "--k-union", "20",
+            "--threads", "1"]
+
+
+def _parse(argv):
+    import argparse
+
+    from fastdpr.commands.serve import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.slow
+def test_serve_answers_as_search_does_and_sigterm_drains_then_exits_zero(files):
+    from fastdpr.commands.search import build_retriever
+
+    tmp, questions = files
+    dense_args = _args(tmp)[:4] + _args(tmp)[6:8]  # model, index, corpus: no BM25 (its first search compiles)
+    with loopback_socket() as sock:
+        port = sock.getsockname()[1]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "FASTDPR_API_KEY": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "fastdpr", "serve", *dense_args, "--port", str(port),
+                             "--max-wait-ms", "800"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        client = Client(f"http://127.0.0.1:{port}", timeout=30)
+        deadline = time.monotonic() + 120
+        while not client.ready():
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the server did not become ready"
+            time.sleep(0.1)
+        about = client.describe()
+        with cf.ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(client.search, questions[i:i + 2], 5) for i in range(0, 8, 2)]
+            time.sleep(0.3)  # the four wait in the queue (--max-wait-ms 800) when the signal comes
+            proc.send_signal(signal.SIGTERM)
+            answers = [f.result(timeout=60) for f in futures]
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "stopped" in err
+    assert about["modes"] == ["dense"] and about["default_mode"] == "dense" and about["passages"] == 40
+    args = _parse(dense_args)
+    args.batch_size = 64
+    want = build_retriever(args, "dense").retrieve(questions, 5)
+    got = [hits for answer in answers for hits in answer]
+    assert [[p["id"] for p in g] for g in got] == [[p["id"] for p in w] for w in want]
+
+
+def test_the_backend_holds_what_the_arguments_name(files):
+    from fastdpr.commands.serve import build_backend
+
+    tmp, _ = files
+    backend = build_backend(_parse([*_args(tmp), "--max-batch", "32", "--precision", "bf16"]))
+    hybrid = backend.retrievers["hybrid"]
+    assert backend.modes == ("dense", "sparse", "hybrid") and backend.default_mode == "hybrid"
+    assert (hybrid.alpha, hybrid.method, hybrid.k_union) == (0.5, "linear", 20)
+    assert backend.retrievers["dense"] is hybrid.dense and backend.retrievers["sparse"] is hybrid.sparse
+    assert hybrid.dense.batch_size == 32 and hybrid.dense.precision == "bf16"
+    assert backend.description["alpha"] == 0.5 and backend.passages() == 40
+    sparse_only = build_backend(_parse(["--bm25", str(tmp / "bm25"), "--corpus", str(tmp / "passages.jsonl")]))
+    assert sparse_only.modes == ("sparse",) and not sparse_only.can_encode
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--corpus", "x.tsv"], "nothing to serve"),
+    (["--corpus", "x.tsv", "--model", "m"], "--model and --index go together"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--max-batch", "0"], "--max-batch must be >= 1"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--max-questions", "64", "--max-queue", "8"], "--max-queue (8)"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--max-wait-ms", "-1"], "--max-wait-ms must be >= 0"),
+])
+def test_bad_arguments_are_one_line_errors(argv, message, capsys):
+    assert cli.main(["serve", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fastdpr serve: error:") and message in err and "\n" not in err
+
+
+def test_a_missing_index_file_is_a_one_line_error(files, capsys):
+    tmp, _ = files
+    assert cli.main(["serve", *_args(tmp)[:2], "--index", str(tmp / "missing.fdpr"), *_args(tmp)[4:]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fastdpr serve: error:") and "\n" not in err
