@@ -331,3 +331,31 @@ def test_a_worker_removes_only_dead_writers_temporary_files(model, corpus, tmp_p
     encode_corpus(model, corpus, tmp_path, batch_size=8, shard_size=10, shard=(0, 2), show_progress=False)
     left = {p.name for p in tmp_path.glob(".*.tmp")}
     assert left == {name for name, keep in names.items() if keep}
+
+
+def test_the_model_fingerprint_is_the_passage_towers_and_independent_of_threads(tmp_path):
+    import torch
+
+    from fastdpr.encode import model_fingerprint
+
+    # wide enough that torch reduces a weight's sum over several threads
+    model = tiny_biencoder(tmp_path, pooling="mean", similarity="cosine", shared=True, dropout=0.0, hidden=384,
+                           layers=1)
+    threads = torch.get_num_threads()
+    try:
+        prints = set()
+        for n in (1, 2, 3):  # a float sum reduced by n threads changes with n; the fingerprint must not
+            torch.set_num_threads(n)
+            prints.add(model_fingerprint(model))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(prints) == 1
+    before = prints.pop()
+    model.untie()  # a passage tower of the same weights, now separate: its vectors are the same
+    assert model_fingerprint(model) == before
+    with torch.no_grad():
+        next(model.question_encoder.parameters()).add_(1.0)  # the question side does not shape passage vectors
+    assert model_fingerprint(model) == before
+    with torch.no_grad():
+        next(model.passage_encoder.parameters()).view(-1)[7] += 1e-3  # one passage weight does
+    assert model_fingerprint(model) != before

@@ -14,20 +14,21 @@ PASSAGE_SETTINGS = ("pooling", "similarity", "projection_dim", "max_passage_leng
 
 def model_fingerprint(model) -> str:
     """A short hash of the passage tower's weights and the settings that shape its vectors: vectors from different
-    weights must never be mixed in one directory."""
+    weights must never be mixed in one directory.
+
+    The weights' bytes are hashed, not statistics of them: a float sum depends on how many threads reduce it, and
+    a fingerprint that changed with ``torch.set_num_threads`` refused vectors of the very same model."""
     import torch
 
     settings = model.config.to_dict()
-    h = hashlib.sha256(json.dumps({k: settings[k] for k in PASSAGE_SETTINGS}, sort_keys=True).encode())
+    h = hashlib.blake2b(json.dumps({k: settings[k] for k in PASSAGE_SETTINGS}, sort_keys=True).encode(),
+                        digest_size=16)
     with torch.no_grad():
         modules = [model.passage_encoder] + ([model.passage_projection] if model.passage_projection is not None
                                              else [])
         for module in modules:
             for name, param in module.named_parameters():
-                flat = param.detach().reshape(-1)
-                # sum, sum of squares and a strided sample: changes to any trained weight show up
-                sample = flat[:: max(1, flat.numel() // 64)][:64].double().cpu().numpy()
-                stats = [float(flat.double().sum()), float(flat.double().square().sum())]
                 h.update(name.encode())
-                h.update(np.asarray(stats + sample.tolist(), dtype=np.float64).tobytes())
+                h.update(str(param.dtype).encode())
+                h.update(np.ascontiguousarray(param.detach().cpu().float().numpy()).tobytes())
     return h.hexdigest()[:16]
