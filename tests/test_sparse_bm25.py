@@ -200,3 +200,29 @@ def test_n_threads_is_the_deprecated_name_of_threads():
     assert ids[0, 0] == "a"
     with pytest.raises(TypeError, match="not both"):
         bm25.search(["apple"], k=1, threads=2, n_threads=1)
+
+
+def test_a_second_process_loads_the_compiled_search_instead_of_compiling(tmp_path):
+    # every BM25 process used to pay numba's compilation first (seconds, all of a one-question search); the kernels
+    # are cached on disk (here in NUMBA_CACHE_DIR, as where site-packages is read-only), so only the first compiles
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json\n"
+        "from fastdpr.sparse import BM25, _topk\n"
+        "bm25 = BM25.from_corpus([{'id': 'a', 'title': '', 'text': 'cats purr'},"
+        " {'id': 'b', 'title': '', 'text': 'dogs bark'}], show_progress=False)\n"
+        "scores, ids = bm25.search(['do cats purr'], k=2, threads=1)\n"
+        "stats = _topk._search_serial.stats\n"
+        "print(json.dumps({'ids': ids.tolist(), 'hits': sum(stats.cache_hits.values()),"
+        " 'misses': sum(stats.cache_misses.values())}))\n"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                                      check=True).stdout) for _ in range(2)]
+    assert runs[0]["ids"] == runs[1]["ids"] == [["a", ""]]
+    assert runs[0]["misses"] == 1 and runs[1] == {**runs[1], "hits": 1, "misses": 0}
+    assert any((tmp_path / "numba").rglob("*.nbi"))
