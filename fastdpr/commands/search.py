@@ -36,6 +36,9 @@ def add_retriever_arguments(parser: argparse.ArgumentParser) -> None:
                         help="memory-map the index's vector rows instead of reading them into RAM (an IVF-PQ "
                              "index with store=fp16 then keeps only its codes in RAM; the rows come from the page "
                              "cache)")
+    parser.add_argument("--allow-other-model", action="store_true",
+                        help="search with a model other than the one that encoded the index (refused otherwise: "
+                             "vectors of another model of the same size retrieve nonsense)")
     parser.add_argument("--match", choices=["string", "regex"], default="string",
                         help="has_answer rule: DPR tokens (default) or regex answers (CuratedTREC)")
 
@@ -104,7 +107,8 @@ def build_retriever(args, mode: str, alpha: float = DEFAULT_ALPHA, method: str =
             raise InputError(f"the index has {len(index)} vectors but the corpus {len(corpus)} passages",
                              path=args.index)
         dense = DenseRetriever(model, index, corpus, batch_size=args.batch_size, device=args.device,
-                               search_params=_search_params(args.search_param))
+                               search_params=_search_params(args.search_param),
+                               allow_other_model=getattr(args, "allow_other_model", False))
     if mode == "dense":
         return dense
     if mode == "bm25":
