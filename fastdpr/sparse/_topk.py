@@ -29,10 +29,16 @@ def _top_of_one(tokens, data, indptr, indices, scores, touched, k):
                 touched[m] = d
                 m += 1
             scores[d] += data[j]
-    rows = np.sort(touched[:m])
+    rows = touched[:m]
     values = scores[rows]
     for i in range(m):
         scores[rows[i]] = 0
+    if m > k:  # only the candidates at or above the k-th best score are sorted
+        threshold = np.partition(values, m - k)[m - k]
+        keep = values >= threshold
+        rows, values = rows[keep], values[keep]
+    by_row = np.argsort(rows)
+    rows, values = rows[by_row], values[by_row]
     # stable sort on the negated score: equal scores stay in row order
     order = np.argsort(-values, kind="mergesort")[:k]
     return rows[order], values[order]
@@ -85,9 +91,10 @@ def search(flat: np.ndarray, starts: np.ndarray, matrix: dict, k: int, threads: 
     """``(rows int64 (n, k), scores float32 (n, k))`` of the queries whose token ids are
     ``flat[starts[i]:starts[i + 1]]``, over bm25s's score matrix (``data``, ``indptr``, ``indices``,
     ``num_docs``); -1 / -inf where fewer than ``k`` passages match."""
+    # the matrix goes in with the dtypes bm25s gave it (compiled once per combination): converting it would copy
+    # the whole index on every call
     args = (np.ascontiguousarray(flat, dtype=np.int64), np.ascontiguousarray(starts, dtype=np.int64),
-            np.ascontiguousarray(matrix["data"], dtype=np.float32), np.asarray(matrix["indptr"], dtype=np.int64),
-            np.asarray(matrix["indices"], dtype=np.int64), int(matrix["num_docs"]), int(k))
+            matrix["data"], matrix["indptr"], matrix["indices"], int(matrix["num_docs"]), int(k))
     if backend != "numba" or njit is None:
         return _search_numpy(*args)
     n = starts.shape[0] - 1
