@@ -179,6 +179,33 @@ def test_stages_resume_and_redo(tmp_path):
     assert calls == ["a", "b", "a3", "b2", "a5", "b3", "b5"]
 
 
+def test_the_reader_trained_here_is_a_fixed_amount_of_work(tmp_path, sample_cache, monkeypatch):
+    # a time budget made the reader depend on the machine's load (a busy machine got a useless one): the stage
+    # asks for a number of steps, and the same steps on any machine
+    import fastdpr.reader as reader_module
+
+    class Called(Exception):
+        pass
+
+    calls = []
+
+    def record(questions, retriever, out=None, **kwargs):
+        calls.append(kwargs)
+        raise Called
+
+    monkeypatch.setattr(reader_module, "train_reader_from_questions", record)
+    ws = _workspace(tmp_path, sample_cache, reader_from_cache=False, reader_steps=7, reader_train_questions=5)
+    ex.stage_data(ws)
+    ex.stage_corpus(ws)
+    with pytest.raises(Called):
+        ex.stage_reader(ws)
+    (kwargs,) = calls
+    assert kwargs["max_steps"] == 7 and kwargs.get("time_budget_s") is None
+    assert kwargs["batch_size"] == ws.config.reader_batch_size
+    full = qs.QuickstartConfig.preset()
+    assert full.reader_steps * full.reader_batch_size <= full.reader_train_questions * 2  # at most two epochs
+
+
 def test_fast_preset_is_smaller_than_the_default():
     fast, full = qs.QuickstartConfig.preset(fast=True), qs.QuickstartConfig.preset()
     assert fast.fast and fast.max_passages and fast.train_examples < full.train_examples

@@ -31,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"questions per optimizer step (default: {full.batch_size}; --fast: {fast.batch_size}; "
                              f"above {full.chunk_size}, GradCache keeps the memory of {full.chunk_size})")
     parser.add_argument("--lr", type=float, default=None, help=f"dual-encoder learning rate (default: {full.lr:g})")
-    parser.add_argument("--reader-budget", type=float, default=None,
-                        help="seconds to train the reader when the reader benchmark's is not cached (default: 120)")
+    parser.add_argument("--reader-steps", type=int, default=None,
+                        help=f"steps of {full.reader_batch_size} questions to train the reader when the reader "
+                             f"benchmark's is not cached (default: {full.reader_steps}; --fast: {fast.reader_steps})")
     parser.add_argument("--train-reader", action="store_true",
                         help="train the reader here even when the reader benchmark's reader is in the cache")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         fast=args.fast, out=args.out, cache=args.cache, source_dir=args.source_dir, force=args.force,
         threads=args.threads, max_passages=args.max_passages, train_examples=args.train_examples,
         batch_size=args.batch_size, lr=args.lr,
-        reader_budget_s=args.reader_budget, reader_from_cache=False if args.train_reader else None,
+        reader_steps=args.reader_steps, reader_from_cache=False if args.train_reader else None,
         show_progress=not args.quiet,
     )
     results = run_quickstart(config)
