@@ -142,7 +142,23 @@ def test_table_and_plot(tmp_path):
     table = qs.format_table(results)
     assert "nq_test (10 questions)" in table and "EM 0.250" in table and "500.0 q/s" in table
     assert table.count("[holds]") == len(claims(metrics)) == 8
-    plot(results, tmp_path / "r.png")
+    # what the README calls the packaged model, not the results' key
+    assert "starting model" in table and "zero_shot" not in table
+    import matplotlib.axes
+
+    labels = []
+    legend = matplotlib.axes.Axes.legend
+
+    def record_legend(ax, *args, **kwargs):
+        labels.extend(ax.get_legend_handles_labels()[1])
+        return legend(ax, *args, **kwargs)
+
+    matplotlib.axes.Axes.legend = record_legend
+    try:
+        plot(results, tmp_path / "r.png")
+    finally:
+        matplotlib.axes.Axes.legend = legend
+    assert labels == ["BM25", "starting model", "fine-tuned dense", "hybrid"]
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
