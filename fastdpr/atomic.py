@@ -30,9 +30,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     if "r" in mode or "a" in mode:
         raise ValueError(f"atomic_open is for writing whole files, got mode {mode!r}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temp_files(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     # mkstemp creates 0600; give the file the permissions an ordinary open() would have
     os.chmod(tmp, 0o666 & ~_umask())
     binary = "b" in mode
@@ -47,6 +45,28 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """The temporary sibling of ``path``, its folders created first. Where the file system refuses (a file where
+    a folder must be, a folder where the file goes, a read-only or pseudo file system), an ``InputError`` names
+    the output: nothing has been written yet."""
+    from fastdpr.errors import InputError
+
+    if path.is_dir():
+        raise InputError("is a directory: give the path of a file to write", str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InputError("cannot be written: a part of its folder path is a file, not a folder",
+                         str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot create its folder ({exc.strerror or exc})", str(path)) from None
+    remove_stale_temp_files(path)
+    try:
+        return tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise InputError(f"cannot be written in {path.parent} ({exc.strerror or exc})", str(path)) from None
 
 
 def _pid_alive(pid: int) -> bool:

@@ -4,7 +4,9 @@ so that ``fastdpr --help`` is instant."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import re
 import sys
 
 # subcommand -> (module, one-line help). Order is the order of the pipeline.
@@ -67,8 +69,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _examples(module) -> str | None:
+    """The module docstring after its first paragraph (which repeats what the one-line help says): the first
+    sentence may wrap over several lines, so the cut is at the first blank line, never mid-sentence."""
     doc = (module.__doc__ or "").strip()
-    return doc.split("\n", 1)[1].strip() if "\n" in doc else None
+    parts = re.split(r"\n[ \t]*\n", doc, maxsplit=1)
+    return parts[1].strip() if len(parts) == 2 and parts[1].strip() else None
+
+
+@contextlib.contextmanager
+def _one_line_warnings(command: str):
+    """Warnings as one line naming the command, as errors are: the default format names the fastdpr source
+    line that raised the warning, which says nothing to a user and repeats its code."""
+    import warnings
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = str(message).replace("\n", " ")
+        print(f"fastdpr {command}: warning: {text}", file=file or sys.stderr, flush=True)
+
+    before = warnings.showwarning
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = before
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,13 +101,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args._module.run(args) or 0)
+        with _one_line_warnings(args.command):
+            return int(args._module.run(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except FastDPRError as err:
         print(f"fastdpr {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        # the file system refused (an output under a file, a directory where a file goes, a read-only or full
+        # disk): the user can act on it, a traceback adds nothing
+        if err.filename is None:
+            raise
+        print(f"fastdpr {args.command}: error: {_os_error_text(err)}", file=sys.stderr)
+        return 2
+
+
+def _os_error_text(err: OSError) -> str:
+    where = str(err.filename) + (f" -> {err.filename2}" if err.filename2 else "")
+    return f"{where}: {err.strerror or err}"
 
 
 from fastdpr.errors import FastDPRError  # noqa: E402  (kept light: no heavy imports)

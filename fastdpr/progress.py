@@ -43,6 +43,7 @@ class _LogLines:
         self.n = initial
         self._initial = initial
         self._start = self._last = time.monotonic()
+        self._written = initial  # the count the last line showed: close() repeats no line
         self._closed = False
         self.postfix = ""
 
@@ -69,13 +70,14 @@ class _LogLines:
         else:
             share, eta = f"{self.n:,}", ""
         extra = f" [{self.postfix}]" if self.postfix else ""
+        self._written = self.n
         print(f"{self.desc}: {share} {rate:,.1f} {self.unit}/s{eta}, {elapsed:.0f} s{extra}", file=self.stream,
               flush=True)
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self.n > self._initial:
+            if self.n > self._initial and self.n != self._written:
                 self._write(time.monotonic())
 
     def __enter__(self):
@@ -121,6 +123,12 @@ def progress(total: int | None = None, desc: str = "", unit: str = "it", enabled
     return _LogLines(total, desc, unit, stream, LOG_EVERY_S if log_every is None else log_every, initial=initial)
 
 
+def announce(text: str, enabled: bool | None = None, stream: IO[str] | None = None) -> None:
+    """One line on stderr about work that starts now, under the same switches as the progress counters."""
+    if _wanted(enabled):
+        print(text, file=stream or sys.stderr, flush=True)
+
+
 def track(items: Iterable[T], total: int | None = None, desc: str = "", unit: str = "it",
           enabled: bool | None = None) -> Iterator[T]:
     """Iterate ``items`` with a progress counter (``total`` defaults to ``len(items)`` where it exists)."""
@@ -132,4 +140,4 @@ def track(items: Iterable[T], total: int | None = None, desc: str = "", unit: st
             bar.update(1)
 
 
-__all__ = ["progress", "track", "ENV", "LOG_EVERY_S"]
+__all__ = ["announce", "progress", "track", "ENV", "LOG_EVERY_S"]

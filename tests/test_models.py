@@ -383,3 +383,56 @@ def test_reduced_precision_autocast_stays_close_to_float32(tmp_path, precision):
     cosine = (full * low).sum(axis=1)
     assert cosine.min() > 0.99
     assert not np.array_equal(full, low)  # the autocast really ran in reduced precision
+
+
+def _hub_cache_with(tmp_path, repo: str, model_dir) -> "Path":
+    """A Hugging Face hub cache holding ``model_dir`` as the snapshot of ``repo`` (the layout huggingface_hub
+    writes: models--org--name/refs/main names the snapshot)."""
+    import shutil
+    from pathlib import Path
+
+    cache = Path(tmp_path) / "hub"
+    entry = cache / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(model_dir, entry / "snapshots" / "0123abcd")
+    (entry / "refs").mkdir(parents=True)
+    (entry / "refs" / "main").write_text("0123abcd")
+    return cache
+
+
+def test_model_names_resolve_from_the_local_hugging_face_cache(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from fastdpr.models.loading import resolve_model
+
+    st_dir = tiny_sentence_transformers_dir(tmp_path)
+    cache = _hub_cache_with(tmp_path, "sentence-transformers/tiny-test-model", st_dir)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    resolved = resolve_model("sentence-transformers/tiny-test-model")
+    assert resolved.is_dir() and resolved.name == "0123abcd"
+    by_name = BiEncoder.from_pretrained("sentence-transformers/tiny-test-model")
+    by_dir = BiEncoder.from_pretrained(st_dir)
+    texts = ["who wrote hamlet", "a play by shakespeare"]
+    np.testing.assert_array_equal(by_name.encode_questions(texts), by_dir.encode_questions(texts))
+    # a name that is not cached: one clear error saying where it looked and how to get it
+    with pytest.raises(InputError, match=r"not-cached/model: neither a model directory nor a model in the local "
+                                         r"Hugging Face cache .*huggingface-cli download not-cached/model"):
+        BiEncoder.from_pretrained("not-cached/model")
+    # paths are paths: a missing directory is still "not found", never looked up as a name
+    with pytest.raises(InputError, match="model directory not found"):
+        BiEncoder.from_pretrained(str(tmp_path / "missing" / "dir"))
+
+
+def test_the_command_line_takes_a_model_name(tmp_path, monkeypatch, capsys):
+    import huggingface_hub.constants
+
+    from fastdpr.cli import main
+
+    cache = _hub_cache_with(tmp_path, "org/tiny", tiny_sentence_transformers_dir(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    passages = tmp_path / "p.tsv"
+    passages.write_text("id\ttext\ttitle\n1\tcats purr\tCats\n2\tdogs bark\tDogs\n", encoding="utf-8")
+    assert main(["encode", str(passages), "--model", "org/tiny", "-o", str(tmp_path / "vectors")]) == 0
+    assert main(["encode", str(passages), "--model", "org/absent", "-o", str(tmp_path / "v2")]) == 2
+    assert "org/absent: neither a model directory nor a model in the local Hugging Face cache" in \
+        capsys.readouterr().err

@@ -18,7 +18,19 @@ def test_log_lines_not_carriage_returns(monkeypatch):
     assert "\r" not in text
     lines = text.strip().splitlines()
     assert lines[-1].startswith("work: 10/10 (100%)")
-    assert len(lines) == 11  # one per update (log_every=0) and the closing one
+    assert len(lines) == 10  # one per update (log_every=0); the closing one would repeat the last
+    assert sum(line.startswith("work: 10/10") for line in lines) == 1
+
+
+def test_log_lines_close_writes_the_count_not_shown_yet():
+    stream = _Pipe()
+    bar = progress(total=4, desc="work", stream=stream, log_every=0.0)
+    bar.update(3)
+    bar.log_every = bar.every = 3600.0  # the last update is not shown when it happens
+    bar.update(1)
+    bar.close()
+    lines = stream.getvalue().strip().splitlines()
+    assert [line.split(" ")[1] for line in lines] == ["3/4", "4/4"]
 
 
 def test_log_lines_throttled():

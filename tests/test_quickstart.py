@@ -142,7 +142,23 @@ def test_table_and_plot(tmp_path):
     table = qs.format_table(results)
     assert "nq_test (10 questions)" in table and "EM 0.250" in table and "500.0 q/s" in table
     assert table.count("[holds]") == len(claims(metrics)) == 8
-    plot(results, tmp_path / "r.png")
+    # what the README calls the packaged model, not the results' key
+    assert "starting model" in table and "zero_shot" not in table
+    import matplotlib.axes
+
+    labels = []
+    legend = matplotlib.axes.Axes.legend
+
+    def record_legend(ax, *args, **kwargs):
+        labels.extend(ax.get_legend_handles_labels()[1])
+        return legend(ax, *args, **kwargs)
+
+    matplotlib.axes.Axes.legend = record_legend
+    try:
+        plot(results, tmp_path / "r.png")
+    finally:
+        matplotlib.axes.Axes.legend = legend
+    assert labels == ["BM25", "starting model", "fine-tuned dense", "hybrid"]
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -177,6 +193,33 @@ def test_stages_resume_and_redo(tmp_path):
     run8 = _runner(config)
     run8.stage("b", lambda: calls.append("b5") or {}, after=("a",))
     assert calls == ["a", "b", "a3", "b2", "a5", "b3", "b5"]
+
+
+def test_the_reader_trained_here_is_a_fixed_amount_of_work(tmp_path, sample_cache, monkeypatch):
+    # a time budget made the reader depend on the machine's load (a busy machine got a useless one): the stage
+    # asks for a number of steps, and the same steps on any machine
+    import fastdpr.reader as reader_module
+
+    class Called(Exception):
+        pass
+
+    calls = []
+
+    def record(questions, retriever, out=None, **kwargs):
+        calls.append(kwargs)
+        raise Called
+
+    monkeypatch.setattr(reader_module, "train_reader_from_questions", record)
+    ws = _workspace(tmp_path, sample_cache, reader_from_cache=False, reader_steps=7, reader_train_questions=5)
+    ex.stage_data(ws)
+    ex.stage_corpus(ws)
+    with pytest.raises(Called):
+        ex.stage_reader(ws)
+    (kwargs,) = calls
+    assert kwargs["max_steps"] == 7 and kwargs.get("time_budget_s") is None
+    assert kwargs["batch_size"] == ws.config.reader_batch_size
+    full = qs.QuickstartConfig.preset()
+    assert full.reader_steps * full.reader_batch_size <= full.reader_train_questions * 2  # at most two epochs
 
 
 def test_fast_preset_is_smaller_than_the_default():

@@ -3,13 +3,13 @@
 The README marks the blocks that must run with an HTML comment right before their fence:
 ``<!-- tested: readme-pipeline -->`` (bash), ``<!-- tested: readme-api -->`` and ``<!-- tested: readme-loss -->``
 (Python). The pipeline runs in a temporary directory holding the committed samples of ``tests/data/readme/`` under
-the names the README uses; each command goes through ``fastdpr.cli.main`` (one process, so torch is imported and
-numba compiled once), a ``NAME=$(...)`` line through bash. Then the API block runs there, as the README says, after
-the pipeline. The packaged all-MiniLM-L6-v2 is the model, as in the README."""
+the names the README uses, the way a new shell after ``make quickstart`` runs it: bash, with fastdpr's environment
+on no PATH until the block activates it (the placeholder ``/path/to/fastdpr/.venv`` of its first line is this
+test's own environment). Each command runs in bash after the block's activation and ``NAME=$(...)`` lines, so its
+output can be checked. Then the API block runs there, as the README says, after the pipeline. The packaged
+all-MiniLM-L6-v2 is the model, as in the README."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -60,28 +60,47 @@ def expand(word: str, variables: dict[str, str]) -> str:
     return VARIABLE.sub(value, word)
 
 
-def run_pipeline(code: str, workdir: Path) -> list[tuple[list[str], str]]:
-    """Run each line of the pipeline block in ``workdir``; returns ``(argv, stdout)`` of each fastdpr command."""
-    from fastdpr import cli
+VENV_PLACEHOLDER = "/path/to/fastdpr/.venv"
+SETUP_LINE = re.compile(r"^(\.|source) ")
 
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+def new_shell_env() -> dict[str, str]:
+    """The environment of a new shell: this interpreter's virtual environment is on no PATH and not active."""
+    venv_bin = str(Path(sys.executable).parent)
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join(path) or "/usr/bin:/bin"
+    return env
+
+
+def run_pipeline(code: str, workdir: Path) -> list[tuple[list[str], str]]:
+    """Run each line of the pipeline block in ``workdir`` as bash would in a new shell; returns ``(argv, stdout)``
+    of each fastdpr command."""
+    env = new_shell_env()
+    prelude: list[str] = []  # the activation and NAME=$(...) lines, run before every command as a shell would
     variables: dict[str, str] = {}
     done = []
+
+    def bash(script: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-e", "-c", script], cwd=workdir, env=env, capture_output=True, text=True)
+
     for line in shell_lines(code):
+        line = line.replace(VENV_PLACEHOLDER, sys.prefix)
         assignment = ASSIGNMENT.match(line)
-        if assignment:
-            name, command = assignment.groups()
-            out = subprocess.run(["bash", "-c", command], cwd=workdir, env=env, capture_output=True, text=True)
+        if assignment or SETUP_LINE.match(line):
+            prelude.append(line)
+            out = bash("\n".join(prelude) + (f'\nprintf %s "${assignment.group(1)}"' if assignment else ""))
             assert out.returncode == 0, f"{line}\n{out.stderr}"
-            variables[name] = out.stdout.strip()
+            if assignment:
+                variables[assignment.group(1)] = out.stdout
+                assert out.stdout, f"{line} left ${assignment.group(1)} empty"
             continue
         argv = [expand(word, variables) for word in shlex.split(line, comments=True)]
-        assert argv[0] == "fastdpr", f"the tested pipeline holds only fastdpr commands and NAME=$(...) lines: {line}"
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = cli.main(argv[1:])
-        assert status == 0, f"`{line}` exited with {status}:\n{err.getvalue()[-3000:]}"
-        done.append((argv, out.getvalue()))
+        assert argv[0] == "fastdpr", ("the tested pipeline holds only fastdpr commands, the activation and "
+                                      f"NAME=$(...) lines: {line}")
+        out = bash("\n".join([*prelude, line]))
+        assert out.returncode == 0, f"`{line}` exited with {out.returncode}:\n{out.stderr[-3000:]}"
+        done.append((argv, out.stdout))
     return done
 
 
@@ -108,6 +127,26 @@ def test_marked_blocks_are_found():
     # neither the network nor the long chain belongs in the tested block
     for line in shell_lines(blocks["readme-pipeline"][1]):
         assert not re.search(r"fastdpr (data|quickstart|bench)\b", line), line
+
+
+def test_the_pipeline_starts_in_a_new_shell():
+    # after `make quickstart`, fastdpr lives in .venv: a new shell knows neither `fastdpr` nor the packaged model
+    # until the block activates that environment, first
+    code = marked_blocks(README.read_text(encoding="utf-8"))["readme-pipeline"][1]
+    first = shlex.split(shell_lines(code)[0], comments=True)
+    assert first == [".", f"{VENV_PLACEHOLDER}/bin/activate"], first
+
+
+def test_commands_run_as_in_a_new_shell(tmp_path):
+    # the runner hides this interpreter's environment, as a new shell would: without the activation line the
+    # block fails the way it failed for a newcomer
+    with pytest.raises(AssertionError, match="exited with 127"):
+        run_pipeline("fastdpr --version\n", tmp_path)
+    with pytest.raises(AssertionError, match="left \\$V empty"):
+        run_pipeline('V=$(python -c "import fastdpr" 2>/dev/null && echo yes || true)\n', tmp_path)
+    done = run_pipeline(f". {VENV_PLACEHOLDER}/bin/activate\nV=$(python -c 'import fastdpr; print(1)')\n"
+                        "fastdpr --version  # $V\n", tmp_path)
+    assert done[0][0] == ["fastdpr", "--version"] and done[0][1].startswith("fastdpr ")
 
 
 def test_shell_lines_join_continuations_and_drop_comments():
@@ -215,3 +254,21 @@ def test_readme_loss_block_runs_as_written():
     loss, q = namespace["loss"], namespace["q"]
     assert loss.ndim == 0 and bool(loss.isfinite())
     assert q.grad is not None and q.grad.shape == q.shape
+
+
+def test_the_readme_is_a_guide_and_its_results_come_from_result_files():
+    # what a user needs, one short results table; the archive of results lives in benchmarks/results/README.md
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    assert (REPO / "benchmarks" / "results" / "README.md").is_file()
+    for heading in ("## The two commands", "## The pipeline from the command line", "## Training", "## Serving",
+                    "## The Python API", "## Results", "## Development"):
+        assert f"\n{heading}\n" in text, heading
+    results = text.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    tables = [line for line in results.splitlines() if line.startswith("|")]
+    assert 0 < len(tables) <= 8
+    measured = (REPO / "benchmarks" / "results" / "quickstart.md").read_text(encoding="utf-8")
+    numbers = re.findall(r"(?<![\d.])\.(\d{3})\b", results)
+    assert numbers
+    for digits in numbers:
+        assert f"0.{digits}" in measured or f".{digits}" in measured, f".{digits} is in no result file"

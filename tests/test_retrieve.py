@@ -117,6 +117,27 @@ def test_sparse_retriever_maps_bm25_ids_to_passages(world):
         assert all(p["text"] == corpus.get(p["id"])["text"] for p in ranking)
 
 
+def test_sparse_dense_and_hybrid_pad_the_same_way(world):
+    # 60 passages, k = 100: every retriever gives (n, 100), rows -1 past the last passage found; BM25 lists only
+    # the passages sharing a term with the question, none for a question of unknown words
+    corpus, vectors, bm25, questions = world
+    texts = [questions[0]["question"], "zzzz qqqq"]
+    dense = DenseRetriever(FakeModel(), BruteForceIndex(vectors), corpus)
+    for order in (bm25, BM25.from_corpus([corpus[r] for r in range(len(corpus) - 1, -1, -1)], show_progress=False)):
+        sparse = SparseRetriever(order, corpus, threads=1)
+        for retriever in (dense, sparse, HybridRetriever(dense, sparse)):
+            scores, rows = retriever.search(texts, 100)
+            assert scores.shape == rows.shape == (2, 100), type(retriever).__name__
+            assert (rows[:, len(corpus):] == -1).all()
+        scores, rows = sparse.search(texts, 100)
+        found = rows[0] >= 0
+        assert 0 < found.sum() < len(corpus) and found[: found.sum()].all() and (scores[0, found] > 0).all()
+        assert (rows[1] == -1).all() and np.isneginf(scores[1]).all()
+        ranked = sparse.ranked_ids(texts, 100)
+        assert len(ranked[0]) == found.sum() and ranked[1] == []
+        assert [len(r) for r in sparse.retrieve(texts, 100)] == [found.sum(), 0]
+
+
 # ---------------------------------------------------------------------------------------------- fusion arithmetic
 def test_raw_linear_fusion_by_hand():
     dense = [("a", 10.0), ("b", 8.0), ("c", 5.0)]

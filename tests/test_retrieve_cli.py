@@ -150,3 +150,33 @@ def test_dense_search_with_a_mapped_index_gives_the_same_run(setup):
                          "-o", str(out), *extra]) == 0
         runs.append([[c["id"] for c in r["ctxs"]] for r in read_run(out)])
     assert runs[0] == runs[1]
+
+
+def test_search_refuses_a_model_other_than_the_one_that_encoded_the_index(setup, tmp_path, capsys):
+    # a random model of the same dimension used to search a MiniLM index without a word (top-20 .10): the vectors'
+    # manifest records the model, `fastdpr index` carries it into the index file, search compares
+    from tiny_models import tiny_biencoder
+
+    from fastdpr.index import load_index
+
+    tmp, _, _, _ = setup
+    other = tiny_biencoder(tmp_path / "towers", seed=7)
+    other.save_pretrained(tmp_path / "other")
+    assert cli.main(["encode", str(tmp / "passages.jsonl"), "--model", str(tmp / "model"),
+                     "-o", str(tmp_path / "vectors")]) == 0
+    assert cli.main(["index", str(tmp_path / "vectors"), "-o", str(tmp_path / "index.fdpr"), "--spec", "flat"]) == 0
+    assert load_index(tmp_path / "index.fdpr").model_fingerprint
+    capsys.readouterr()
+    base = ["search", str(tmp / "test.jsonl"), "--mode", "dense", "--index", str(tmp_path / "index.fdpr"),
+            "--corpus", str(tmp / "passages.jsonl"), "-k", "5"]
+    assert cli.main([*base, "--model", str(tmp_path / "other"), "-o", str(tmp_path / "other.json")]) == 2
+    err = capsys.readouterr().err
+    assert "another model" in err and "--allow-other-model" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "other.json").exists()
+    assert cli.main([*base, "--model", str(tmp_path / "other"), "--allow-other-model",
+                     "-o", str(tmp_path / "other.json")]) == 0
+    assert cli.main([*base, "--model", str(tmp / "model"), "-o", str(tmp_path / "same.json")]) == 0
+    # tune-hybrid builds its retriever the same way
+    assert cli.main(["tune-hybrid", str(tmp / "dev.jsonl"), "--model", str(tmp_path / "other"), "--index",
+                     str(tmp_path / "index.fdpr"), "--bm25", str(tmp / "bm25"), "--corpus",
+                     str(tmp / "passages.jsonl"), "-o", str(tmp_path / "alpha.json")]) == 2

@@ -172,3 +172,36 @@ def test_documents_without_ids_are_warned_about(tmp_path):
     assert [d["id"] for d in docs] == ["a", "2", "3"]
     messages = [str(w.message) for w in caught]
     assert any("2 documents have no id" in m and "line 2" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "utf-16"])
+def test_split_names_the_encoding_error_not_nothing_to_split(tmp_path, capsys, encoding):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_bytes('{"id": "d1", "title": "Café", "text": "Crème brûlée à la carte"}\n'.encode(encoding))
+    assert main(["split", str(docs), "-o", str(tmp_path / "p.tsv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fastdpr split: error: {docs}:1: not valid UTF-8 (byte "), err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "p.tsv").exists()
+
+
+def test_split_names_the_field_it_expects(tmp_path, capsys):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"id": "d1", "content": "one two three"}\n', encoding="utf-8")
+    assert main(["split", str(docs), "-o", str(tmp_path / "p.tsv")]) == 2
+    err = capsys.readouterr().err
+    assert f"{docs}:1: missing field 'text'" in err and "'content'" in err, err
+
+
+def test_plain_text_encoding_errors_read_as_every_other_reader(tmp_path):
+    (tmp_path / "a.txt").write_bytes("first line\nsecond caf\xe9\n".encode("latin-1"))
+    with pytest.raises(InputError, match=r"a\.txt:2: not valid UTF-8 \(byte 10: b'\\xe9'\)"):
+        list(iter_documents(tmp_path / "a.txt"))
+
+
+def test_json_errors_say_at_once():
+    from fastdpr.data._jsonstream import parse_json_object
+
+    for line in ('{"a": "b', '{"a": "b\x01"}'):
+        with pytest.raises(ValueError) as err:
+            parse_json_object(line)
+        assert " at at " not in str(err.value) and "at column" in str(err.value)

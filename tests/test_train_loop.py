@@ -280,3 +280,19 @@ def test_attention_dropout_is_set_on_every_self_attention_block(tmp_path):
     assert model.question_encoder.config.attention_probs_dropout_prob > 0  # the saved config keeps its own
     with pytest.raises(InputError, match="attention_dropout"):
         TrainingArguments(output_dir=str(tmp_path), attention_dropout=1.0)
+
+
+def test_training_in_a_log_shows_the_progress_line_of_every_long_stage(tmp_path, examples, init_dir, capsys,
+                                                                       monkeypatch):
+    # in a log (stderr not a terminal) training said nothing until `logging_steps` steps were done: with large
+    # batches on a CPU, minutes of silence. Now a line at once, then the timed progress line other stages print.
+    import fastdpr.progress as progress_module
+
+    monkeypatch.setattr(progress_module, "LOG_EVERY_S", 0.0)
+    model = BiEncoder.from_pretrained(init_dir)
+    Trainer(model, _args(tmp_path, show_progress=True, logging_steps=100, max_steps=3), examples).train()
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "train: 3 steps of 16 questions to go"
+    steps = [line for line in err if line.startswith("train: ") and "/3 (" in line]
+    assert [line.split()[1] for line in steps] == ["1/3", "2/3", "3/3"]
+    assert all("step/s" in line and "loss=" in line for line in steps)

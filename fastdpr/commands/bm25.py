@@ -76,10 +76,13 @@ def _search(args) -> int:
         raise InputError("DPR results need passage texts: pass --corpus", path=args.index)
     corpus = _ListedIds(bm25) if fmt == "trec" and not corpus_path else Corpus.open(corpus_path)
     retriever = SparseRetriever(bm25, corpus, n_threads=args.threads or None, show_progress=False)
+    if qa:
+        bm25.search_rows([qa[0]["question"]], 1, threads=1)  # loads the compiled search: not part of the rate
     start = time.perf_counter()
     n = search_to_run(retriever, qa, args.output, args.k, fmt=fmt, match=args.match, tag="fastdpr-bm25",
                       show_progress=True)
-    print(f"searched {n} questions in {time.perf_counter() - start:.1f}s -> {args.output}")
+    elapsed = time.perf_counter() - start
+    print(f"searched {n} questions in {elapsed:.2f} s ({n / max(elapsed, 1e-9):.1f} q/s) -> {args.output}")
     return 0
 
 

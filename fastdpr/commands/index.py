@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if total == 0:
         raise InputError("no vectors to index", path=str(args.vectors))
     index = make_index(args.spec, dim, n_hint=total)
+    index.model_fingerprint = manifest.get("model_fingerprint")  # searches with another model are refused
     start = time.perf_counter()
 
     if not index.is_trained:

@@ -40,10 +40,16 @@ def run(args: argparse.Namespace) -> int:
 
     from fastdpr.data.split import iter_documents
 
-    with warnings.catch_warnings():  # a look for one document with text; its bad rows are reported by the split
+    # a look for one readable document before anything is written; its bad rows are reported by the split
+    looked = ReadStats()
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if next(iter_documents(args.inputs, skip_bad=True), None) is None:
-            raise InputError(f"no document with text in {', '.join(map(str, args.inputs))}: nothing to split")
+        found = next(iter_documents(args.inputs, skip_bad=True, stats=looked), None)
+    if found is None:
+        if looked.first_errors:  # say why the first row was refused (an encoding, a missing field), not "nothing"
+            raise InputError(f"{looked.first_errors[0]} (no document of {', '.join(map(str, args.inputs))} "
+                             "could be read: nothing to split)")
+        raise InputError(f"no document with text in {', '.join(map(str, args.inputs))}: nothing to split")
     stats = ReadStats()
     n = split_files(args.inputs, args.output, words=args.words, stride=args.stride, numeric_ids=args.numeric_ids,
                     fmt=args.format, skip_bad=args.skip_bad, stats=stats)

@@ -138,7 +138,9 @@ def parse_json_object(line: str) -> dict:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+        # some of json's messages end in "at" ("Unterminated string starting at"): one "at" is enough
+        msg = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
+        raise ValueError(f"not valid JSON ({msg} at column {exc.colno})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     return obj

@@ -228,10 +228,14 @@ def iter_documents(
                 warnings.warn(f"{path}: {len(unnamed)} documents have no id (\"id\", \"_id\" or \"docid\"); "
                               f"their line numbers stand in (the first at line {unnamed[0]})", stacklevel=2)
             continue  # parsed() has called finish()
+        data = path.read_bytes()
         try:
-            text = path.read_bytes().decode("utf-8-sig")
+            text = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
-            bad(f"not valid UTF-8 at byte {exc.start}", path.read_bytes()[: exc.start].count(b"\n") + 1)
+            # the words of every other reader (numbered_lines): the byte's offset within its line
+            line_start = data.rfind(b"\n", 0, exc.start) + 1
+            bad(f"not valid UTF-8 (byte {exc.start - line_start}: {data[exc.start:exc.start + 1]!r})",
+                data[: exc.start].count(b"\n") + 1)
             continue
         if not text.strip():
             bad("empty document", 1)
@@ -245,7 +249,11 @@ def _parse_document(line: str, lineno: int, unnamed: list[int] | None = None) ->
     obj = parse_json_object(line)
     text = obj.get("text", obj.get("contents"))
     if not isinstance(text, str):
-        raise ValueError("missing field 'text'")
+        if "text" in obj or "contents" in obj:
+            raise ValueError(f"field 'text' must be a string, got {type(text).__name__}")
+        keys = ", ".join(repr(k) for k in list(obj)[:8]) or "none"
+        raise ValueError(f"missing field 'text' (a document is {{\"id\", \"title\", \"text\"}}; this one has "
+                         f"{keys})")
     if not text.strip():
         raise ValueError("empty document text")
     title = obj.get("title") or ""

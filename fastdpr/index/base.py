@@ -244,6 +244,9 @@ class Index:
     kind: ClassVar[str] = ""
     # search parameters accepted by ``search(..., **params)`` (name -> default), checked by ``take_params``
     search_params: ClassVar[dict[str, Any]] = {}
+    #: the fingerprint of the model whose passage vectors the index holds (``fastdpr.encode.model_fingerprint``,
+    #: from the vectors' manifest), saved in the file, so that a search with another model can be refused
+    model_fingerprint: str | None = None
 
     def __init__(self, dim: int):
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
@@ -382,6 +385,8 @@ class Index:
         writer = fileformat.open_writer(path, self.kind, compiled=self._uses_compiled_writer())
         if self._labels is not None:
             writer.add("labels", self._labels)
+        if self.model_fingerprint:
+            writer.meta("model_fingerprint", self.model_fingerprint)
         self._write(writer)
         writer.commit()
         return path
@@ -484,4 +489,6 @@ def load_index(path: str | os.PathLike, mmap: bool = False) -> Index:
     except ValueError as exc:  # the compiled loaders' FormatError names the file already
         raise InputError(str(exc)) from None
     index._restore_labels(reader)
+    if reader.has_meta("model_fingerprint"):
+        index.model_fingerprint = reader.meta("model_fingerprint")
     return index

@@ -25,6 +25,7 @@ from fastdpr.models.loading import (
     max_positions,
     read_sentence_transformers,
     require_safetensors,
+    resolve_model,
     tokenizer_max_length,
 )
 from fastdpr.models.pooling import l2_normalize, pool
@@ -189,7 +190,7 @@ class BiEncoder(nn.Module):
             model = BiEncoder.from_pretrained("model/")      # `fastdpr train -o model/`: model/best or model/model
             model = BiEncoder.from_pretrained("bert-dir", pooling="mean", shared=True)
         """
-        path = _training_output(Path(path))
+        path = _training_output(resolve_model(path))
         kind = directory_kind(path)
         if kind == "dpr":
             raise InputError("this is a Hugging Face DPR checkpoint; load question and context encoders together "

@@ -46,6 +46,33 @@ def read_json(path: Path) -> dict:
     return data
 
 
+def resolve_model(name: str | Path) -> Path:
+    """The directory of a model given as a directory or as a Hugging Face name (``org/model``): a name is looked up
+    in the local Hugging Face cache only (fastdpr never downloads a model behind the user's back); a name that is
+    not there is an ``InputError`` saying how to get it."""
+    path = Path(name)
+    if path.exists() or not _looks_like_hub_name(str(name)):
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.constants import HF_HUB_CACHE
+    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
+        raise InputError("model directory not found", path=str(path)) from None
+    try:
+        return Path(snapshot_download(str(name), local_files_only=True))
+    except Exception:  # huggingface_hub raises several error types for "not in the cache"
+        raise InputError(
+            f"neither a model directory nor a model in the local Hugging Face cache ({HF_HUB_CACHE}): download it "
+            f"first (huggingface-cli download {name}) or give the directory it is in", path=str(path)) from None
+
+
+def _looks_like_hub_name(name: str) -> bool:
+    """``bert-base-uncased`` or ``org/model``: no more than one slash, no leading dot or slash, no backslash."""
+    import re
+
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", name) is not None
+
+
 def directory_kind(path: Path) -> str:
     """``fastdpr`` | ``sentence-transformers`` | ``dpr`` | ``hf``; InputError when it is none of them."""
     path = Path(path)

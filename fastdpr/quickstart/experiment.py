@@ -415,7 +415,7 @@ def stage_search(ws: Workspace) -> dict:
 
 def stage_reader(ws: Workspace) -> dict:
     """The reader: the one ``benchmarks/reader_bench.py`` trained, when it is in the cache; otherwise one trained
-    here within ``reader_budget_s`` from the packaged MiniLM, on NQ training questions with passages BM25 finds in
+    here for ``reader_steps`` steps from the packaged MiniLM, on NQ training questions with passages BM25 finds in
     the training pool. It reads the top passages of the hybrid retriever for held-out NQ test questions."""
     from fastdpr.data import Corpus
     from fastdpr.reader import (bf16_supported, evaluate_answers, load_cached_reader, select_answer,
@@ -432,9 +432,10 @@ def stage_reader(ws: Workspace) -> dict:
         retriever = SparseRetriever(BM25.from_corpus(train_corpus, show_progress=False), train_corpus)
         train_qs = take(ws.questions("train_nq"), c.reader_train_questions, "reader")
         reader, stats = train_reader_from_questions(
-            train_qs, retriever, ws.out / "reader", time_budget_s=c.reader_budget_s, seed=c.seed,
-            show_progress=c.show_progress)
-        source = f"trained here ({stats.get('steps', '?')} steps in {c.reader_budget_s:.0f} s)"
+            train_qs, retriever, ws.out / "reader", max_steps=c.reader_steps, batch_size=c.reader_batch_size,
+            freeze_word_embeddings=True, seed=c.seed, show_progress=c.show_progress)
+        source = (f"trained here: {stats['steps']} steps of {c.reader_batch_size} questions, "
+                  f"{stats['seconds']:.0f} s")
     found = retrievers(ws)
     test = take(ws.questions("nq_test"), c.reader_test_questions, "reader_test")
     passages = found["hybrid"].retrieve([q["question"] for q in test], c.reader_top_k)

@@ -8,6 +8,8 @@ KS = (1, 5, 20, 100)
 RETRIEVERS = ("bm25", "zero_shot", "dense", "hybrid")
 DATASETS = ("nq_test", "squad_dev", "nyt_test")
 TITLES = {"nq_test": "NQ test", "squad_dev": "SQuAD dev", "nyt_test": "NYT test"}
+# what a person reads for each retriever (results.json keeps the short keys)
+LABELS = {"bm25": "BM25", "zero_shot": "starting model", "dense": "fine-tuned dense", "hybrid": "hybrid"}
 
 
 def claims(metrics: dict) -> list[dict]:
@@ -52,7 +54,7 @@ def format_table(results: dict) -> str:
             qps = results["qps"].get(name)
             extra = f"   {qps:7.1f} q/s" if dataset == "nq_test" and qps else ""
             cells = "".join(f"{m[f'top{k}']:8.3f}" for k in KS)
-            lines.append(f"  {name:<24}{cells}{m['gold_top20']:9.3f}{extra}")
+            lines.append(f"  {LABELS[name]:<24}{cells}{m['gold_top20']:9.3f}{extra}")
     r = results["reader"]
     source = f", {r['source']}" if r.get("source") else ""
     lines.append(f"reader on NQ test (top-{r['top_k']} {r['retriever']} passages, {r['n']} questions{source}): "
@@ -84,7 +86,7 @@ def plot(results: dict, path: Path) -> None:
         retrieval = results["datasets"][dataset]["retrieval"]
         for i, name in enumerate(RETRIEVERS):
             values = [retrieval[name][f"top{k}"] for k in KS]
-            ax.bar([x + (i - 1.5) * width for x in range(len(KS))], values, width, label=name)
+            ax.bar([x + (i - 1.5) * width for x in range(len(KS))], values, width, label=LABELS[name])
         ax.set_xticks(range(len(KS)), [f"top-{k}" for k in KS])
         ax.set_title(f"{TITLES[dataset]} ({results['datasets'][dataset]['questions']} q)")
         ax.set_ylim(0, 1)

@@ -80,7 +80,9 @@ class Reader(nn.Module):
         """Load a saved reader, or start a new one (randomly initialised heads) from any HF encoder directory."""
         from transformers import AutoModel, AutoTokenizer
 
-        path = Path(path)
+        from fastdpr.models.loading import resolve_model
+
+        path = resolve_model(path)
         if not path.is_dir():
             raise InputError("not a model directory", path=str(path))
         config_file = path / CONFIG_NAME

@@ -8,10 +8,31 @@ import numpy as np
 from fastdpr.retrieve.base import Retriever, check_k, check_questions
 
 
+def check_same_model(model, index) -> None:
+    """Refuse a question encoder other than the model that encoded the index's passages: vectors of another model
+    of the same dimension are searched without complaint and retrieve nonsense. An index whose file records the
+    passage model's fingerprint (``fastdpr index`` carries it over from the vectors' manifest) is compared with
+    ``model``; an index without one, or a model fastdpr cannot fingerprint, is taken as it is."""
+    from fastdpr.errors import InputError
+
+    expected = getattr(index, "model_fingerprint", None)
+    if not expected or not hasattr(model, "passage_encoder"):
+        return
+    from fastdpr.encode.fingerprint import model_fingerprint
+
+    found = model_fingerprint(model)
+    if found != expected:
+        raise InputError(f"the index holds passages encoded by another model (fingerprint {expected}; this model's "
+                         f"is {found}): search with the model that encoded them, or allow it knowingly "
+                         "(--allow-other-model; DenseRetriever(..., allow_other_model=True))")
+
+
 class DenseRetriever(Retriever):
     """Questions -> ``model.encode_questions`` -> ``index.search`` -> passages (scores are inner products).
 
-    ``index`` ids are corpus rows (int64; −1 marks "fewer than k found" and is skipped).
+    ``index`` ids are corpus rows (int64; −1 marks "fewer than k found" and is skipped). An index that records
+    the fingerprint of the model that encoded its passages refuses another ``model`` (:func:`check_same_model`)
+    unless ``allow_other_model``.
 
     Example::
 
@@ -20,7 +41,10 @@ class DenseRetriever(Retriever):
     """
 
     def __init__(self, model, index, corpus, *, batch_size: int = 64, chunk_size: int = 4096, device=None,
-                 search_params: dict | None = None, show_progress: bool = False, precision: str = "auto"):
+                 search_params: dict | None = None, show_progress: bool = False, precision: str = "auto",
+                 allow_other_model: bool = False):
+        if not allow_other_model:
+            check_same_model(model, index)
         self.model = model
         self.index = index
         self.corpus = corpus

@@ -39,7 +39,9 @@ class SparseRetriever(Retriever):
         if not self._aligned:
             self._row_map = _row_map(self.bm25, self.corpus)
             self._aligned = True
-        return bm25_rows if self._row_map is None else self._row_map[bm25_rows]
+        if self._row_map is None:
+            return bm25_rows
+        return np.where(bm25_rows >= 0, self._row_map[np.maximum(bm25_rows, 0)], -1)
 
     def search(self, questions: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         scores, rows = self._bm25_search(questions, k)
@@ -48,8 +50,9 @@ class SparseRetriever(Retriever):
     def ranked_ids(self, questions: Sequence[str], k: int) -> list[Ranked]:
         # the BM25 index holds its own ids: no corpus lookup needed (a TREC run may be written without a corpus)
         scores, rows = self._bm25_search(questions, k)
-        ids = self.bm25.ids[rows].tolist()
-        return [[(str(p), float(s)) for s, p in zip(srow, prow)] for srow, prow in zip(scores.tolist(), ids)]
+        ids = self.bm25.ids[np.maximum(rows, 0)].tolist() if len(self.bm25) else [[]] * len(rows)
+        return [[(str(p), float(s)) for s, p, r in zip(srow, prow, rrow) if r >= 0]
+                for srow, prow, rrow in zip(scores.tolist(), ids, rows.tolist())]
 
 
 def _row_map(bm25, corpus) -> np.ndarray | None:

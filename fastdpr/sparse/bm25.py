@@ -42,6 +42,10 @@ TOKENIZER_VOCAB = "vocab.tokenizer.json"
 LUCENE_LIKE_SPLITTER = r"(?u)(\w+(?:\.\w+|['\u2019](?![sS]\b)\w+|(?<=\d),(?=\d)\w+)*)(?:['\u2019][sS]\b)?"
 
 
+# BM25 variants that give a passage a score for the query terms it lacks
+_NONOCCURRENCE_METHODS = ("bm25l", "bm25+")
+
+
 def _numba_available() -> bool:
     try:
         import numba  # noqa: F401
@@ -217,7 +221,8 @@ class BM25:
         show_progress: bool = False,
         n_threads: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Like :meth:`search` but returns index rows (int64) instead of passage ids."""
+        """Like :meth:`search` but returns index rows (int64, -1 past the last passage matched) instead of
+        passage ids."""
         from fastdpr.progress import progress
 
         if isinstance(queries, str):
@@ -226,20 +231,33 @@ class BM25:
             raise ValueError(f"k must be >= 1, got {k}")
         if len(self) == 0:
             raise RuntimeError("this BM25 index is empty; build it with BM25.from_corpus or BM25.load")
-        k = min(int(k), len(self))
+        k = int(k)
+        depth = min(k, len(self))  # bm25s ranks at most every passage
         workers = self._threads(_renamed_threads(threads, n_threads))
         n = len(queries)
-        scores = np.empty((n, k), dtype=np.float32)
-        rows = np.empty((n, k), dtype=np.int64)
+        # padded as the dense indexes pad: score -inf, row -1 where fewer than k passages match
+        scores = np.full((n, k), -np.inf, dtype=np.float32)
+        rows = np.full((n, k), -1, dtype=np.int64)
         bar = progress(total=n, desc="BM25 search", unit="q", enabled=show_progress)
         for start in range(0, n, batch_size):
             batch = queries[start : start + batch_size]
             token_ids = self.tokenize_queries(batch)
-            docs, batch_scores = self.retriever.retrieve(
-                token_ids, k=k, show_progress=False, n_threads=workers, sorted=True
-            )
-            scores[start : start + len(batch)] = batch_scores
-            rows[start : start + len(batch)] = docs
+            if self.params["method"] in _NONOCCURRENCE_METHODS:
+                # these variants score every passage, matching or not: bm25s's own search
+                docs, batch_scores = self.retriever.retrieve(
+                    token_ids, k=depth, show_progress=False, n_threads=workers, sorted=True
+                )
+            else:
+                from fastdpr.sparse import _topk
+
+                starts = np.cumsum([0] + [len(t) for t in token_ids], dtype=np.int64)
+                docs, batch_scores = _topk.search(np.concatenate(token_ids), starts, self.retriever.scores, depth,
+                                                  threads=workers, backend=self.backend)
+            # every BM25 term weight is positive, so a score of 0 means the passage shares no term with the
+            # query: no result, however short the list
+            matched = batch_scores > 0
+            scores[start : start + len(batch), :depth] = np.where(matched, batch_scores, -np.inf)
+            rows[start : start + len(batch), :depth] = np.where(matched, docs, -1)
             bar.update(len(batch))
         bar.close()
         return scores, rows
@@ -256,14 +274,15 @@ class BM25:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` passages of every query: ``(scores float32 (n, k), ids str (n, k))``, best first.
 
-        ``k`` is capped at the corpus size. ``threads``: None or 0 = all cores, 1 = this thread only (the index
-        types' search and the CLI's ``--threads`` read it the same way; ``n_threads`` is its old, deprecated
-        name). Passages sharing no term with a query score 0 and fill the tail when fewer than ``k`` match.
+        Only passages sharing a term with the query are results: where fewer than ``k`` match (or the corpus is
+        smaller than ``k``), the tail holds id ``""`` and score ``-inf``, as the dense indexes pad theirs.
+        ``threads``: None or 0 = all cores, 1 = this thread only (the index types' search and the CLI's
+        ``--threads`` read it the same way; ``n_threads`` is its old, deprecated name).
 
         Example: ``scores, ids = bm25.search(["who wrote hamlet"], k=100)``"""
         scores, rows = self.search_rows(queries, k, threads=_renamed_threads(threads, n_threads),
                                         batch_size=batch_size, show_progress=show_progress)
-        return scores, self._ids[rows]
+        return scores, ids_of_rows(self._ids, rows)
 
     def _threads(self, threads: int | None) -> int:
         most = _max_threads()
@@ -339,6 +358,14 @@ class BM25:
 
 def _renamed_threads(threads: int | None, n_threads: int | None) -> int | None:
     return renamed("threads", threads, "n_threads", n_threads, "BM25.search")
+
+
+def ids_of_rows(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The passage id of every row, ``""`` for row -1 (nothing found)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.size and rows.min() >= 0:
+        return ids[rows]
+    return np.where(rows >= 0, ids[np.maximum(rows, 0)] if len(ids) else "", "")
 
 
 def _check_unique(ids: np.ndarray) -> None:

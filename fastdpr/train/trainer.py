@@ -22,7 +22,6 @@ import inspect
 import json
 import os
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -419,11 +418,15 @@ class Trainer:
         if is_main and resume:
             _truncate_metrics(metrics, self.state["step"])
 
-        bar = None
-        if is_main and args.show_progress and sys.stderr.isatty():
-            from tqdm.auto import tqdm
+        from fastdpr.progress import announce, progress
 
-            bar = tqdm(total=self.total_steps, initial=self.state["step"], desc="train", unit="step")
+        # the progress every long stage shows: a bar on a terminal, a timed line in a log (a step of a large batch
+        # on a CPU takes long enough that lines every `logging_steps` steps leave a log silent for minutes)
+        bar = progress(total=self.total_steps, initial=self.state["step"], desc="train", unit="step",
+                       enabled=is_main and args.show_progress)
+        # the first progress line comes only after a step: say at once what is under way
+        announce(f"train: {self.total_steps - self.state['step']:,} steps of {args.batch_size} questions to go",
+                 enabled=is_main and args.show_progress)
         bpe = self.builder.batches_per_epoch
         # examples/s counts training steps only (not validation or checkpoint writing)
         window_loss, window_steps, window_time = 0.0, 0, 0.0
@@ -446,19 +449,14 @@ class Trainer:
                 window_steps += 1
                 record = {"step": step, "epoch": epoch, "loss": loss, "lr": self.scheduler.get_last_lr()[0],
                           "grad_norm": grad_norm}
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.4f}")
+                bar.set_postfix(loss=f"{loss:.4f}")
+                bar.update(1)
                 done = step >= self.total_steps
                 if step % args.logging_steps == 0 or done:
                     if is_main:
                         logged = {**record, "loss": window_loss / window_steps,
                                   "examples_per_s": window_steps * args.batch_size / max(window_time, 1e-9)}
                         _append_jsonl(metrics, logged)
-                        if bar is None and args.show_progress:  # not a terminal (a log file, torchrun): one line
-                            print(f"step {step}/{self.total_steps} loss {logged['loss']:.4f} "
-                                  f"lr {logged['lr']:.3g} {logged['examples_per_s']:.1f} examples/s",
-                                  file=sys.stderr, flush=True)
                     window_loss, window_steps, window_time = 0.0, 0, 0.0
                 if self.dev_examples and ((args.eval_steps and step % args.eval_steps == 0)
                                           or (not args.eval_steps and end_of_epoch) or done):
@@ -474,8 +472,7 @@ class Trainer:
                     break
         if self.state["step"] != last_saved:
             self.save_checkpoint()
-        if bar is not None:
-            bar.close()
+        bar.close()
         if is_main:
             with self.interpolated():
                 self.model.save_pretrained(str(self.final_model_dir))
