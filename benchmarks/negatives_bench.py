@@ -130,7 +130,8 @@ def _train(config, group: int, steps: int, device: str, model_path: str | None =
     child.start()
     child.join()
     if child.exitcode != 0:
-        raise RuntimeError(f"training the arm with groups of {group} failed (exit {child.exitcode})")
+        arm = f"groups of {group}" if pool is None else f"question-side arm with pool {pool}"
+        raise RuntimeError(f"training the {arm} failed (exit {child.exitcode})")
     return queue.get(timeout=30)
 
 
@@ -410,8 +411,9 @@ def _report(args, stages: dict) -> int:
                "intervals": intervals, "verdict": verdict, "frozen_pools": args.frozen_pools, "unfinished_groups": missing,
                "stage_seconds": {k: round(v.get("seconds", 0.0), 1) for k, v in stages.items()}}
     wall = sum(v.get("seconds", 0.0) for v in stages.values())
-    body = (f"Batch {args.batch:,} questions, {args.steps} optimizer steps per arm at lr {args.lr:g} (10% warm-up, "
-            f"linear decay), GradCache chunk {args.chunk}, {mine['train_records']:,} distinct training examples "
+    warmup = int(round(0.1 * args.steps))  # the recipe's 10%, rounded as the trainer rounds it
+    body = (f"Batch {args.batch:,} questions, {args.steps} optimizer steps per arm at lr {args.lr:g} ({warmup} warm-up "
+            f"steps, then linear decay to 0), GradCache chunk {args.chunk}, {mine['train_records']:,} distinct training examples "
             f"(one BM25 hard negative each, mixture of the recipe), passages of {args.passage_length} tokens; "
             f"device {args.device}, {torch.get_num_threads()} threads; stages took {wall / 60:.1f} min in all.\n"
             f"Evaluation pool: {corpus['passages']:,} passages; exact search; DPR has_answer. "
