@@ -1,11 +1,9 @@
 import os
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 from compiled_extension import extension
+from processes import age, dead_pid
 
 from fastdpr.atomic import atomic_open, remove_stale_temp_files, write_json
 
@@ -39,26 +37,15 @@ def test_atomic_open_refuses_read_modes(tmp_path):
             pass
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-def _age(path, seconds=3600):
-    t = time.time() - seconds
-    os.utime(path, (t, t))
-
-
 def test_stale_temp_files_of_dead_writers_go_and_live_ones_stay(tmp_path):
     target = tmp_path / "index.fdpr"
-    live, dead = os.getpid(), _dead_pid()
+    live, dead = os.getpid(), dead_pid()
     names = {f".index.fdpr.{live}.abc123.tmp": True, f".index.fdpr.{dead}.abc123.tmp": False,
              f"index.fdpr.tmp-{live}-00ff00ff00ff00ff": True, f"index.fdpr.tmp-{dead}-00ff00ff00ff00ff": False,
              f"index.fdpr.tmp-{dead}": False}
     for name in names:
         (tmp_path / name).write_text("x")
-        _age(tmp_path / name)
+        age(tmp_path / name)
     removed = remove_stale_temp_files(target)
     assert sorted(p.name for p in removed) == sorted(n for n, keep in names.items() if not keep)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, keep in names.items() if keep)

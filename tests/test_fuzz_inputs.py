@@ -7,13 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
-import time
 import warnings
 
 import numpy as np
 import pytest
+from processes import age, dead_pid
 
 from fastdpr import cli
 from fastdpr.errors import InputError
@@ -23,28 +21,17 @@ from fastdpr.errors import InputError
 # temporary files of killed writers
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-def _age(path, seconds=3600):
-    t = time.time() - seconds
-    os.utime(path, (t, t))
-
-
 def test_stale_temp_files_of_dead_writers_are_removed(tmp_path):
     from fastdpr.atomic import write_json
 
-    dead, alive = _dead_pid(), os.getpid()
+    dead, alive = dead_pid(), os.getpid()
     stale = [tmp_path / f".out.json.{dead}.abc123.tmp", tmp_path / f"out.json.tmp-{dead}"]  # Python, C++ writers
     live = tmp_path / f".out.json.{alive}.xyz789.tmp"
     fresh = tmp_path / f".out.json.{dead}.fresh1.tmp"  # a writer on another machine may still be writing it
     other = tmp_path / f".other.json.{dead}.abc123.tmp"
     for p in stale + [live, other]:
         p.write_text("half")
-        _age(p)
+        age(p)
     fresh.write_text("half")
     write_json(tmp_path / "out.json", {"a": 1})
     assert not any(p.exists() for p in stale)
@@ -55,10 +42,10 @@ def test_stale_temp_files_of_dead_writers_are_removed(tmp_path):
 def test_index_save_removes_the_compiled_writers_stale_temp_files(tmp_path):
     from fastdpr.index import build_index
 
-    dead = _dead_pid()
+    dead = dead_pid()
     stale = tmp_path / f"i.fdpr.tmp-{dead}"
     stale.write_bytes(b"\0" * 64)
-    _age(stale)
+    age(stale)
     build_index(np.eye(4, dtype=np.float32), "flat").save(tmp_path / "i.fdpr")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["i.fdpr"]
 

@@ -7,20 +7,11 @@ import os
 
 import numpy as np
 import pytest
-from test_index_hardening import C, needs_native, run_isolated
+from test_index_hardening import C, needs_native, run_isolated, use_native  # noqa: F401  (use_native: a fixture)
 
 from fastdpr.errors import InputError
 from fastdpr.index import build_index, load_index, make_index, parse_spec
 from fastdpr.index._native import force_fallback
-
-
-@pytest.fixture(params=[True, False], ids=["native", "fallback"])
-def use_native(request):
-    if request.param and C is None:
-        pytest.skip("compiled extension not built")
-    force_fallback(not request.param)
-    yield request.param
-    force_fallback(False)
 
 
 # ---------------------------------------------------------------------------------------------------------------
