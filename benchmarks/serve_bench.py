@@ -264,15 +264,20 @@ def main() -> None:
 
     baseline = in_process(files, seconds=args.level_seconds)
     levels, one_at_a_time = [], []
-    server = Server(files, log)
-    try:
+
+    def sweep(target: Server, label: str, rows: list) -> None:
+        """Every mode at every client count against one server, a row each."""
         for mode in ("dense", "hybrid"):
             for clients in LEVELS:
-                row = asyncio.run(closed_loop(server.url, mode, clients, args.level_seconds, max_requests, qs,
+                row = asyncio.run(closed_loop(target.url, mode, clients, args.level_seconds, max_requests, qs,
                                               args.timeout))
-                levels.append({"server": "batched", **row})
-                print(f"batched {mode} {clients:>3} clients: {row['qps']:.1f} q/s p99 {row['p99_ms']:.1f} ms "
+                rows.append({"server": label, **row})
+                print(f"{label} {mode} {clients:>3} clients: {row['qps']:.1f} q/s p99 {row['p99_ms']:.1f} ms "
                       f"{row['statuses']}", flush=True)
+
+    server = Server(files, log)
+    try:
+        sweep(server, "batched", levels)
         saturation = max(r["qps"] for r in levels if r["mode"] == "dense")
         half = asyncio.run(open_loop(server.url, "dense", saturation / 2, 2 * args.level_seconds, qs, args.timeout))
         print(f"half saturation ({saturation / 2:.0f}/s): p99 {half['p99_ms']:.1f} ms {half['statuses']}", flush=True)
@@ -293,13 +298,7 @@ def main() -> None:
         batched_rc = server.stop()
     single = Server(files, log, "--max-batch", "1")
     try:
-        for mode in ("dense", "hybrid"):
-            for clients in LEVELS:
-                row = asyncio.run(closed_loop(single.url, mode, clients, args.level_seconds, max_requests, qs,
-                                              args.timeout))
-                one_at_a_time.append({"server": "max-batch 1", **row})
-                print(f"max-batch 1 {mode} {clients:>3} clients: {row['qps']:.1f} q/s p99 {row['p99_ms']:.1f} ms "
-                      f"{row['statuses']}", flush=True)
+        sweep(single, "max-batch 1", one_at_a_time)
     finally:
         single_rc = single.stop()
 
