@@ -120,6 +120,43 @@ def test_full_queue_refuses_with_a_retry_hint_and_recovers():
     assert run(main()) == [("a", "after")]
 
 
+def test_more_expected_work_than_max_queue_ms_is_refused_before_the_count_limit():
+    rec = Recorder(delay=0.2)
+
+    async def main():
+        b = Batcher(rec, max_batch=1, max_wait_ms=0, max_queue=100, max_queue_ms=500)
+        await b.start()
+        await b.submit("a", ["warm"])  # one batch measured: 0.2 s a question
+        first = asyncio.ensure_future(b.submit("a", ["busy"]))
+        await asyncio.sleep(0.05)  # the worker is busy with it; the next ones queue
+        queued = [asyncio.ensure_future(b.submit("a", [f"q{i}"])) for i in range(2)]
+        await asyncio.sleep(0)
+        assert b.depth == 2
+        with pytest.raises(QueueFull) as refused:  # 3 questions x 0.2 s > 0.5 s, though 3 <= max_queue
+            await b.submit("a", ["one too many"])
+        assert refused.value.retry_after >= 1
+        answered = await asyncio.gather(first, *queued)
+        await b.close()
+        return answered
+
+    assert run(main()) == [[("a", "busy")], [("a", "q0")], [("a", "q1")]]
+
+
+def test_without_a_measured_batch_only_the_count_limits_the_queue():
+    rec = Recorder(delay=0.1)
+
+    async def main():
+        b = Batcher(rec, max_batch=1, max_wait_ms=0, max_queue=8, max_queue_ms=1)
+        await b.start()
+        jobs = [asyncio.ensure_future(b.submit("a", [f"q{i}"])) for i in range(8)]
+        await asyncio.sleep(0)
+        answered = await asyncio.gather(*jobs)
+        await b.close()
+        return answered
+
+    assert run(main()) == [[("a", f"q{i}")] for i in range(8)]
+
+
 def test_an_error_reaches_every_job_of_its_batch_and_the_loop_goes_on():
     rec = Recorder(fail_on="bad")
 

@@ -119,6 +119,8 @@ def test_the_backend_holds_what_the_arguments_name(files):
     (["--corpus", "x.tsv", "--bm25", "b", "--max-batch", "0"], "--max-batch must be >= 1"),
     (["--corpus", "x.tsv", "--bm25", "b", "--max-questions", "64", "--max-queue", "8"], "--max-queue (8)"),
     (["--corpus", "x.tsv", "--bm25", "b", "--max-wait-ms", "-1"], "--max-wait-ms must be >= 0"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--max-queue-ms", "-5"], "--max-queue-ms must be >= 0"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--max-queue-ms", "nan"], "--max-queue-ms must be >= 0"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, message, capsys):
     assert cli.main(["serve", *argv]) == 2

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="how long the first waiting question may wait for others to join its batch")
     g.add_argument("--max-queue", type=int, default=1024,
                    help="questions waiting at most; beyond, requests get 503 with Retry-After")
+    g.add_argument("--max-queue-ms", type=float, default=2000.0,
+                   help="expected wait at most (questions waiting x recent seconds per question); beyond, "
+                        "requests get 503 with Retry-After (0: no bound but --max-queue)")
     g = parser.add_argument_group("limits")
     g.add_argument("--max-k", type=int, default=1000, help="largest k a request may ask for")
     g.add_argument("--max-questions", type=int, default=256, help="questions per request at most")
@@ -64,6 +67,8 @@ def _check(args) -> None:
             raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.max_wait_ms < 0:
         raise InputError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
+    if not args.max_queue_ms >= 0:
+        raise InputError(f"--max-queue-ms must be >= 0, got {args.max_queue_ms}")
     if args.max_questions > args.max_queue:
         raise InputError(f"--max-queue ({args.max_queue}) must hold one full request (--max-questions "
                          f"{args.max_questions})")
@@ -125,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(max_k=args.max_k, max_questions=args.max_questions,
                     max_question_chars=args.max_question_chars, max_body_bytes=args.max_body_bytes)
     app = create_app(backend, limits=limits, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                     max_queue=args.max_queue, api_key=api_key)
+                     max_queue=args.max_queue, max_queue_ms=args.max_queue_ms or None, api_key=api_key)
     print(f"fastdpr serve: {', '.join(backend.modes)} over {backend.passages()} passages on "
           f"http://{args.host}:{args.port} (ready once warm: GET /readyz)", file=sys.stderr, flush=True)
     serve(app, args.host, args.port, log_level=args.log_level)

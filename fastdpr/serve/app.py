@@ -25,7 +25,8 @@ _DRAIN_FACTOR = 64
 
 
 def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int = 64, max_wait_ms: float = 5.0,
-               max_queue: int = 1024, api_key: str | None = None, warm_up: bool = True):
+               max_queue: int = 1024, max_queue_ms: float | None = 2000.0, api_key: str | None = None,
+               warm_up: bool = True):
     """A FastAPI application answering from ``backend``; its lifespan starts the batcher (and the warm-up) and,
     at shutdown, answers what is queued before it returns."""
     from fastapi import FastAPI, Request
@@ -64,7 +65,8 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
             log.exception("warm-up failed")
 
     app = FastAPI(title="fastdpr", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    batcher = Batcher(backend.run, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue)
+    batcher = Batcher(backend.run, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
+                      max_queue_ms=max_queue_ms)
     metrics = Metrics(lambda: batcher.depth)
     batcher.on_batch = metrics.observe_batch
     app.state.batcher, app.state.metrics, app.state.backend = batcher, metrics, backend
@@ -196,7 +198,8 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
                           "GET /metrics": "Prometheus text format"},
             "limits": {"max_k": limits.max_k, "max_questions": limits.max_questions,
                        "max_question_chars": limits.max_question_chars, "max_body_bytes": limits.max_body_bytes,
-                       "max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_queue": max_queue},
+                       "max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_queue": max_queue,
+                       "max_queue_ms": max_queue_ms},
         })
 
     return _Observed(app, metrics)

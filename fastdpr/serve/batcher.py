@@ -14,7 +14,8 @@ from typing import Any, Callable, Hashable, Sequence
 
 
 class QueueFull(Exception):
-    """The queue already holds ``max_queue`` questions; ``retry_after`` is a hint in whole seconds."""
+    """The queue holds ``max_queue`` questions, or more than ``max_queue_ms`` of expected work; ``retry_after``
+    is a hint in whole seconds."""
 
     def __init__(self, depth: int, retry_after: int):
         super().__init__(f"the queue is full ({depth} questions waiting); retry in {retry_after}s")
@@ -40,19 +41,22 @@ class Batcher:
     A batch leaves when the oldest waiting job has waited ``max_wait_ms``, or its key has ``max_batch`` questions
     waiting, or at once when the worker was busy for longer than that (so under load a batch is whatever arrived
     during the previous one, and an idle server adds at most ``max_wait_ms``). Jobs of other keys keep their
-    place. A job larger than ``max_batch`` goes alone, whole. At most ``max_queue`` questions wait; beyond that
-    ``submit`` raises :class:`QueueFull` (memory stays bounded, and a client learns to back off at once instead
-    of timing out)."""
+    place. A job larger than ``max_batch`` goes alone, whole. At most ``max_queue`` questions wait, and at most
+    ``max_queue_ms`` of expected work (the questions waiting times a running estimate of the seconds per question
+    of recent batches); beyond either ``submit`` raises :class:`QueueFull`. A count alone bounds memory but not
+    time: on a slow machine a full queue holds more work than a client's timeout, so under overload requests
+    would time out instead of being refused; bounding the expected wait turns that into a prompt 503."""
 
     def __init__(self, run_batch: Callable[[Hashable, list[str]], Sequence[Any]], *, max_batch: int = 64,
-                 max_wait_ms: float = 5.0, max_queue: int = 1024,
+                 max_wait_ms: float = 5.0, max_queue: int = 1024, max_queue_ms: float | None = 2000.0,
                  on_batch: Callable[[int, float], None] | None = None):
-        if max_batch < 1 or max_queue < 1 or max_wait_ms < 0:
-            raise ValueError("max_batch and max_queue must be >= 1 and max_wait_ms >= 0")
+        if max_batch < 1 or max_queue < 1 or max_wait_ms < 0 or (max_queue_ms is not None and max_queue_ms <= 0):
+            raise ValueError("max_batch and max_queue must be >= 1, max_wait_ms >= 0 and max_queue_ms > 0")
         self.run_batch = run_batch
         self.max_batch = int(max_batch)
         self.max_wait = float(max_wait_ms) / 1000.0
         self.max_queue = int(max_queue)
+        self.max_queue_s = None if max_queue_ms is None else float(max_queue_ms) / 1000.0
         self.on_batch = on_batch  # (questions, seconds) of every batch run, for the metrics
         self.depth = 0  # questions waiting
         self._jobs: list[_Job] = []
@@ -61,7 +65,7 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._closing = False
-        self._seconds_per_question = 0.01  # running estimate, for Retry-After
+        self._seconds_per_question: float | None = None  # running estimate of recent batches (none before one)
 
     async def start(self) -> None:
         self._wake = asyncio.Event()
@@ -76,9 +80,11 @@ class Batcher:
         """The results of ``questions`` (one per question, in order), once their batch has run."""
         if self._closing or self._task is None:
             raise Closed("the server is shutting down")
-        if self.depth + len(questions) > self.max_queue and self.depth > 0:
-            wait = (self.depth + len(questions)) * self._seconds_per_question
-            raise QueueFull(self.depth, max(1, int(wait + 0.999)))
+        if self.depth > 0:  # an idle queue takes any request, so a single large one is never refused forever
+            wait = (self.depth + len(questions)) * (self._seconds_per_question or 0.0)
+            if self.depth + len(questions) > self.max_queue or (self.max_queue_s is not None
+                                                                 and wait > self.max_queue_s):
+                raise QueueFull(self.depth, max(1, int(wait + 0.999)))
         job = _Job(key, list(questions), asyncio.get_running_loop().create_future())
         self._jobs.append(job)
         self._counts[key] = self._counts.get(key, 0) + len(job.questions)
@@ -166,7 +172,9 @@ class Batcher:
                     job.future.set_exception(err)
             return
         seconds = time.perf_counter() - start
-        self._seconds_per_question = 0.8 * self._seconds_per_question + 0.2 * seconds / len(questions)
+        latest = seconds / len(questions)
+        old = self._seconds_per_question
+        self._seconds_per_question = latest if old is None else 0.8 * old + 0.2 * latest
         if self.on_batch is not None:
             self.on_batch(len(questions), seconds)
         at = 0
