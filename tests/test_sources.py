@@ -211,6 +211,18 @@ def test_fetch_names_a_missing_project(tmp_path, local_index):
         sources.resolve_url(sources.Archive("nosuchproject", "x.tar.gz", "0" * 64, 0), index_url)
 
 
+def test_a_release_gone_from_the_index_says_what_is_listed_and_how_to_hand_it_over(tmp_path, local_index):
+    index_url, _ = local_index
+    # the project page is there, but not the pinned release (as when a release is removed from the index)
+    archive = sources.Archive("bigbench", "bigbench-9.9.tar.gz", "0" * 64, 0)
+    with pytest.raises(FastDPRError) as err:
+        sources.resolve_url(archive, index_url)
+    message = str(err.value)
+    assert "bigbench-9.9.tar.gz is not listed" in message
+    assert "it lists: bigbench-1.0.0.tar.gz, other-0.1.tar.gz" in message
+    assert "--from DIR" in message and "\n" not in message
+
+
 def test_data_fetch_command(tmp_path, local_index, capsys):
     from fastdpr.cli import main
 

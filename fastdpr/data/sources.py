@@ -144,7 +144,14 @@ def resolve_url(archive: Archive, index_url: str | None = None) -> str:
                 f"{page_url} lists {archive.filename} with sha256 {fragment[7:]}, expected {archive.sha256}"
             )
         return urllib.parse.urljoin(page_url, url)
-    raise FastDPRError(f"{archive.filename} is not listed on {page_url}")
+    listed = sorted({urllib.parse.unquote(h.partition("#")[0].rsplit("/", 1)[-1]) for h in parser.links})
+    # a release can disappear from an index (removed upstream, or hidden by a mirror): say what is there and how
+    # to hand the pinned file over instead, rather than only that it is missing
+    raise FastDPRError(
+        f"{archive.filename} is not listed on {page_url} (it lists: {', '.join(listed) or 'nothing'}); "
+        f"put a copy of {archive.filename} (sha256 {archive.sha256[:12]}...) in a directory and pass --from DIR, "
+        f"or set PIP_INDEX_URL to an index that has it"
+    )
 
 
 def sha256_of(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
