@@ -157,6 +157,45 @@ def test_without_a_measured_batch_only_the_count_limits_the_queue():
     assert run(main()) == [[("a", f"q{i}")] for i in range(8)]
 
 
+class PerBatch(Recorder):
+    """A model whose batch costs the same whatever its size, as a small batch nearly does."""
+
+    def __call__(self, key, questions):
+        time.sleep(self.delay)
+        return [(key, q) for q in questions]
+
+
+def test_expected_wait_is_judged_by_full_batches_not_by_light_load_ones():
+    rec = PerBatch(delay=0.05)
+
+    async def main():
+        b = Batcher(rec, max_batch=8, max_wait_ms=0, max_queue=100, max_queue_ms=500)
+        await b.start()
+        for i in range(3):  # light load: batches of one, 50 ms a question
+            await b.submit("a", [f"alone{i}"])
+        busy = asyncio.ensure_future(b.submit("a", ["busy"]))
+        await asyncio.sleep(0.01)
+        # 24 questions: 1.2 s at the light-load rate, but three full batches (150 ms): taken
+        backlog = [asyncio.ensure_future(b.submit("a", [f"q{i}"])) for i in range(24)]
+        await asyncio.sleep(0)
+        refused = [j for j in backlog if j.done() and j.exception() is not None]
+        await asyncio.gather(busy, *backlog)
+        assert b._seconds_per_question == pytest.approx(0.05 / 8, rel=0.5)  # measured on full batches
+        # a backlog that full batches cannot clear in time is still refused
+        more = asyncio.ensure_future(b.submit("a", ["busy again"]))
+        await asyncio.sleep(0.01)
+        flood = [asyncio.ensure_future(b.submit("a", [f"f{i}"])) for i in range(99)]
+        await asyncio.sleep(0)
+        flood_refused = sum(1 for j in flood if j.done() and isinstance(j.exception(), QueueFull))
+        await asyncio.gather(more, *flood, return_exceptions=True)
+        await b.close()
+        return refused, flood_refused
+
+    refused, flood_refused = run(main())
+    assert refused == []
+    assert flood_refused > 0  # 99 questions x ~6 ms > 500 ms
+
+
 def test_an_error_reaches_every_job_of_its_batch_and_the_loop_goes_on():
     rec = Recorder(fail_on="bad")
 

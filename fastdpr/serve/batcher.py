@@ -43,7 +43,8 @@ class Batcher:
     during the previous one, and an idle server adds at most ``max_wait_ms``). Jobs of other keys keep their
     place. A job larger than ``max_batch`` goes alone, whole. At most ``max_queue`` questions wait, and at most
     ``max_queue_ms`` of expected work (the questions waiting times a running estimate of the seconds per question
-    of recent batches); beyond either ``submit`` raises :class:`QueueFull`. A count alone bounds memory but not
+    of recent batches at least half full, the way a backlog is drained; none before the first such batch);
+    beyond either ``submit`` raises :class:`QueueFull`. A count alone bounds memory but not
     time: on a slow machine a full queue holds more work than a client's timeout, so under overload requests
     would time out instead of being refused; bounding the expected wait turns that into a prompt 503."""
 
@@ -65,7 +66,7 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._closing = False
-        self._seconds_per_question: float | None = None  # running estimate of recent batches (none before one)
+        self._seconds_per_question: float | None = None  # running estimate from batches at least half full
 
     async def start(self) -> None:
         self._wake = asyncio.Event()
@@ -172,9 +173,13 @@ class Batcher:
                     job.future.set_exception(err)
             return
         seconds = time.perf_counter() - start
-        latest = seconds / len(questions)
-        old = self._seconds_per_question
-        self._seconds_per_question = latest if old is None else 0.8 * old + 0.2 * latest
+        if 2 * len(questions) >= self.max_batch:
+            # only batches at least half full: a backlog drains in full batches, and a question costs several
+            # times less in one of those than alone, so light-load batches would make the estimate refuse work
+            # the queue clears in time
+            latest = seconds / len(questions)
+            old = self._seconds_per_question
+            self._seconds_per_question = latest if old is None else 0.8 * old + 0.2 * latest
         if self.on_batch is not None:
             self.on_batch(len(questions), seconds)
         at = 0
