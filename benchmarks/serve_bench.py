@@ -7,6 +7,16 @@ pool, and NQ test questions; each request asks one question, k=10:
     python benchmarks/serve_bench.py --run RUN                  # the full protocol (about 20 minutes)
     python benchmarks/serve_bench.py --run RUN --quick          # short phases and a 60 s soak, a smoke run
 
+Without a quickstart run (its data archive must come from a package index), ``--standin DIR`` builds a pool of the
+same size and shape from files in the repository: the packaged MiniLM as the quickstart loads it, the 120
+SQuAD v1.1 dev paragraphs of ``tests/data/sparse_squad_passages.jsonl`` repeated to 5,000 passages (copies keep
+their text, get their own ids, and share their vector), a flat index and BM25 over them, and those paragraphs'
+240 questions. What a server spends per request (encoding one question, scanning 5,000 vectors, BM25 over
+5,000 passages of similar length, fusing, answering ten passages) is the same kind and amount of work as on the
+quickstart's pool, though not the same retrieval quality, which this benchmark does not measure:
+
+    python benchmarks/serve_bench.py --standin /tmp/serve_pool
+
 Measured, in this order:
 
 1. in-process throughput: ``retrieve`` one question at a time and in batches of 64 (dense with bf16 questions,
@@ -71,6 +81,44 @@ def run_files(run: Path) -> dict:
     questions = [json.loads(line)["question"] for line in open(needed[2], encoding="utf-8")]
     return {"model": model, "index": index, "which_model": which, "bm25": str(run / "bm25"),
             "corpus": str(run / "corpus.jsonl"), "questions": questions, "k_union": config.k_union}
+
+
+STANDIN_PASSAGES = 5000
+_SAMPLES = Path(__file__).resolve().parent.parent / "tests" / "data"
+
+
+def standin_files(out: Path) -> dict:
+    """The files of a quickstart-sized pool built from the repository's SQuAD sample (see the module docstring);
+    built once into ``out`` and reused."""
+    from fastdpr.index import build_index
+    from fastdpr.quickstart.config import QuickstartConfig
+    from fastdpr.quickstart.experiment import load_model
+    from fastdpr.sparse import BM25
+    from fastdpr.data import Corpus
+
+    config = QuickstartConfig()
+    unique = [json.loads(line) for line in open(_SAMPLES / "sparse_squad_passages.jsonl", encoding="utf-8")]
+    questions = [json.loads(line)["question"]
+                 for line in open(_SAMPLES / "sparse_squad_questions.jsonl", encoding="utf-8")]
+    files = {"model": str(out / "model"), "index": str(out / "index_flat"), "bm25": str(out / "bm25"),
+             "corpus": str(out / "corpus.jsonl"), "questions": questions, "k_union": config.k_union,
+             "which_model": f"packaged (not fine-tuned); stand-in pool: {len(unique)} SQuAD paragraphs repeated to "
+                            f"{STANDIN_PASSAGES:,} passages"}
+    if (out / "done").is_file():
+        return files
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [{**unique[i % len(unique)], "id": f"{unique[i % len(unique)]['id']}#{i // len(unique)}"}
+            for i in range(STANDIN_PASSAGES)]
+    with open(out / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    model = load_model(config)
+    model.save_pretrained(out / "model")
+    vectors = model.encode_passages(unique, batch_size=32, show_progress=False)
+    build_index(vectors[[i % len(unique) for i in range(STANDIN_PASSAGES)]], "flat").save(out / "index_flat")
+    BM25.from_corpus(Corpus.from_passages(rows), show_progress=False).save(out / "bm25")
+    (out / "done").write_text("ok\n")
+    return files
 
 
 # ---------------------------------------------------------------------------------------------- in-process
@@ -249,7 +297,10 @@ async def open_loop(url: str, mode: str, rate: float, seconds: float, questions:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", type=Path, required=True, help="output directory of a finished `fastdpr quickstart`")
+    pool = ap.add_mutually_exclusive_group(required=True)
+    pool.add_argument("--run", type=Path, help="output directory of a finished `fastdpr quickstart`")
+    pool.add_argument("--standin", type=Path, help="directory for (or of) the stand-in pool built from the "
+                      "repository's SQuAD sample, when no quickstart run is at hand")
     ap.add_argument("--level-seconds", type=float, default=20.0, help="length of each closed-loop level")
     ap.add_argument("--soak-seconds", type=float, default=600.0)
     ap.add_argument("--overload-seconds", type=float, default=30.0)
@@ -262,7 +313,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.quick:
         args.level_seconds, args.soak_seconds, args.overload_seconds = 5.0, 60.0, 10.0
-    files = run_files(args.run)
+    files = run_files(args.run) if args.run is not None else standin_files(args.standin)
     qs = files["questions"]
     log = Path(tempfile.gettempdir()) / f"{args.name}.server.log"  # the servers' own output, not a result
     max_requests = 200_000
@@ -322,14 +373,15 @@ def main() -> None:
     checks["overload_answered_200_or_503"] = f"{answered}/{overload['requests']}"
     checks["after_overload_ok"] = f"{after['ok']}/{after['requests']}"
     checks["sigterm_exit_codes"] = [batched_rc, single_rc]
-    payload = {"settings": {k: v for k, v in vars(args).items() if k not in ("run", "out")} | {"k": K,
-               "k_union": files["k_union"], "model": files["which_model"], "passages": 5000, "questions": len(qs), "precision": "bf16"},
+    payload = {"settings": {k: v for k, v in vars(args).items() if k not in ("run", "standin", "out")} | {"k": K,
+               "k_union": files["k_union"], "model": files["which_model"], "passages": STANDIN_PASSAGES, "pool": "quickstart run" if args.run else "stand-in", "questions": len(qs), "precision": "bf16"},
                "in_process": baseline, "levels": levels + one_at_a_time, "half_saturation": half,
                "saturation_qps": saturation, "soak": soak, "soak_rss_mib": rss, "overload": overload,
                "after_overload": after, "checks": checks}
     cols = ["server", "mode", "clients", "qps", "p50_ms", "p95_ms", "p99_ms", "ok", "requests"]
-    md = (f"`fastdpr serve` against the quickstart's {files['which_model']} MiniLM (bf16 questions), flat index and BM25 over "
-          f"its 5,000 passages (hybrid: k_union {files['k_union']}); one NQ test question per request, k={K}; "
+    asked = "one NQ test question" if args.run else "one of the sample's SQuAD questions"
+    md = (f"`fastdpr serve` with MiniLM ({files['which_model']}; bf16 questions), a flat index and BM25 over "
+          f"5,000 passages (hybrid: k_union {files['k_union']}); {asked} per request, k={K}; "
           "server and load generator (aiohttp) share the machine's cores over loopback. The machine is shared: "
           "read the ratios of rows measured in this one run rather than absolute numbers.\n\n"
           "In-process `retrieve` (questions/s):\n\n" + markdown_table([baseline], floatfmt=".1f") +
