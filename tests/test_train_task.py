@@ -213,3 +213,55 @@ def test_the_reader_modules_import_each_other_one_way_only():
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert "fastdpr.reader.model" not in imported and "fastdpr.reader" not in imported
     assert not (ROOT / "fastdpr" / "reader" / "model.py").read_text().count("def autocast")
+
+
+READER_EXAMPLES = [
+    {"question": "what is the capital of france", "answers": ["paris"],
+     "ctxs": [{"id": "a", "title": "", "text": "paris is the capital city of france"},
+              {"id": "b", "title": "", "text": "the river runs north to the sea"}]},
+    {"question": "where did the king live", "answers": ["london"],
+     "ctxs": [{"id": "c", "title": "", "text": "the king of england lived in london"},
+              {"id": "d", "title": "", "text": "paris is the capital city of france"}]},
+]
+
+
+def test_reader_fit_keeps_its_time_budget_and_resumes_by_the_clock(tmp_path, monkeypatch):
+    from fastdpr.reader import Reader
+    from fastdpr.reader.training import ReaderTask
+    from tiny_models import tiny_bert_dir
+
+    clock = FakeClock()
+    monkeypatch.setattr(trainer_module, "time", clock)
+    step = ReaderTask.step
+
+    def timed_step(self, trainer, batch):  # each reader step takes two seconds of the fake clock
+        clock.now += 2.0
+        return step(self, trainer, batch)
+
+    monkeypatch.setattr(ReaderTask, "step", timed_step)
+    model_dir = tiny_bert_dir(tmp_path / "m", dropout=0.1)
+
+    def fresh():
+        torch.manual_seed(0)
+        return Reader.from_pretrained(model_dir, max_length=48)
+
+    straight = fresh()
+    stats = straight.fit(READER_EXAMPLES, epochs=None, time_budget_s=9.0, batch_size=1, lr=1e-3, show_progress=False)
+    assert stats["steps"] == 5 and stats["stopped_by"] == "time" and stats["seconds"] == pytest.approx(10.0)
+
+    def stop_at_2(stats, _reader):
+        if stats["step"] == 2:
+            raise Interrupt
+
+    first = fresh()
+    with pytest.raises(Interrupt):
+        first.fit(READER_EXAMPLES, epochs=None, time_budget_s=9.0, batch_size=1, lr=1e-3, show_progress=False,
+                  checkpoint_dir=tmp_path / "ckpt", checkpoint_every_s=4.0, callback=stop_at_2, callback_every=1)
+    assert ckpt.latest_checkpoint(tmp_path / "ckpt").name == "step-00000002"  # saved at 4 s of the clock
+    resumed = fresh()
+    again = resumed.fit(READER_EXAMPLES, epochs=None, time_budget_s=9.0, batch_size=1, lr=1e-3, show_progress=False,
+                        checkpoint_dir=tmp_path / "ckpt", checkpoint_every_s=4.0)
+    assert again["steps"] == 5 and again["seconds"] == pytest.approx(10.0) and again["examples_seen"] == 5
+    # dropout on: equal weights need the generator states of the checkpoint, not only its weights
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)

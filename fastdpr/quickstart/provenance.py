@@ -36,7 +36,10 @@ def _extension_files(root: Path) -> list[Path]:
             spec = None
         origin = getattr(spec, "origin", None)
         if origin and os.path.isfile(origin) and origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
-            found.add(Path(origin).resolve())
+            # and every other compiled module installed beside it
+            installed = Path(origin).resolve().parent
+            found |= {p.resolve() for suffix in importlib.machinery.EXTENSION_SUFFIXES
+                      for p in installed.rglob(f"*{suffix}")}
     return sorted(found)
 
 
