@@ -269,8 +269,6 @@ class Trainer:
         dtype = torch.bfloat16 if self.args.precision == "bf16" else torch.float16
         return torch.autocast(self.device.type, dtype=dtype)
 
-    _autocast = autocast
-
     def backward(self, loss: torch.Tensor) -> None:
         """Backward through the fp16 grad scaler (a no-op scaling in other precisions)."""
         self.scaler.scale(loss).backward()
