@@ -62,7 +62,11 @@ class Stages:
     def fingerprint(self, keys: tuple[str, ...] | None = None, extra: dict | None = None) -> str:
         settings = self.settings if keys is None else {k: self.settings[k] for k in keys}
         settings = {**settings, **(extra or {})}
-        return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+        # this script and the whole package too: a changed recipe or library never reuses a stage (or a training
+        # checkpoint) of the old code
+        from fastdpr.quickstart.provenance import provenance_key
+
+        return provenance_key(settings, code=(__file__,), length=12)
 
     def run(self, name: str, fn, keys: tuple[str, ...] | None = None, extra: dict | None = None):
         """Run stage ``name`` unless it finished with the same settings (``keys`` of them, default all, plus

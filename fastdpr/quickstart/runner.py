@@ -1,6 +1,8 @@
 """Resumable stages: each stage writes its outputs, then ``stages/<name>.json`` (its summary and a fingerprint of
-the settings it ran with). A later run skips a stage whose summary exists with the same settings, unless a stage it
-reads from was redone after it, so an interrupted run resumes where it stopped; ``force`` redoes everything."""
+the settings it ran with and of the code that ran it: :mod:`fastdpr.quickstart.provenance`). A later run skips a
+stage whose summary exists with the same fingerprint, unless a stage it reads from was redone after it, so an
+interrupted run resumes where it stopped and a changed recipe or library redoes its stages; ``force`` redoes
+everything."""
 from __future__ import annotations
 
 import hashlib
@@ -10,10 +12,12 @@ from pathlib import Path
 from typing import Callable
 
 from fastdpr.atomic import write_json
+from fastdpr.quickstart.provenance import provenance_key
 
 
 class StageRunner:
-    """Runs named stages once per settings fingerprint, and keeps their wall and CPU times."""
+    """Runs named stages once per fingerprint (settings, the stage function's source file, the package), and keeps
+    their wall and CPU times."""
 
     def __init__(self, out: str | Path, settings: dict, log: Callable[[str], None], force: bool = False):
         self.out = Path(out)
@@ -21,13 +25,17 @@ class StageRunner:
         self.force = force
         self.timings: dict[str, float] = {}
         self.cpu_times: dict[str, float] = {}
-        self._fingerprint = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        self.settings = settings
         self._redone: set[str] = set()
 
     def _marker(self, name: str) -> Path:
         return self.out / "stages" / f"{name}.json"
 
-    def _fresh(self, name: str, after: tuple[str, ...]) -> dict | None:
+    def fingerprint(self, fn: Callable) -> str:
+        """The key of a stage run by ``fn``: the settings, the file defining ``fn`` and the whole package."""
+        return provenance_key(self.settings, code=(fn,))
+
+    def _fresh(self, name: str, after: tuple[str, ...], fingerprint: str) -> dict | None:
         marker = self._marker(name)
         if self.force or not marker.is_file() or set(after) & self._redone:
             return None
@@ -36,11 +44,12 @@ class StageRunner:
                for dep in after):
             return None
         saved = json.loads(marker.read_text())
-        return saved if saved.get("fingerprint") == self._fingerprint else None
+        return saved if saved.get("fingerprint") == fingerprint else None
 
     def stage(self, name: str, fn: Callable[[], dict], after: tuple[str, ...] = ()) -> dict:
-        """Run ``fn`` unless its summary exists with these settings (and no stage it depends on was redone)."""
-        saved = self._fresh(name, after)
+        """Run ``fn`` unless its summary exists with this fingerprint (and no stage it depends on was redone)."""
+        fingerprint = self.fingerprint(fn)
+        saved = self._fresh(name, after, fingerprint)
         if saved is not None:
             self.log(f"[{name}] done already, skipped")
             self.timings[name] = saved.get("seconds", 0.0)
@@ -53,7 +62,7 @@ class StageRunner:
         self.timings[name] = seconds
         self.cpu_times[name] = cpu
         self._redone.add(name)
-        write_json(self._marker(name), {"fingerprint": self._fingerprint, "seconds": seconds, "cpu_seconds": cpu,
+        write_json(self._marker(name), {"fingerprint": fingerprint, "seconds": seconds, "cpu_seconds": cpu,
                                         "summary": summary})
         self.log(f"[{name}] {seconds:.1f} s (CPU {cpu:.1f} s)")
         return summary

@@ -270,8 +270,9 @@ class Reader(nn.Module):
     # ------------------------------------------------------------------------------------------------- training
 
     def fit(self, examples: list[dict], **kwargs) -> dict:
-        """Fine-tune on DPR retriever results ``{question, answers, ctxs}``; see
-        :func:`fastdpr.reader.training.train_reader` for the arguments."""
+        """Fine-tune on DPR retriever results ``{question, answers, ctxs}`` through the project's training loop
+        (:class:`fastdpr.train.trainer.Trainer`); see :func:`fastdpr.reader.training.train_reader` for the
+        arguments."""
         from fastdpr.reader.training import train_reader
 
         return train_reader(self, examples, **kwargs)
@@ -306,15 +307,6 @@ def select_answer(scored: list[dict | None], passages: list[dict], top_k: int | 
     return {"answer": best["answer"], "passage_id": passages[rank].get("id"), "passage_rank": rank,
             "span_score": best["span_score"], "passage_score": best["passage_score"], "start": best["start"],
             "end": best["end"]}
-
-
-def autocast(device: torch.device, enabled: bool):
-    """bfloat16 autocast on ``device`` when ``enabled``, else a no-op context."""
-    import contextlib
-
-    if not enabled:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
 def _safetensors_bytes(state: dict) -> bytes:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from fastdpr.reader.features import answer_char_spans, locate_answer_spans
+from fastdpr.train.task import Task
 
 
 @dataclass
@@ -149,60 +150,76 @@ def _batches(groups: list[_Group], batch_size: int, rng: random.Random, bucket: 
     return batches + ([tail] if tail else [])
 
 
-class _Checkpoint:
-    """Training state in ``directory/state`` (reader + optimizer + schedule + counters), replaced atomically: the
-    new state is written beside the old one and swapped in by renames, so a kill at any moment leaves one
-    complete state to resume from."""
+class ReaderTask(Task):
+    """The reader as a training task (:class:`fastdpr.train.task.Task`): each batch takes ``batch_size``
+    questions × (1 positive + up to ``n_passages`` − 1 negatives, sampled from the retrieved ones)."""
 
-    def __init__(self, directory):
-        from pathlib import Path
+    def __init__(self, reader, groups: list[_Group], batch_size: int, n_passages: int, seed: int = 0,
+                 shared_normalization: bool = True, freeze_word_embeddings: bool = False):
+        self.model = reader
+        self.groups = groups
+        self.batch_size = batch_size
+        self.n_passages = n_passages
+        self.seed = seed
+        self.shared_normalization = shared_normalization
+        self.freeze_word_embeddings = freeze_word_embeddings
+        self.batches_per_epoch = math.ceil(len(groups) / batch_size)
+        self.last_parts: dict = {}
+        self._epoch: tuple[int, list[list[int]]] | None = None
 
-        self.dir = Path(directory)
+    def prepare(self, trainer) -> None:
+        if self.freeze_word_embeddings:
+            # half of a MiniLM's parameters are its word embeddings: freezing them halves the optimizer's work and
+            # skips their (dense) gradient, at little cost to a short fine-tuning
+            self.model.encoder.get_input_embeddings().weight.requires_grad_(False)
 
-    def load(self, reader, optimizer, schedule) -> dict | None:
-        for name in ("state", "state.old"):
-            path = self.dir / name
-            if (path / "done.json").is_file():
-                from safetensors.torch import load_file
+    def batch(self, epoch: int, position: int, step: int) -> dict:
+        if self._epoch is None or self._epoch[0] != epoch:
+            # an epoch's order from its number alone, so a resumed run takes the same batches
+            self._epoch = (epoch, _batches(self.groups, self.batch_size, random.Random(f"{self.seed}/{epoch}")))
+        groups = [self.groups[i] for i in self._epoch[1][position]]
+        # a generator per step: a resumed run samples the same negatives as an uninterrupted one
+        step_rng = random.Random(f"{self.seed}/steps/{step}")
+        questions, passages, group_of_row, positive_rows, positive_spans = [], [], [], [], []
+        for g, group in enumerate(groups):
+            positive, spans = step_rng.choice(group.positives)
+            negatives = step_rng.sample(group.negatives, min(self.n_passages - 1, len(group.negatives)))
+            positive_rows.append(len(passages))
+            positive_spans.append(spans)
+            for p in [positive] + negatives:
+                questions.append(group.question)
+                passages.append(p)
+                group_of_row.append(g)
+        return {"questions": questions, "passages": passages, "group_of_row": group_of_row,
+                "positive_rows": positive_rows, "positive_spans": positive_spans, "n_groups": len(groups)}
 
-                from fastdpr.errors import InputError
+    def examples_in(self, batch: dict) -> int:
+        return batch["n_groups"]
 
-                try:
-                    reader.load_state_dict(load_file(str(path / "model.safetensors")))
-                    extra = torch.load(path / "optimizer.pt", weights_only=False)
-                    optimizer.load_state_dict(extra["optimizer"])
-                    schedule.load_state_dict(extra["schedule"])
-                except (RuntimeError, ValueError, KeyError) as err:
-                    raise InputError(f"this checkpoint is not a state of the training asked for (another model or "
-                                     f"other settings: {err}); remove it or choose another checkpoint directory",
-                                     path=str(path)) from err
-                return extra["counters"]
-        return None
-
-    def save(self, reader, optimizer, schedule, counters: dict) -> None:
-        import json
-        import shutil
-
-        from safetensors.torch import save_file
-
-        tmp, current, old = self.dir / "state.tmp", self.dir / "state", self.dir / "state.old"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_file({k: v.contiguous() for k, v in reader.state_dict().items()}, str(tmp / "model.safetensors"))
-        torch.save({"optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "counters": counters},
-                   tmp / "optimizer.pt")
-        (tmp / "done.json").write_text(json.dumps({"step": counters["step"]}))
-        shutil.rmtree(old, ignore_errors=True)
-        if current.exists():
-            current.rename(old)
-        tmp.rename(current)
-        shutil.rmtree(old, ignore_errors=True)
+    def step(self, trainer, batch: dict) -> torch.Tensor:
+        reader = self.model
+        inputs = reader.tokenize(batch["questions"], batch["passages"])
+        with trainer.autocast():
+            start, end, relevance = reader(inputs)
+        start, end, relevance = start.float(), end.float(), relevance.float()
+        allowed = inputs.allowed_mask().to(start.device)
+        first = inputs.passage_start.tolist()
+        absolute = [[(a + first[r], b + first[r]) for a, b in spans]
+                    for r, spans in zip(batch["positive_rows"], batch["positive_spans"])]
+        span_loss, select_loss = reader_loss(
+            start, end, relevance, allowed, torch.tensor(batch["positive_rows"]), absolute,
+            torch.tensor(batch["group_of_row"], device=start.device), batch["n_groups"], self.shared_normalization,
+        )
+        loss = span_loss + select_loss
+        trainer.backward(loss)
+        self.last_parts = {"span": float(span_loss.detach()), "select": float(select_loss.detach())}
+        return loss.detach()
 
 
 def train_reader(
     reader,
     examples: list[dict],
-    epochs: float = 1.0,
+    epochs: float | None = 1.0,
     batch_size: int = 4,
     n_passages: int = 4,
     lr: float = 2e-5,
@@ -228,23 +245,21 @@ def train_reader(
     "loss", "seconds", "cpu_seconds", "stopped_by"}`` (seconds of training, wall clock and this process's CPU).
 
     Each step takes ``batch_size`` questions × (1 positive + up to ``n_passages`` − 1 negatives, sampled from the
-    retrieved ones). AdamW, linear warm-up then linear decay, gradient clipping (DPR's recipe).
+    retrieved ones). AdamW, linear warm-up then linear decay, gradient clipping (DPR's recipe): the project's one
+    training loop, :class:`fastdpr.train.trainer.Trainer`, runs the steps.
 
     Length of training: ``max_steps``, else ``epochs`` over the questions; with ``time_budget_s`` training stops
     when that many seconds of training have passed, and the learning-rate schedule follows elapsed time instead of
-    steps, so a run of any speed ends with the rate decayed to zero. ``bf16`` trains under bfloat16 autocast
-    (about 2× faster on CPUs with AMX); ``shared_normalization`` normalises span scores over all the passages of a
-    question (see the module docstring); ``freeze_word_embeddings`` leaves the word embeddings as they are (a
-    third less work per step on MiniLM). ``attention_dropout`` replaces the encoder's dropout on attention
-    probabilities (``None`` keeps it): at 0, the default, torch's fused CPU attention runs, 1.6× faster steps on
-    CPU (the fused kernel has no dropout, so with dropout every attention call takes the unfused path); hidden
-    dropout stays. ``checkpoint_dir`` saves the state every ``checkpoint_every_s`` seconds and
-    resumes from it. ``callback(stats, reader)`` runs every ``callback_every`` steps (its time is not counted as
-    training time)."""
-    import time
-
-    from fastdpr.progress import progress
-    from fastdpr.reader.model import autocast
+    steps, so a run of any speed ends with the rate decayed to zero. ``bf16`` trains under bfloat16 autocast;
+    ``shared_normalization`` normalises span scores over all the passages of a question (see the module
+    docstring); ``freeze_word_embeddings`` leaves the word embeddings as they are. ``attention_dropout`` replaces
+    the encoder's dropout on attention probabilities (``None`` keeps it): at 0, the default, torch's fused CPU
+    attention runs (the fused kernel has no dropout, so with dropout every attention call takes the unfused path);
+    hidden dropout stays. ``checkpoint_dir`` saves the state there every ``checkpoint_every_s`` seconds of wall
+    clock and resumes from the latest one it holds. ``callback(stats, reader)`` runs every ``callback_every`` steps
+    (its time is not counted as training time); ``log`` receives every step's loss, its parts and the rate."""
+    from fastdpr.train import checkpoint as ckpt
+    from fastdpr.train.trainer import Trainer, TrainingArguments
 
     if n_passages < 1 or batch_size < 1:
         raise ValueError("batch_size and n_passages must be >= 1")
@@ -252,131 +267,42 @@ def train_reader(
         raise ValueError(f"attention_dropout must be in [0, 1), got {attention_dropout!r}")
     if time_budget_s is not None and time_budget_s <= 0:
         raise ValueError(f"time_budget_s must be > 0, got {time_budget_s}")
-    rng = random.Random(seed)
     torch.manual_seed(seed)
     groups = prepare_groups(reader, examples, seed=seed)
     if not groups:
         raise ValueError("no training question has a retrieved passage containing its answer")
-    steps_per_epoch = math.ceil(len(groups) / batch_size)
+    task = ReaderTask(reader, groups, batch_size, n_passages, seed=seed, shared_normalization=shared_normalization,
+                      freeze_word_embeddings=freeze_word_embeddings)
     if max_steps is not None:
-        total = max_steps
+        steps = max_steps
     elif time_budget_s is not None and epochs is None:
-        total = None
+        steps = 0  # bounded by time only
     else:
-        total = max(1, int(round(epochs * steps_per_epoch)))
-    if device is not None:
-        reader.to(device)
-    if attention_dropout is not None:
-        from fastdpr.train.trainer import set_attention_dropout
-
-        set_attention_dropout(reader.encoder, attention_dropout)
-    if bf16:
-        from fastdpr.models.attention import use_fp32_cpu_attention
-
-        use_fp32_cpu_attention(reader.encoder)  # bf16 attention backward is the slow part of a CPU step
-    if freeze_word_embeddings:
-        # half of a MiniLM's parameters are its word embeddings: freezing them halves the optimizer's work and
-        # skips their (dense) gradient, at little cost to a short fine-tuning
-        reader.encoder.get_input_embeddings().weight.requires_grad_(False)
-    decay, no_decay = [], []
-    for name, param in reader.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim < 2 or "LayerNorm" in name or "bias" in name else decay).append(param)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+        steps = max(1, int(round((1.0 if epochs is None else epochs) * task.batches_per_epoch)))
+    args = TrainingArguments(
+        output_dir=None if checkpoint_dir is None else str(checkpoint_dir), batch_size=batch_size, epochs=0,
+        max_steps=steps, time_budget_s=time_budget_s, lr=lr, warmup_steps=warmup_fraction,
+        weight_decay=weight_decay, max_grad_norm=grad_clip or 0.0, precision="bf16" if bf16 else "fp32",
+        attention_dropout=attention_dropout, seed=seed, save_every_s=checkpoint_every_s, save_total_limit=1,
+        device=str(device if device is not None else reader.span_head.weight.device), show_progress=show_progress,
+        logging_steps=1,
     )
-    counters = {"step": 0, "elapsed": 0.0, "cpu": 0.0, "seen": 0, "epoch": 0, "batch": 0, "loss": float("nan")}
 
-    def fraction() -> float:
-        """How far training is, 0..1: by steps, by time, or by whichever is further along."""
-        parts = []
-        if total is not None:
-            parts.append(counters["step"] / total)
-        if time_budget_s is not None:
-            parts.append(counters["elapsed"] / time_budget_s)
-        return max(parts)
+    def report(trainer, record: dict) -> None:
+        if log is not None:
+            log.append({"step": record["step"] - 1, "loss": record["loss"], "span": record["span"],
+                        "select": record["select"], "lr": record["lr"]})
+        if callback is not None and callback_every and record["step"] % callback_every == 0:
+            state = trainer.state
+            callback({"step": state["step"], "elapsed": state["elapsed"], "cpu": state["cpu"], "seen": state["seen"],
+                      "epoch": state["epoch"], "batch": state["position"], "loss": record["loss"]}, reader)
 
-    def lr_factor(_: int) -> float:
-        f = fraction()
-        if warmup_fraction > 0 and f < warmup_fraction:
-            return max(f, 1e-3) / warmup_fraction
-        return max(0.0, (1.0 - f) / max(1e-9, 1.0 - warmup_fraction))
-
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    checkpoint = _Checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
-    if checkpoint is not None:
-        restored = checkpoint.load(reader, optimizer, schedule)
-        if restored is not None:
-            counters.update(restored)
-    device_of = reader.span_head.weight.device
-    reader.train(True)
-    epoch_rng = lambda epoch: random.Random(f"{seed}/{epoch}")  # noqa: E731 - resumable: an epoch's order from its number
-    batches = _batches(groups, batch_size, epoch_rng(counters["epoch"]))
-    last_save = time.perf_counter()
-    bar_total = total if total is not None else None
-    with progress(total=bar_total, desc="train reader", unit="step", enabled=show_progress,
-                  initial=counters["step"]) as bar:
-        while fraction() < 1.0:
-            if counters["batch"] >= len(batches):
-                counters["epoch"] += 1
-                counters["batch"] = 0
-                batches = _batches(groups, batch_size, epoch_rng(counters["epoch"]))
-            batch = [groups[i] for i in batches[counters["batch"]]]
-            counters["batch"] += 1
-            began, began_cpu = time.perf_counter(), time.process_time()
-            # a generator per step: a resumed run samples the same negatives as an uninterrupted one
-            step_rng = random.Random(f"{seed}/steps/{counters['step']}")
-            questions, passages, group_of_row, positive_rows, positive_spans = [], [], [], [], []
-            for g, group in enumerate(batch):
-                positive, spans = step_rng.choice(group.positives)
-                negatives = step_rng.sample(group.negatives, min(n_passages - 1, len(group.negatives)))
-                positive_rows.append(len(passages))
-                positive_spans.append(spans)
-                for p in [positive] + negatives:
-                    questions.append(group.question)
-                    passages.append(p)
-                    group_of_row.append(g)
-            inputs = reader.tokenize(questions, passages)
-            with autocast(device_of, bf16):
-                start, end, relevance = reader(inputs)
-            start, end, relevance = start.float(), end.float(), relevance.float()
-            allowed = inputs.allowed_mask().to(start.device)
-            first = inputs.passage_start.tolist()
-            absolute = [[(a + first[r], b + first[r]) for a, b in spans]
-                        for r, spans in zip(positive_rows, positive_spans)]
-            span_loss, select_loss = reader_loss(
-                start, end, relevance, allowed, torch.tensor(positive_rows), absolute,
-                torch.tensor(group_of_row, device=start.device), len(batch), shared_normalization,
-            )
-            loss = span_loss + select_loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if grad_clip:
-                torch.nn.utils.clip_grad_norm_(reader.parameters(), grad_clip)
-            optimizer.step()
-            counters["step"] += 1
-            counters["seen"] += len(batch)
-            counters["elapsed"] += time.perf_counter() - began
-            counters["cpu"] += time.process_time() - began_cpu
-            schedule.step()
-            counters["loss"] = float(loss.detach())
-            if log is not None:
-                log.append({"step": counters["step"] - 1, "loss": counters["loss"],
-                            "span": float(span_loss.detach()), "select": float(select_loss.detach()),
-                            "lr": optimizer.param_groups[0]["lr"]})
-            bar.update(1)
-            bar.set_postfix(loss=f"{counters['loss']:.3f}")
-            if callback is not None and callback_every and counters["step"] % callback_every == 0:
-                callback(dict(counters), reader)
-                reader.train(True)
-            if checkpoint is not None and time.perf_counter() - last_save >= checkpoint_every_s:
-                checkpoint.save(reader, optimizer, schedule, counters)
-                last_save = time.perf_counter()
-    if checkpoint is not None:
-        checkpoint.save(reader, optimizer, schedule, counters)
-    reader.train(False)
-    return {"steps": counters["step"], "questions": len(groups), "examples_seen": counters["seen"],
-            "loss": counters["loss"], "seconds": round(counters["elapsed"], 1),
-            "cpu_seconds": round(counters.get("cpu", 0.0), 1),
-            "stopped_by": "time" if time_budget_s is not None and counters["elapsed"] >= time_budget_s else "steps"}
+    trainer = Trainer(task, args, callbacks=[report])
+    resume = checkpoint_dir is not None and ckpt.latest_checkpoint(checkpoint_dir) is not None
+    try:
+        result = trainer.train(resume=resume)
+    finally:
+        reader.train(False)
+    return {"steps": result["step"], "questions": len(groups), "examples_seen": result["examples_seen"],
+            "loss": result["loss"], "seconds": round(result["seconds"], 1),
+            "cpu_seconds": round(result["cpu_seconds"], 1), "stopped_by": result["stopped_by"]}

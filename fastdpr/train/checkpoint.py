@@ -8,7 +8,6 @@ validation score), ``rng-rank<r>.pt`` per rank (CPU/CUDA/numpy/python generator 
 """
 from __future__ import annotations
 
-import json
 import random
 import re
 import shutil
@@ -67,9 +66,10 @@ def begin(output_dir: str | Path, step: int) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:08d}-", dir=root))
 
 
-def write_state(directory: Path, model, trainer_state: dict, readable: dict, rng_states: list[dict]) -> None:
-    """Fill a temporary checkpoint; ``rng_states[r]`` is rank r's generator state (gathered to rank 0)."""
-    model.save_pretrained(str(directory / "model"))
+def write_state(directory: Path, task, trainer_state: dict, readable: dict, rng_states: list[dict]) -> None:
+    """Fill a temporary checkpoint; ``task`` (a :class:`~fastdpr.train.task.Task`) saves the model;
+    ``rng_states[r]`` is rank r's generator state (gathered to rank 0)."""
+    task.save(directory / "model")
     for rank, state in enumerate(rng_states):
         torch.save(state, directory / f"rng-rank{rank}.pt")
     torch.save(trainer_state, directory / "trainer_state.pt")
@@ -100,7 +100,3 @@ def load_state(directory: Path, rank: int, map_location="cpu") -> tuple[dict, di
     rng_path = directory / f"rng-rank{rank}.pt"
     rng = torch.load(rng_path, map_location="cpu", weights_only=False) if rng_path.is_file() else None
     return state, rng
-
-
-def read_readable(directory: Path) -> dict:
-    return json.loads((directory / "trainer_state.json").read_text())

@@ -1,4 +1,5 @@
-"""The dual-encoder training loop: in-batch + hard negatives, GradCache, mixed precision, DDP, exact resume.
+"""The training loop of every model (the dual encoder, the reader): schedule, weight decay, mixed precision, DDP,
+checkpoints and exact resume, around a :class:`~fastdpr.train.task.Task` that knows the model and its batches.
 
 Usage::
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import inspect
 import json
 import os
@@ -33,9 +33,11 @@ import torch
 from fastdpr.errors import InputError
 from fastdpr.train import checkpoint as ckpt
 from fastdpr.train import distributed
+from fastdpr.train.biencoder import BiEncoderTask, topk_of, trim_padding  # noqa: F401 - trim_padding re-exported
 from fastdpr.train.data import Batch, BatchBuilder, Example
-from fastdpr.train.grad_cache import GradCacheStep, split_tokens
-from fastdpr.train.loss import LossFn, batch_loss, fused_inbatch_nll, place_columns
+from fastdpr.train.loss import LossFn
+from fastdpr.train.schedule import linear_schedule, run_fraction
+from fastdpr.train.task import Task
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 BEST_METRICS = {"avg_rank": False, "loss": False}  # name -> higher is better (top-k metrics added: True)
@@ -49,12 +51,15 @@ class TrainingArguments:
     ``batch_size`` is the global number of questions per optimizer step (across all ranks); ``warmup_steps``
     below 1 is read as a fraction of the total steps."""
 
-    output_dir: str
+    output_dir: str | None  # None: nothing is written (no checkpoints, metrics or final model)
     batch_size: int = 128
     n_hard: int = 1
     n_random: int = 0
-    epochs: int = 40
+    epochs: int = 40  # 0: no bound by epochs (then max_steps or time_budget_s bounds the run)
     max_steps: int = 0  # > 0 stops early (and sizes the schedule) at this many optimizer steps
+    # > 0: training stops once this many seconds of training steps have passed, and the schedule follows the
+    # larger of the step and time fractions, so a run of any speed ends with the rate decayed to zero
+    time_budget_s: float | None = None
     lr: float = 2e-5
     warmup_steps: float = 0
     weight_decay: float = 0.0
@@ -94,6 +99,7 @@ class TrainingArguments:
     logging_steps: int = 10
     eval_steps: int = 0  # 0: validate at the end of every epoch (when a dev set is given)
     save_steps: int = 0  # 0: checkpoint at the end of every epoch
+    save_every_s: float | None = None  # set: checkpoint by the clock instead, when this many seconds have passed
     save_total_limit: int = 2  # periodic checkpoints kept (the best one is kept apart in <output_dir>/best)
     best_metric: str = "avg_rank"  # avg_rank | loss | top<k> (top-k needs a corpus)
     dev_batch_size: int = 0  # 0: same as batch_size
@@ -105,9 +111,13 @@ class TrainingArguments:
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise InputError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        for name in ("batch_size", "epochs", "chunk_size", "logging_steps"):
+        for name in ("batch_size", "chunk_size", "logging_steps"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            raise InputError(f"time_budget_s must be > 0, got {self.time_budget_s!r}")
+        if int(self.epochs) < 0 or (int(self.epochs) == 0 and self.max_steps <= 0 and not self.time_budget_s):
+            raise InputError(f"epochs must be >= 1 (0 only with max_steps or time_budget_s), got {self.epochs!r}")
         if int(self.group_size) < 0:
             raise InputError(f"group_size must be >= 0 (0: the whole batch), got {self.group_size!r}")
         if self.negatives_from and not self.freeze_passages:
@@ -129,70 +139,70 @@ class TrainingArguments:
             raise InputError(f"lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0:
             raise InputError(f"warmup must be >= 0, got {self.warmup_steps}")
-        if not (self.best_metric in BEST_METRICS or _topk_of(self.best_metric)):
+        if not (self.best_metric in BEST_METRICS or topk_of(self.best_metric)):
             raise InputError(f"best_metric must be avg_rank, loss or top<k>, got {self.best_metric!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def _topk_of(metric: str) -> int | None:
-    if metric.startswith("top") and metric[3:].isdigit():
-        return int(metric[3:])
-    return None
-
-
-def trim_padding(tokens: dict) -> dict:
-    """Drop trailing columns that are padding in every row (right-padded input), so a chunk costs its own length."""
-    mask = tokens["attention_mask"]
-    width = int(mask.sum(dim=1).max()) if mask.numel() else 0
-    if width == mask.shape[1]:
-        return tokens
-    return {k: (v[:, :width] if v.dim() == 2 and v.shape[1] == mask.shape[1] else v) for k, v in tokens.items()}
-
-
 class Trainer:
-    """Trains a ``BiEncoder`` on :class:`~fastdpr.train.data.Example` lists.
+    """Trains a model through a :class:`~fastdpr.train.task.Task`: the loop, optimizer, schedule, mixed precision,
+    checkpoints and resume are the same whatever is trained (docs/architecture.md §4.9).
 
-    ``loss_fn`` defaults to the fused ``fastdpr.kernels.inbatch_nll``; ``callbacks`` are called as
-    ``fn(trainer, record)`` after every optimizer step (``record`` holds step, epoch, loss, lr).
-    ``corpus`` (a ``fastdpr.data.Corpus`` or a path) turns on top-k accuracy during validation."""
+    Given a ``BiEncoder`` (and its examples) instead of a task, it trains the dual encoder
+    (:class:`~fastdpr.train.biencoder.BiEncoderTask`): ``loss_fn`` defaults to the fused
+    ``fastdpr.kernels.inbatch_nll``, ``corpus`` (a ``fastdpr.data.Corpus`` or a path) turns on top-k accuracy during
+    validation. ``callbacks`` are called as ``fn(trainer, record)`` after every optimizer step (``record`` holds
+    step, epoch, loss, lr and the task's ``last_parts``); their time is not counted as training time."""
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: torch.nn.Module | Task,
         args: TrainingArguments,
-        train_examples: list[Example],
+        train_examples: list[Example] | None = None,
         dev_examples: list[Example] | None = None,
         corpus=None,
         loss_fn: LossFn | None = None,
         callbacks: Iterable[Callable[["Trainer", dict], None]] = (),
     ):
-        self.model = model
+        if isinstance(model, Task):
+            self.task = model
+        else:
+            if train_examples is None:
+                raise InputError("training a model needs its training examples (or pass a Task)")
+            self.task = BiEncoderTask(model, args, train_examples, dev_examples=dev_examples, corpus=corpus,
+                                      loss_fn=loss_fn)
+        self.model = self.task.model
         self.args = args
-        self.train_examples = train_examples
-        self.dev_examples = dev_examples or None
-        self.corpus = corpus
-        self.loss_fn = loss_fn
         self.callbacks = list(callbacks)
-        self.output_dir = Path(args.output_dir)
-        # <output_dir>/model: the final model; /best: the best by validation; /checkpoints; metrics.jsonl
-        self.final_model_dir = self.output_dir / "model"
-        self.best_model_dir = self.output_dir / "best"
-        self.builder = BatchBuilder(
-            train_examples, args.batch_size, n_hard=args.n_hard, n_random=args.n_random, seed=args.seed,
-            shuffle=args.shuffle, sample_positive=args.sample_positive,
-        )
-        if self.builder.batches_per_epoch == 0:
-            raise InputError(
-                f"{len(train_examples)} training questions make no full batch of {args.batch_size}; "
-                "lower --batch-size"
-            )
-        if _topk_of(args.best_metric) and corpus is None:
-            raise InputError(f"best_metric {args.best_metric!r} needs a corpus for top-k accuracy")
-        self.state = {"step": 0, "epoch": 0, "position": 0, "best": None, "best_step": None}
+        # <output_dir>/model: the final model; /best: the best by validation; /checkpoints; metrics.jsonl.
+        # Without an output directory nothing is written (no checkpoints, so no resume either)
+        self.output_dir = Path(args.output_dir) if args.output_dir is not None else None
+        self.final_model_dir = self.output_dir / "model" if self.output_dir is not None else None
+        self.best_model_dir = self.output_dir / "best" if self.output_dir is not None else None
+        # seen: training examples; elapsed / cpu: seconds of training steps, wall clock and this process's CPU
+        self.state = {"step": 0, "epoch": 0, "position": 0, "best": None, "best_step": None, "seen": 0,
+                      "elapsed": 0.0, "cpu": 0.0}
         self._prepared = False
         self._start_state = None
+        self._step_began: float | None = None  # perf_counter() at the start of the step under way
+
+    # the bi-encoder's parts, under the names they had when the Trainer trained only the dual encoder
+    @property
+    def builder(self) -> BatchBuilder:
+        return self.task.builder
+
+    @property
+    def loss_fn(self) -> LossFn | None:
+        return self.task.loss_fn
+
+    @property
+    def dev_examples(self):
+        return getattr(self.task, "dev_examples", None)
+
+    def _tokens(self, local: Batch) -> tuple[dict, dict]:
+        return self.task.tokens(local)
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -212,28 +222,8 @@ class Trainer:
         self.rank, self.world = distributed.rank(), distributed.world_size()
         if args.batch_size % self.world:
             raise InputError(f"--batch-size {args.batch_size} must be divisible by the {self.world} ranks")
-        if self.loss_fn is None:
-            self.loss_fn = functools.partial(fused_inbatch_nll(), backend=args.loss_backend)
-        self.pool = None
-        if args.freeze_passages:
-            if self.world > 1:
-                raise InputError("freeze_passages is not supported under torchrun yet: train on one device")
-            self.model.untie()
-            for module in (self.model.passage_encoder, self.model.passage_projection):
-                for param in (module.parameters() if module is not None else ()):
-                    param.requires_grad_(False)
         self.model.to(self.device)
-        if args.negatives_from:
-            from fastdpr.train.pool import PassagePool
-
-            self.pool = PassagePool.load(args.negatives_from, self.model, self.device)
-        if args.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        # BiEncoder.forward(q_tokens, p_tokens) -> (q, p) runs both towers in one call, so DDP (which hooks
-        # forward) sees every encoder call
-        self.pair = self.model
-        # also in a single process, so that optimizer states (and checkpoints) do not depend on the world size
-        self._freeze_unreached_parameters()
+        self.task.prepare(self)
         if args.attention_dropout is not None:
             set_attention_dropout(self.model, args.attention_dropout)
         if args.precision != "fp32":
@@ -241,11 +231,6 @@ class Trainer:
 
             # on CPUs the bf16 attention backward is 2-4x slower than fp32's at small head dimensions
             use_fp32_cpu_attention(self.model)
-        if args.freeze_word_embeddings:
-            for module in (self.model.question_encoder, self.model.passage_encoder):
-                embeddings = getattr(getattr(module, "embeddings", None), "word_embeddings", None)
-                if embeddings is not None:
-                    embeddings.weight.requires_grad_(False)
         # the starting weights, kept (on the CPU) for interpolation
         self._start_state = ({k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
                              if args.interpolate < 1.0 else None)
@@ -258,31 +243,56 @@ class Trainer:
                               if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
                               else {"broadcast_buffers": False})
             self.encoder = DistributedDataParallel(
-                self.pair, device_ids=[self.device.index] if self.device.type == "cuda" else None, **no_buffer_sync
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None, **no_buffer_sync
             )
         else:
-            self.encoder = self.pair
+            self.encoder = self.model
         self.optimizer = self._make_optimizer()
         self.total_steps = self._total_steps()
         warmup = args.warmup_steps
-        warmup = int(round(warmup * self.total_steps)) if 0 < warmup < 1 else int(warmup)
-        from transformers import get_linear_schedule_with_warmup
-
-        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, warmup, self.total_steps)
+        if self.total_steps is None:
+            if warmup >= 1:
+                raise InputError("a run bounded by time only takes its warm-up as a fraction below 1, got "
+                                 f"{warmup}")
+            warmup_fraction = warmup
+        else:
+            warmup = int(round(warmup * self.total_steps)) if 0 < warmup < 1 else int(warmup)
+            warmup_fraction = min(1.0, warmup / self.total_steps)
+        self.scheduler = linear_schedule(self.optimizer, warmup_fraction, self._fraction_at)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=args.precision == "fp16")
-        cuda_devices = [self.device] if self.device.type == "cuda" else []
-        self.grad_cache = GradCacheStep(self.encoder, autocast=self._autocast, cuda_devices=cuda_devices)
         self._prepared = True
 
-    def _autocast(self):
+    def autocast(self):
+        """The mixed-precision context of forward passes (``precision``), a no-op in fp32."""
         if self.args.precision == "fp32":
             return contextlib.nullcontext()
         dtype = torch.bfloat16 if self.args.precision == "bf16" else torch.float16
         return torch.autocast(self.device.type, dtype=dtype)
 
-    def _total_steps(self) -> int:
-        full = self.args.epochs * self.builder.batches_per_epoch
-        return min(full, self.args.max_steps) if self.args.max_steps > 0 else full
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward through the fp16 grad scaler (a no-op scaling in other precisions)."""
+        self.scaler.scale(loss).backward()
+
+    def _total_steps(self) -> int | None:
+        """Optimizer steps the run takes: ``epochs`` (0: no bound by epochs), capped by ``max_steps``; None when
+        only ``time_budget_s`` bounds it."""
+        bounds = [self.args.epochs * self.task.batches_per_epoch] if self.args.epochs > 0 else []
+        if self.args.max_steps > 0:
+            bounds.append(self.args.max_steps)
+        return min(bounds) if bounds else None
+
+    def _elapsed(self) -> float:
+        """Seconds of training so far, including the step under way."""
+        now = time.perf_counter() - self._step_began if self._step_began is not None else 0.0
+        return self.state["elapsed"] + now
+
+    def _fraction_at(self, step: int) -> float:
+        return run_fraction(step, self.total_steps, self._elapsed(), self.args.time_budget_s)
+
+    def _finished(self) -> bool:
+        if self.total_steps is not None and self.state["step"] >= self.total_steps:
+            return True
+        return bool(self.args.time_budget_s) and self.state["elapsed"] >= self.args.time_budget_s
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         # no weight decay on biases and LayerNorm weights (BERT fine-tuning practice, as in DPR)
@@ -296,102 +306,19 @@ class Trainer:
         return torch.optim.AdamW([g for g in groups if g["params"]], lr=self.args.lr, eps=self.args.adam_eps,
                                  betas=tuple(self.args.adam_betas))
 
-    def _freeze_unreached_parameters(self) -> None:
-        """Stop tracking parameters no output depends on (e.g. a BERT pooler the pooling ignores).
-
-        DDP waits for a gradient of every tracked parameter and fails when one never comes. Such parameters get no
-        gradient in single-process training either, so AdamW never moves them: freezing them changes nothing.
-        The probe runs in eval mode with the generators forked, so it draws no random numbers of the run."""
-        probe_q = self._to_device(self.model.tokenize_questions(["probe"]))
-        probe_p = self._to_device(self.model.tokenize_passages([("probe", "probe")]))
-        was_training = self.model.training
-        self.model.eval()
-        # enable_grad: the first call may come from validate(), which runs under no_grad
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), \
-                torch.enable_grad():
-            q, p = self.pair(probe_q, probe_p)
-            (q.sum() + p.sum()).backward()
-        for param in self.model.parameters():
-            if param.requires_grad and param.grad is None:
-                param.requires_grad_(False)
-            param.grad = None
-        self.model.train(was_training)
-
-    def _to_device(self, tokens: dict) -> dict:
-        return {k: v.to(self.device) for k, v in tokens.items()}
-
     # ------------------------------------------------------------------ one step
-    def _tokens(self, local: Batch) -> tuple[dict, dict]:
-        q = self.model.tokenize_questions(local.questions)
-        p = self.model.tokenize_passages([(c["title"], c["text"]) for c in local.passages])
-        return self._to_device(q), self._to_device(p)
-
-    def training_step(self, batch: Batch) -> torch.Tensor:
+    def training_step(self, batch) -> torch.Tensor:
         """Forward + backward of one global batch on this rank (no optimizer step); returns the global loss."""
         self._setup()
-        local = batch.shard(self.rank, self.world) if self.world > 1 else batch
-        scale = float(self.model.scale)
-        world_scale = distributed.loss_scale()
-
-        def loss_from_reps(q, p):
-            loss = batch_loss(q, p, local, batch, scale=scale, loss_fn=self.loss_fn,
-                              bidirectional=self.args.bidirectional, group_size=self.args.group_size or None)
-            return loss * world_scale
-
-        def backward(loss):
-            self.scaler.scale(loss).backward()
-
         self.model.train()
-        q_tokens, p_tokens = self._tokens(local)
-        if self.args.freeze_passages:
-            return self._question_side_step(local, batch, q_tokens, p_tokens, scale, backward)
-        if self.args.grad_cache:
-            c = self.args.chunk_size
-            q_chunks = [trim_padding(t) for t in split_tokens(q_tokens, c)]
-            p_chunks = [trim_padding(t) for t in split_tokens(p_tokens, c)]
-            loss = self.grad_cache(q_chunks, p_chunks, loss_from_reps, backward)
-        else:
-            with self._autocast():
-                q, p = self.encoder(q_tokens, p_tokens)
-            loss = loss_from_reps(q, p)
-            backward(loss)
-            loss = loss.detach()
-        return loss / world_scale
-
-    def _question_side_step(self, local: Batch, batch: Batch, q_tokens: dict, p_tokens: dict, scale: float,
-                            backward) -> torch.Tensor:
-        """A step with the passage tower frozen: the batch's passages are encoded once without a graph (in eval
-        mode, so exactly as the corpus was), the pool joins them as columns, and only questions get gradients."""
-        self.model.passage_encoder.eval()
-        chunk = self.args.chunk_size if self.args.grad_cache else max(1, p_tokens["input_ids"].shape[0])
-        with torch.no_grad(), self._autocast():
-            p_real = torch.cat([self.pair(None, trim_padding(t))[1] for t in split_tokens(p_tokens, chunk)])
-
-        def loss_from_reps(q, _p=None):
-            p = place_columns(p_real.to(q.dtype), local.passage_columns, local.n_columns)
-            ids, valid = batch.column_ids.to(q.device), batch.column_valid.to(q.device)
-            if self.pool is not None:
-                extra, keys = self.pool.columns(q, self.args.pool_negatives)
-                p = torch.cat([p, extra.to(q.dtype)])
-                ids = torch.cat([ids, keys])
-                valid = torch.cat([valid, torch.ones(keys.shape[0], dtype=torch.bool, device=q.device)])
-            kwargs = {"group_size": self.args.group_size} if self.args.group_size else {}
-            return self.loss_fn(q, p, batch.targets.to(q.device), scale=scale, column_ids=ids, column_valid=valid,
-                                bidirectional=self.args.bidirectional, **kwargs)
-
-        if self.args.grad_cache:
-            q_chunks = [trim_padding(t) for t in split_tokens(q_tokens, self.args.chunk_size)]
-            return self.grad_cache(q_chunks, [], loss_from_reps, backward)
-        with self._autocast():
-            q = self.encoder(q_tokens, None)[0]
-        loss = loss_from_reps(q)
-        backward(loss)
-        return loss.detach()
+        return self.task.step(self, batch)
 
     def optimizer_step(self) -> float:
         self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
+        # max_grad_norm 0: no clipping (the norm is still measured, for the log)
+        limit = self.args.max_grad_norm if self.args.max_grad_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, limit)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
@@ -400,8 +327,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def train(self, resume: bool = False) -> dict:
-        """Train to the end (``epochs`` or ``max_steps``); with ``resume`` continue from the latest checkpoint in
-        ``output_dir`` exactly where it stopped. Returns the final state (step, last loss, best metric)."""
+        """Train to the end (``epochs``, ``max_steps`` or ``time_budget_s``); with ``resume`` continue from the
+        latest checkpoint in ``output_dir`` exactly where it stopped. Returns the final state: step, last loss,
+        best metric, ``examples_seen``, ``seconds`` and ``cpu_seconds`` of training, ``stopped_by``
+        (``steps`` or ``time``)."""
         self._setup()
         args = self.args
         is_main = self.rank == 0
@@ -409,13 +338,14 @@ class Trainer:
             self._resume()
         else:
             self._seed_fresh()
-        if is_main:
+        writes = is_main and self.output_dir is not None
+        if writes:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             from fastdpr.atomic import write_json
 
             write_json(self.output_dir / "training_args.json", {**args.to_dict(), "world_size": self.world})
-        metrics = self.output_dir / "metrics.jsonl"
-        if is_main and resume:
+        metrics = self.output_dir / "metrics.jsonl" if self.output_dir is not None else None
+        if writes and resume:
             _truncate_metrics(metrics, self.state["step"])
 
         from fastdpr.progress import announce, progress
@@ -425,35 +355,42 @@ class Trainer:
         bar = progress(total=self.total_steps, initial=self.state["step"], desc="train", unit="step",
                        enabled=is_main and args.show_progress)
         # the first progress line comes only after a step: say at once what is under way
-        announce(f"train: {self.total_steps - self.state['step']:,} steps of {args.batch_size} questions to go",
-                 enabled=is_main and args.show_progress)
-        bpe = self.builder.batches_per_epoch
+        to_go = (f"{self.total_steps - self.state['step']:,} steps" if self.total_steps is not None
+                 else f"{max(0.0, args.time_budget_s - self.state['elapsed']):,.0f} s")
+        announce(f"train: {to_go} of {args.batch_size} questions to go", enabled=is_main and args.show_progress)
+        bpe = self.task.batches_per_epoch
         # examples/s counts training steps only (not validation or checkpoint writing)
         window_loss, window_steps, window_time = 0.0, 0, 0.0
         last_loss = float("nan")
         last_saved = last_evaluated = self.state["step"]
-        while self.state["step"] < self.total_steps:
+        last_saved_at = time.perf_counter()
+        done = self._finished()
+        while not done:
             epoch, start = self.state["epoch"], self.state["position"]
-            order = self.builder.order(epoch)
             for position in range(start, bpe):
-                started = time.perf_counter()
-                batch = self.builder.batch(epoch, position, order)
+                self._step_began, began_cpu = time.perf_counter(), time.process_time()
+                batch = self.task.batch(epoch, position, self.state["step"])
                 loss = float(self.training_step(batch))
                 grad_norm = self.optimizer_step()
-                window_time += time.perf_counter() - started
+                seconds = time.perf_counter() - self._step_began
+                self._step_began = None
+                window_time += seconds
                 step = self.state["step"] + 1
                 end_of_epoch = position + 1 == bpe
-                self.state.update(step=step, epoch=epoch + end_of_epoch, position=0 if end_of_epoch else position + 1)
+                self.state.update(step=step, epoch=epoch + end_of_epoch, position=0 if end_of_epoch else position + 1,
+                                  seen=self.state["seen"] + self.task.examples_in(batch),
+                                  elapsed=self.state["elapsed"] + seconds,
+                                  cpu=self.state["cpu"] + time.process_time() - began_cpu)
                 last_loss = loss
                 window_loss += loss
                 window_steps += 1
                 record = {"step": step, "epoch": epoch, "loss": loss, "lr": self.scheduler.get_last_lr()[0],
-                          "grad_norm": grad_norm}
+                          "grad_norm": grad_norm, **getattr(self.task, "last_parts", {})}
                 bar.set_postfix(loss=f"{loss:.4f}")
                 bar.update(1)
-                done = step >= self.total_steps
+                done = self._finished()
                 if step % args.logging_steps == 0 or done:
-                    if is_main:
+                    if writes:
                         logged = {**record, "loss": window_loss / window_steps,
                                   "examples_per_s": window_steps * args.batch_size / max(window_time, 1e-9)}
                         _append_jsonl(metrics, logged)
@@ -463,22 +400,33 @@ class Trainer:
                     if step != last_evaluated:
                         self._validate_and_keep_best(metrics)
                         last_evaluated = step
-                if (args.save_steps and step % args.save_steps == 0) or (not args.save_steps and end_of_epoch) or done:
+                if self._checkpoint_due(step, end_of_epoch, done, last_saved_at):
                     self.save_checkpoint()
-                    last_saved = step
+                    last_saved, last_saved_at = step, time.perf_counter()
                 for callback in self.callbacks:
                     callback(self, record)
                 if done:
                     break
-        if self.state["step"] != last_saved:
+        if self.state["step"] != last_saved and self.output_dir is not None:
             self.save_checkpoint()
         bar.close()
-        if is_main:
+        if writes:
             with self.interpolated():
-                self.model.save_pretrained(str(self.final_model_dir))
+                self.task.save(self.final_model_dir)
         distributed.barrier()
+        stopped_by = "time" if args.time_budget_s and self.state["elapsed"] >= args.time_budget_s else "steps"
         return {"step": self.state["step"], "loss": last_loss, "best": self.state["best"],
-                "best_step": self.state["best_step"]}
+                "best_step": self.state["best_step"], "examples_seen": self.state["seen"],
+                "seconds": self.state["elapsed"], "cpu_seconds": self.state["cpu"], "stopped_by": stopped_by}
+
+    def _checkpoint_due(self, step: int, end_of_epoch: bool, done: bool, last_saved_at: float) -> bool:
+        args = self.args
+        if self.output_dir is None:
+            return False
+        if args.save_every_s is not None:  # by the clock only (and at the end)
+            return done or time.perf_counter() - last_saved_at >= args.save_every_s
+        return bool((args.save_steps and step % args.save_steps == 0) or (not args.save_steps and end_of_epoch)
+                    or done)
 
     def _seed_fresh(self) -> None:
         seed = self.args.seed + self.rank  # different dropout draws per rank
@@ -506,7 +454,7 @@ class Trainer:
                 "world_size": self.world,
             }
             readable = {**self.state, "total_steps": self.total_steps, "world_size": self.world}
-            ckpt.write_state(tmp, self.model, trainer_state, readable, rng_states)
+            ckpt.write_state(tmp, self.task, trainer_state, readable, rng_states)
             best = self.output_dir / "checkpoints" / f"step-{self.state['best_step']:08d}" \
                 if self.state["best_step"] is not None else None
             path = ckpt.commit(tmp, self.output_dir, step, self.args.save_total_limit, protect=best)
@@ -514,17 +462,21 @@ class Trainer:
         return path
 
     def _resume(self) -> None:
-        latest = ckpt.latest_checkpoint(self.output_dir)
+        latest = ckpt.latest_checkpoint(self.output_dir) if self.output_dir is not None else None
         if latest is None:
-            raise InputError("no checkpoint to resume from", path=str(ckpt.checkpoint_root(self.output_dir)))
+            where = ckpt.checkpoint_root(self.output_dir) if self.output_dir is not None else None
+            raise InputError("no checkpoint to resume from", path=str(where) if where else None)
         state, rng = ckpt.load_state(latest, self.rank, map_location=self.device)
-        saved = type(self.model).from_pretrained(str(latest / "model"))
-        self.model.load_state_dict(saved.state_dict())
-        del saved
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.state = dict(state["state"])
+        try:
+            self.task.load(latest / "model")
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.scaler.load_state_dict(state["scaler"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise InputError(f"this checkpoint is not a state of the training asked for (another model or other "
+                             f"settings: {err}); remove it or choose another output directory",
+                             path=str(latest)) from err
+        self.state = {**self.state, **state["state"]}
         if rng is not None and state.get("world_size", 1) == self.world:
             ckpt.set_rng_state(rng)
         else:  # a different number of ranks cannot replay the same dropout draws; reseed from the step
@@ -547,118 +499,37 @@ class Trainer:
         finally:
             self.model.load_state_dict(trained)
 
-    def _validate_and_keep_best(self, metrics_path: Path) -> None:
+    def _validate_and_keep_best(self, metrics_path: Path | None) -> None:
         with self.interpolated():  # the model that will be saved is the one validated
             self._validate_and_keep_best_now(metrics_path)
 
-    def _validate_and_keep_best_now(self, metrics_path: Path) -> None:
+    def _validate_and_keep_best_now(self, metrics_path: Path | None) -> None:
         result = self.validate() if self.rank == 0 else None
-        if self.rank == 0:
-            _append_jsonl(metrics_path, {"step": self.state["step"], **{f"dev_{k}": v for k, v in result.items()}})
+        if self.rank == 0 and result is not None:
+            if metrics_path is not None:
+                _append_jsonl(metrics_path, {"step": self.state["step"], **{f"dev_{k}": v for k, v in result.items()}})
             name = self.args.best_metric
             value = result[name]
-            higher = bool(_topk_of(name))
+            higher = bool(topk_of(name))
             best = self.state["best"]
             if best is None or (value > best if higher else value < best):
                 self.state.update(best=value, best_step=self.state["step"])
-                self.model.save_pretrained(str(self.best_model_dir))
-                from fastdpr.atomic import write_json
+                if self.best_model_dir is not None:
+                    self.task.save(self.best_model_dir)
+                    from fastdpr.atomic import write_json
 
-                write_json(self.best_model_dir / "validation.json",
-                           {"step": self.state["step"], "metric": name, **result})
+                    write_json(self.best_model_dir / "validation.json",
+                               {"step": self.state["step"], "metric": name, **result})
         if self.world > 1:  # every rank needs the same best/best_step for identical checkpoints
             shared = [self.state["best"], self.state["best_step"]]
             torch.distributed.broadcast_object_list(shared, src=0)
             self.state.update(best=shared[0], best_step=shared[1])
 
-    @torch.no_grad()
-    def validate(self) -> dict:
-        """DPR's validation on the dev set: mean in-batch loss, and the average rank (0 = first) of each question's
-        positive among all dev passages in the pool (positives + hard negatives of up to ``dev_max_questions``
-        questions, each distinct passage once). With a corpus, also top-k accuracy of exact search over it."""
+    def validate(self) -> dict | None:
+        """The task's validation (for the dual encoder: DPR's mean in-batch loss and average rank on the dev set,
+        top-k accuracy with a corpus); None when it has none."""
         self._setup()
-        args = self.args
-        dev = self.dev_examples
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            size = min(args.dev_batch_size or args.batch_size, len(dev))
-            builder = BatchBuilder(dev, size, n_hard=args.n_hard, n_random=0, seed=args.seed, shuffle=False,
-                                   sample_hard=False)
-            losses, q_pool, p_pool, key_pool, pos_cols = [], [], [], [], []
-            offset, pool_questions = 0, 0
-            for position in range(builder.batches_per_epoch):
-                batch = builder.batch(0, position)
-                q_tokens, p_tokens = self._tokens(batch)
-                q, p_real = self._encode_chunked(q_tokens, p_tokens)
-                p = place_columns(p_real, batch.passage_columns, batch.n_columns)
-                losses.append(float(self.loss_fn(
-                    q, p, batch.targets.to(q.device), scale=float(self.model.scale),
-                    column_ids=batch.column_ids.to(q.device), column_valid=batch.column_valid.to(q.device),
-                    bidirectional=args.bidirectional)))
-                if pool_questions < args.dev_max_questions:
-                    q_pool.append(q)
-                    p_pool.append(p_real)
-                    keys = batch.column_ids[batch.passage_columns]
-                    key_pool.append(keys)
-                    # positive of question i = position of column i*g among the real passages of the batch
-                    real_index = torch.full((batch.n_columns,), -1, dtype=torch.int64)
-                    real_index[batch.passage_columns] = torch.arange(len(batch.passages))
-                    pos_cols.append(real_index[batch.targets] + offset)
-                    offset += len(batch.passages)
-                    pool_questions += batch.size
-            result = {"loss": float(np.mean(losses)), "avg_rank": self._average_rank(q_pool, p_pool, key_pool, pos_cols)}
-            if self.corpus is not None:
-                result.update(self._topk_accuracy(dev[: args.dev_max_questions]))
-            return result
-        finally:
-            self.model.train(was_training)
-
-    def _encode_chunked(self, q_tokens: dict, p_tokens: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        c = self.args.chunk_size if self.args.grad_cache else max(q_tokens["input_ids"].shape[0], 1)
-        qs = [self.pair(trim_padding(t), None)[0].float() for t in split_tokens(q_tokens, c)]
-        c = self.args.chunk_size if self.args.grad_cache else max(p_tokens["input_ids"].shape[0], 1)
-        ps = [self.pair(None, trim_padding(t))[1].float() for t in split_tokens(p_tokens, c)]
-        return torch.cat(qs), torch.cat(ps)
-
-    def _average_rank(self, q_pool, p_pool, key_pool, pos_cols) -> float:
-        q, p = torch.cat(q_pool), torch.cat(p_pool)
-        keys, positives = torch.cat(key_pool).to(q.device), torch.cat(pos_cols).to(q.device)
-        scores = (q @ p.t()) * float(self.model.scale)
-        positive_score = scores.gather(1, positives[:, None])
-        # each passage competes once, however many questions brought it into the pool, and never against itself
-        first = torch.zeros_like(keys, dtype=torch.bool)
-        order = torch.argsort(keys, stable=True)
-        sorted_keys = keys[order]
-        first[order] = torch.cat([sorted_keys.new_ones(1, dtype=torch.bool), sorted_keys[1:] != sorted_keys[:-1]])
-        same = keys[None, :] == keys[positives][:, None]
-        ahead = (scores > positive_score) & ~same & first[None, :]
-        return float(ahead.sum(dim=1).float().mean())
-
-    def _topk_accuracy(self, examples: list[Example]) -> dict:
-        """DPR top-k accuracy of exact search over the corpus, encoded a block at a time (never held whole)."""
-        from fastdpr.eval import topk_accuracy
-        from fastdpr.eval.retrieval import ranking_hits
-        from fastdpr.index.flat import TopK
-
-        corpus = self.corpus
-        if isinstance(corpus, (str, os.PathLike)):
-            from fastdpr.data import Corpus
-
-            corpus = self.corpus = Corpus.open(corpus)
-        size = self.args.chunk_size if self.args.grad_cache else 64
-        questions = self.model.encode_questions([e.question for e in examples], batch_size=size,
-                                                device=self.device, show_progress=False)
-        k = min(max(self.args.topk), len(corpus))
-        top = TopK(len(examples), k)
-        block = 4096
-        for start in range(0, len(corpus), block):
-            rows = [corpus[i] for i in range(start, min(start + block, len(corpus)))]
-            vectors = self.model.encode_passages(rows, batch_size=size, device=self.device, show_progress=False)
-            top.add(questions @ vectors.T, start)
-        _, found = top.result()
-        hits = ranking_hits(found, [e.answers for e in examples], corpus)
-        return topk_accuracy(hits, ks=tuple(x for x in self.args.topk if x <= k))
+        return self.task.validate(self)
 
 
 def _append_jsonl(path: Path, record: dict) -> None:

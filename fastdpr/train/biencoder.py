@@ -1,0 +1,291 @@
+"""The dual encoder as a training task: in-batch + hard negatives, the fused loss, GradCache, a frozen passage tower
+with pool negatives, and DPR's validation (average rank, top-k accuracy). The loop is the Trainer's
+(fastdpr/train/trainer.py)."""
+from __future__ import annotations
+
+import functools
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fastdpr.errors import InputError
+from fastdpr.train import distributed
+from fastdpr.train.data import Batch, BatchBuilder, Example
+from fastdpr.train.grad_cache import GradCacheStep, split_tokens
+from fastdpr.train.loss import LossFn, batch_loss, fused_inbatch_nll, place_columns
+from fastdpr.train.task import Task
+
+if TYPE_CHECKING:
+    from fastdpr.train.trainer import Trainer, TrainingArguments
+
+
+def topk_of(metric: str) -> int | None:
+    """k of a ``top<k>`` metric name, else None."""
+    if metric.startswith("top") and metric[3:].isdigit():
+        return int(metric[3:])
+    return None
+
+
+def trim_padding(tokens: dict) -> dict:
+    """Drop trailing columns that are padding in every row (right-padded input), so a chunk costs its own length."""
+    mask = tokens["attention_mask"]
+    width = int(mask.sum(dim=1).max()) if mask.numel() else 0
+    if width == mask.shape[1]:
+        return tokens
+    return {k: (v[:, :width] if v.dim() == 2 and v.shape[1] == mask.shape[1] else v) for k, v in tokens.items()}
+
+
+class BiEncoderTask(Task):
+    """Trains a ``BiEncoder`` on :class:`~fastdpr.train.data.Example` lists. ``loss_fn`` defaults to the fused
+    ``fastdpr.kernels.inbatch_nll``; ``corpus`` (a ``fastdpr.data.Corpus`` or a path) turns on top-k accuracy
+    during validation."""
+
+    def __init__(self, model: torch.nn.Module, args: "TrainingArguments", train_examples: list[Example],
+                 dev_examples: list[Example] | None = None, corpus=None, loss_fn: LossFn | None = None):
+        self.model = model
+        self.args = args
+        self.train_examples = train_examples
+        self.dev_examples = dev_examples or None
+        self.corpus = corpus
+        self.loss_fn = loss_fn
+        self.last_parts = {}
+        self.builder = BatchBuilder(
+            train_examples, args.batch_size, n_hard=args.n_hard, n_random=args.n_random, seed=args.seed,
+            shuffle=args.shuffle, sample_positive=args.sample_positive,
+        )
+        self.batches_per_epoch = self.builder.batches_per_epoch
+        if self.batches_per_epoch == 0:
+            raise InputError(
+                f"{len(train_examples)} training questions make no full batch of {args.batch_size}; "
+                "lower --batch-size"
+            )
+        if topk_of(args.best_metric) and corpus is None:
+            raise InputError(f"best_metric {args.best_metric!r} needs a corpus for top-k accuracy")
+        self.pool = None
+        self._order: tuple[int, object] | None = None
+        self._grad_cache: GradCacheStep | None = None
+
+    # ------------------------------------------------------------------ setup
+    def prepare(self, trainer: "Trainer") -> None:
+        args = self.args
+        self.device = trainer.device
+        if self.loss_fn is None:
+            self.loss_fn = functools.partial(fused_inbatch_nll(), backend=args.loss_backend)
+        if args.freeze_passages:
+            if trainer.world > 1:
+                raise InputError("freeze_passages is not supported under torchrun yet: train on one device")
+            self.model.untie()
+            for module in (self.model.passage_encoder, self.model.passage_projection):
+                for param in (module.parameters() if module is not None else ()):
+                    param.requires_grad_(False)
+            self.model.to(self.device)
+        if args.negatives_from:
+            from fastdpr.train.pool import PassagePool
+
+            self.pool = PassagePool.load(args.negatives_from, self.model, self.device)
+        if args.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        # also in a single process, so that optimizer states (and checkpoints) do not depend on the world size
+        self._freeze_unreached_parameters()
+        if args.freeze_word_embeddings:
+            for module in (self.model.question_encoder, self.model.passage_encoder):
+                embeddings = getattr(getattr(module, "embeddings", None), "word_embeddings", None)
+                if embeddings is not None:
+                    embeddings.weight.requires_grad_(False)
+
+    def _freeze_unreached_parameters(self) -> None:
+        """Stop tracking parameters no output depends on (e.g. a BERT pooler the pooling ignores).
+
+        DDP waits for a gradient of every tracked parameter and fails when one never comes. Such parameters get no
+        gradient in single-process training either, so AdamW never moves them: freezing them changes nothing.
+        The probe runs in eval mode with the generators forked, so it draws no random numbers of the run."""
+        probe_q = self._to_device(self.model.tokenize_questions(["probe"]))
+        probe_p = self._to_device(self.model.tokenize_passages([("probe", "probe")]))
+        was_training = self.model.training
+        self.model.eval()
+        # enable_grad: the first call may come from validate(), which runs under no_grad
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), \
+                torch.enable_grad():
+            q, p = self.model(probe_q, probe_p)
+            (q.sum() + p.sum()).backward()
+        for param in self.model.parameters():
+            if param.requires_grad and param.grad is None:
+                param.requires_grad_(False)
+            param.grad = None
+        self.model.train(was_training)
+
+    def _to_device(self, tokens: dict) -> dict:
+        return {k: v.to(self.device) for k, v in tokens.items()}
+
+    def grad_cache(self, trainer: "Trainer") -> GradCacheStep:
+        # BiEncoder.forward(q_tokens, p_tokens) -> (q, p) runs both towers in one call, so DDP (which hooks
+        # forward) sees every encoder call
+        if self._grad_cache is None:
+            cuda_devices = [self.device] if self.device.type == "cuda" else []
+            self._grad_cache = GradCacheStep(trainer.encoder, autocast=trainer.autocast, cuda_devices=cuda_devices)
+        return self._grad_cache
+
+    # ------------------------------------------------------------------ batches
+    def batch(self, epoch: int, position: int, step: int = 0) -> Batch:
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, self.builder.order(epoch))
+        return self.builder.batch(epoch, position, self._order[1])
+
+    def examples_in(self, batch: Batch) -> int:
+        return batch.size
+
+    # ------------------------------------------------------------------ one step
+    def tokens(self, local: Batch) -> tuple[dict, dict]:
+        q = self.model.tokenize_questions(local.questions)
+        p = self.model.tokenize_passages([(c["title"], c["text"]) for c in local.passages])
+        return self._to_device(q), self._to_device(p)
+
+    def step(self, trainer: "Trainer", batch: Batch) -> torch.Tensor:
+        """Forward + backward of one global batch on this rank; returns the global loss."""
+        local = batch.shard(trainer.rank, trainer.world) if trainer.world > 1 else batch
+        scale = float(self.model.scale)
+        world_scale = distributed.loss_scale()
+
+        def loss_from_reps(q, p):
+            loss = batch_loss(q, p, local, batch, scale=scale, loss_fn=self.loss_fn,
+                              bidirectional=self.args.bidirectional, group_size=self.args.group_size or None)
+            return loss * world_scale
+
+        q_tokens, p_tokens = self.tokens(local)
+        if self.args.freeze_passages:
+            return self._question_side_step(trainer, local, batch, q_tokens, p_tokens, scale)
+        if self.args.grad_cache:
+            c = self.args.chunk_size
+            q_chunks = [trim_padding(t) for t in split_tokens(q_tokens, c)]
+            p_chunks = [trim_padding(t) for t in split_tokens(p_tokens, c)]
+            loss = self.grad_cache(trainer)(q_chunks, p_chunks, loss_from_reps, trainer.backward)
+        else:
+            with trainer.autocast():
+                q, p = trainer.encoder(q_tokens, p_tokens)
+            loss = loss_from_reps(q, p)
+            trainer.backward(loss)
+            loss = loss.detach()
+        return loss / world_scale
+
+    def _question_side_step(self, trainer: "Trainer", local: Batch, batch: Batch, q_tokens: dict, p_tokens: dict,
+                            scale: float) -> torch.Tensor:
+        """A step with the passage tower frozen: the batch's passages are encoded once without a graph (in eval
+        mode, so exactly as the corpus was), the pool joins them as columns, and only questions get gradients."""
+        self.model.passage_encoder.eval()
+        chunk = self.args.chunk_size if self.args.grad_cache else max(1, p_tokens["input_ids"].shape[0])
+        with torch.no_grad(), trainer.autocast():
+            p_real = torch.cat([self.model(None, trim_padding(t))[1] for t in split_tokens(p_tokens, chunk)])
+
+        def loss_from_reps(q, _p=None):
+            p = place_columns(p_real.to(q.dtype), local.passage_columns, local.n_columns)
+            ids, valid = batch.column_ids.to(q.device), batch.column_valid.to(q.device)
+            if self.pool is not None:
+                extra, keys = self.pool.columns(q, self.args.pool_negatives)
+                p = torch.cat([p, extra.to(q.dtype)])
+                ids = torch.cat([ids, keys])
+                valid = torch.cat([valid, torch.ones(keys.shape[0], dtype=torch.bool, device=q.device)])
+            kwargs = {"group_size": self.args.group_size} if self.args.group_size else {}
+            return self.loss_fn(q, p, batch.targets.to(q.device), scale=scale, column_ids=ids, column_valid=valid,
+                                bidirectional=self.args.bidirectional, **kwargs)
+
+        if self.args.grad_cache:
+            q_chunks = [trim_padding(t) for t in split_tokens(q_tokens, self.args.chunk_size)]
+            return self.grad_cache(trainer)(q_chunks, [], loss_from_reps, trainer.backward)
+        with trainer.autocast():
+            q = trainer.encoder(q_tokens, None)[0]
+        loss = loss_from_reps(q)
+        trainer.backward(loss)
+        return loss.detach()
+
+    # ------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def validate(self, trainer: "Trainer") -> dict | None:
+        """DPR's validation on the dev set: mean in-batch loss, and the average rank (0 = first) of each question's
+        positive among all dev passages in the pool (positives + hard negatives of up to ``dev_max_questions``
+        questions, each distinct passage once). With a corpus, also top-k accuracy of exact search over it."""
+        if not self.dev_examples:
+            return None
+        args = self.args
+        dev = self.dev_examples
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            size = min(args.dev_batch_size or args.batch_size, len(dev))
+            builder = BatchBuilder(dev, size, n_hard=args.n_hard, n_random=0, seed=args.seed, shuffle=False,
+                                   sample_hard=False)
+            losses, q_pool, p_pool, key_pool, pos_cols = [], [], [], [], []
+            offset, pool_questions = 0, 0
+            for position in range(builder.batches_per_epoch):
+                batch = builder.batch(0, position)
+                q_tokens, p_tokens = self.tokens(batch)
+                q, p_real = self._encode_chunked(q_tokens, p_tokens)
+                p = place_columns(p_real, batch.passage_columns, batch.n_columns)
+                losses.append(float(self.loss_fn(
+                    q, p, batch.targets.to(q.device), scale=float(self.model.scale),
+                    column_ids=batch.column_ids.to(q.device), column_valid=batch.column_valid.to(q.device),
+                    bidirectional=args.bidirectional)))
+                if pool_questions < args.dev_max_questions:
+                    q_pool.append(q)
+                    p_pool.append(p_real)
+                    keys = batch.column_ids[batch.passage_columns]
+                    key_pool.append(keys)
+                    # positive of question i = position of column i*g among the real passages of the batch
+                    real_index = torch.full((batch.n_columns,), -1, dtype=torch.int64)
+                    real_index[batch.passage_columns] = torch.arange(len(batch.passages))
+                    pos_cols.append(real_index[batch.targets] + offset)
+                    offset += len(batch.passages)
+                    pool_questions += batch.size
+            result = {"loss": float(np.mean(losses)), "avg_rank": self._average_rank(q_pool, p_pool, key_pool, pos_cols)}
+            if self.corpus is not None:
+                result.update(self._topk_accuracy(dev[: args.dev_max_questions]))
+            return result
+        finally:
+            self.model.train(was_training)
+
+    def _encode_chunked(self, q_tokens: dict, p_tokens: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.args.chunk_size if self.args.grad_cache else max(q_tokens["input_ids"].shape[0], 1)
+        qs = [self.model(trim_padding(t), None)[0].float() for t in split_tokens(q_tokens, c)]
+        c = self.args.chunk_size if self.args.grad_cache else max(p_tokens["input_ids"].shape[0], 1)
+        ps = [self.model(None, trim_padding(t))[1].float() for t in split_tokens(p_tokens, c)]
+        return torch.cat(qs), torch.cat(ps)
+
+    def _average_rank(self, q_pool, p_pool, key_pool, pos_cols) -> float:
+        q, p = torch.cat(q_pool), torch.cat(p_pool)
+        keys, positives = torch.cat(key_pool).to(q.device), torch.cat(pos_cols).to(q.device)
+        scores = (q @ p.t()) * float(self.model.scale)
+        positive_score = scores.gather(1, positives[:, None])
+        # each passage competes once, however many questions brought it into the pool, and never against itself
+        first = torch.zeros_like(keys, dtype=torch.bool)
+        order = torch.argsort(keys, stable=True)
+        sorted_keys = keys[order]
+        first[order] = torch.cat([sorted_keys.new_ones(1, dtype=torch.bool), sorted_keys[1:] != sorted_keys[:-1]])
+        same = keys[None, :] == keys[positives][:, None]
+        ahead = (scores > positive_score) & ~same & first[None, :]
+        return float(ahead.sum(dim=1).float().mean())
+
+    def _topk_accuracy(self, examples: list[Example]) -> dict:
+        """DPR top-k accuracy of exact search over the corpus, encoded a block at a time (never held whole)."""
+        from fastdpr.eval import topk_accuracy
+        from fastdpr.eval.retrieval import ranking_hits
+        from fastdpr.index.flat import TopK
+
+        corpus = self.corpus
+        if isinstance(corpus, (str, os.PathLike)):
+            from fastdpr.data import Corpus
+
+            corpus = self.corpus = Corpus.open(corpus)
+        size = self.args.chunk_size if self.args.grad_cache else 64
+        questions = self.model.encode_questions([e.question for e in examples], batch_size=size,
+                                                device=self.device, show_progress=False)
+        k = min(max(self.args.topk), len(corpus))
+        top = TopK(len(examples), k)
+        block = 4096
+        for start in range(0, len(corpus), block):
+            rows = [corpus[i] for i in range(start, min(start + block, len(corpus)))]
+            vectors = self.model.encode_passages(rows, batch_size=size, device=self.device, show_progress=False)
+            top.add(questions @ vectors.T, start)
+        _, found = top.result()
+        hits = ranking_hits(found, [e.answers for e in examples], corpus)
+        return topk_accuracy(hits, ks=tuple(x for x in self.args.topk if x <= k))

@@ -1,0 +1,57 @@
+"""What the :class:`~fastdpr.train.trainer.Trainer` needs from a model to train it.
+
+The Trainer owns everything a training run shares whatever is trained: device and ranks, the optimizer and its
+weight-decay rule, the learning-rate schedule, gradient clipping, mixed precision (autocast and the fp16 grad
+scaler), the step and time budgets, checkpoints and exact resume, metrics, interpolation and keeping the best model.
+A task owns the rest: its model, how one epoch is cut into batches, and the forward and backward pass of a batch.
+:class:`~fastdpr.train.biencoder.BiEncoderTask` trains the dual encoder, ``fastdpr.reader.training.ReaderTask``
+the extractive reader."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from fastdpr.train.trainer import Trainer
+
+
+class Task:
+    """A model to train and its data. Subclasses set ``model`` and ``batches_per_epoch`` and implement
+    :meth:`batch` and :meth:`step`; the rest has defaults."""
+
+    model: torch.nn.Module
+    batches_per_epoch: int
+    #: extra numbers of the last step (e.g. the parts of a loss), added to the step's record for callbacks
+    last_parts: dict
+
+    def prepare(self, trainer: "Trainer") -> None:
+        """Called once the model is on ``trainer.device``, before the optimizer is built: freeze what does not
+        train, load what the steps need."""
+
+    def batch(self, epoch: int, position: int, step: int) -> Any:
+        """Batch ``position`` of ``epoch`` (the same for the same arguments, so that a resumed run repeats the
+        run it continues); ``step`` is the number of optimizer steps taken before it."""
+        raise NotImplementedError
+
+    def examples_in(self, batch: Any) -> int:
+        """How many training examples (questions) ``batch`` holds."""
+        return len(batch)
+
+    def step(self, trainer: "Trainer", batch: Any) -> torch.Tensor:
+        """Forward and backward pass of one batch, under ``trainer.autocast()`` and through
+        ``trainer.backward(loss)``; returns the (detached) loss. The optimizer step is the Trainer's."""
+        raise NotImplementedError
+
+    def save(self, path: str | Path) -> None:
+        self.model.save_pretrained(str(path))
+
+    def load(self, path: str | Path) -> None:
+        """Take the weights of a model :meth:`save` wrote (a checkpoint's) into ``model``."""
+        saved = type(self.model).from_pretrained(str(path))
+        self.model.load_state_dict(saved.state_dict())
+
+    def validate(self, trainer: "Trainer") -> dict | None:
+        """Scores on held-out data (keys as ``TrainingArguments.best_metric`` names them), or None without any."""
+        return None
