@@ -186,7 +186,7 @@ def test_group_sizes_near_the_int64_limit_are_refused_not_overflowed():
     """count x length beyond the rows (their product overflowing int64, or wrapping to exactly T) and a head count
     whose 3 x heads overflows: clear errors. In a subprocess: these were a SIGSEGV."""
     code = """
-import numpy as np, fastdpr._C as C
+import numpy as np, fastdpr.models._kernels_C as C
 qkv, out = np.zeros((4, 96), np.float32), np.zeros((4, 32), np.float32)
 seen = []
 for groups in ([[1, 2**62]], [[2**62, 2]], [[4, 2**62 + 1]], [[2**61, 2**3]], [[1, 2], [2**62, 4]], [[2**40, 1]]):
