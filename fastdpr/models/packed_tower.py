@@ -127,8 +127,8 @@ class PackedBert(nn.Module):
             # The feed-forward output layer stays in floating point: its input (after GELU) has outlier features
             # that one 8-bit scale per call clips; quantizing it too lowers MiniLM's minimum cosine from 0.995 to
             # 0.990 on SQuAD passages. Where the CPU computes bf16 natively (AMX / AVX512-BF16) everything that is
-            # not int8 runs in bf16 as in the bf16 tower (activations, attention, that layer): in fp32 it took
-            # half of the int8 tower's time.
+            # not int8 runs in bf16 as in the bf16 tower (activations, attention, that layer): in fp32 it was a
+            # large share of the int8 tower's time.
             activations = torch.bfloat16 if onednn_int8_available() and bf16_supported() else torch.float32
             for layer in self.layers:
                 for name in ("qkv", "attn_out", "inter"):
@@ -175,10 +175,9 @@ def cpu_token_budget(layer: "_PackedLayer", dtype: torch.dtype) -> int:
     feed-forward output) under 12 MiB, 2,048 for MiniLM in fp32, 1,024 for BERT-base.
 
     Why: glibc's malloc serves blocks below its mmap threshold (which adapts up to 32 MiB) from a heap it
-    reuses, but maps every larger block fresh, so each call faults in and zeroes its pages again: at batch 32
-    of 134-token passages that was ~215k page faults per 256 passages and 8-10% of the fp32 time. Smaller passes
-    also keep each layer's activations in cache. Matrix products keep their speed at 1-2k rows (measured on
-    384→1536: the same GFLOP/s at 1,900 rows as at 4,300)."""
+    reuses, but maps every larger block fresh, so each call faults in and zeroes its pages again, a visible share
+    of fp32 encoding. Smaller passes also keep each layer's activations in cache, and matrix products keep their
+    speed at a few thousand rows."""
     widest = max(layer.qkv.out_features, layer.inter.out_features)
     itemsize = torch.empty(0, dtype=dtype).element_size()
     return max(1, _CPU_ACTIVATION_BYTES // (widest * itemsize))
