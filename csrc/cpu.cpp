@@ -61,11 +61,18 @@ void detect(bool out[kLevels]) {
     out[1] = out[0] && os_avx512 && bit(b7, 16) && bit(b7, 30) && bit(b7, 31);
     out[2] = out[1] && bit(c7, 11);
     out[3] = out[2] && bit(a71, 5);
-    out[4] = out[3] && os_amx && bit(d7, 22) && bit(d7, 24) && amx_permitted();
+    out[4] = out[3] && os_amx && bit(d7, 22) && bit(d7, 24);  // and the OS's permission: amx_ready()
 }
 #else
 void detect(bool[kLevels]) {}
+bool amx_permitted() { return false; }
 #endif
+
+// AMX needs a request to the OS as well, made only when a caller asks about AMX (the index kernels never do), once
+bool amx_ready() {
+    static const bool ready = amx_permitted();
+    return ready;
+}
 
 Registry make() {
     Registry r;
@@ -100,8 +107,13 @@ bool parse_level(const std::string& name, Level& level) {
     return false;
 }
 
-bool detected(Level level) { return registry().detected[static_cast<int>(level)]; }
-bool enabled(Level level) { return registry().enabled[static_cast<int>(level)]; }
+bool detected(Level level) {
+    return registry().detected[static_cast<int>(level)] && (level != Level::AMX || amx_ready());
+}
+
+bool enabled(Level level) {
+    return registry().enabled[static_cast<int>(level)] && (level != Level::AMX || amx_ready());
+}
 const std::string& cap() { return registry().cap; }
 bool cap_valid() { return registry().cap_valid; }
 

@@ -10,7 +10,8 @@
 //   avx512_vnni   AVX512-VNNI (int8 dot products)
 //   avx512_bf16   AVX512-BF16 (vdpbf16ps)
 //   amx           AMX-TILE + AMX-BF16, with the OS's permission to use the tile state (Linux: arch_prctl)
-// Detection is cpuid plus xgetbv (the OS must save the registers' state), once per process.
+// Detection is cpuid plus xgetbv (the OS must save the registers' state), once per process; AMX's permission is
+// requested from the OS the first time anyone asks about amx.
 //
 // FASTDPR_SIMD=scalar|avx2|avx512|avx512_vnni|avx512_bf16|amx caps every level at the one named (benchmarks,
 // debugging, tests of the narrower paths); an unknown value caps nothing (cap_valid() says so).
