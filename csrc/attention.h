@@ -3,8 +3,9 @@
 //
 // Why by hand: at the head dimensions of small encoders (32) torch's CPU flash attention runs bf16 no faster than
 // fp32, so attention stays a large share of a bf16 encoding while the oneDNN/AMX linear layers around it speed up
-// (benchmarks/micro/test_micro_attention.py measures both on MiniLM's shapes). AVX512-BF16's dot-product instruction (vdpbf16ps: 16 fp32
-// lanes, each accumulating two bf16 products) computes both matrix products of attention with no conversions:
+// (benchmarks/micro/test_micro_attention.py measures both on MiniLM's shapes). AVX512-BF16's dot-product
+// instruction (vdpbf16ps: 16 fp32 lanes, each accumulating two bf16 products) computes both matrix products of
+// attention with no conversions:
 //
 //   S = Q Kᵀ · scale   16 keys at a time; lane j holds the dimension pair (k_j[2p], k_j[2p+1]), the query's pair p
 //                      is broadcast;

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 
 class FewRowsTower:
     """A bf16 or fp32 tower's forward pass for a few rows (a question at query time) in numpy arrays and compiled
-    calls: the few-rows linear kernel, the attention kernel and the layer norm of ``fastdpr._C``, seven calls per
-    layer and no torch operator, used by :class:`PackedBert` at up to ``compiled.FEW_ROWS`` tokens where the few-rows kernel
-    runs (:func:`fastdpr.models.compiled.few_rows_kernel`).
+    calls: the few-rows linear kernel, the attention kernel and the layer norm of ``fastdpr.models._kernels_C``,
+    seven calls per layer and no torch operator, used by :class:`PackedBert` at up to ``compiled.FEW_ROWS`` tokens
+    where the few-rows kernel runs (:func:`fastdpr.models.compiled.few_rows_kernel`).
 
     Why: at a dozen tokens each torch call around the kernels is mostly dispatch (an allocation, a bf16 tensor's
     numpy view, a layer norm: ``benchmarks/micro/test_micro_layer_norm.py``), together a sizeable share of a bf16

@@ -84,7 +84,8 @@ class FusedLinear(nn.Module):
         return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if self.few_rows is not None and x.dtype == self.weight.dtype and x.dim() == 2 and x.shape[0] <= compiled.FEW_ROWS:
+        few = self.few_rows is not None and x.dim() == 2 and x.shape[0] <= compiled.FEW_ROWS
+        if few and x.dtype == self.weight.dtype:
             return self._forward_few_rows(x, residual)
         if self.packed is not None and x.dtype == self.weight.dtype:
             x = x.contiguous()
@@ -106,12 +107,12 @@ class FusedLinear(nn.Module):
         packed, bias = self.few_rows
         out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
         activation, threads = compiled.FEW_ROWS_ACTIVATIONS[self.activation], torch.get_num_threads()
+        kernel, bits = compiled.few_rows_kernel(x.dtype), compiled.bits
         if x.dtype == torch.bfloat16:
-            compiled.few_rows_kernel(x.dtype).linear_bf16(compiled.bits(x.contiguous()), packed, self.out_features, bias, activation,
-                                                  None if residual is None else compiled.bits(residual.contiguous()),
-                                                  compiled.bits(out), threads=threads)
+            kernel.linear_bf16(bits(x.contiguous()), packed, self.out_features, bias, activation,
+                               None if residual is None else bits(residual.contiguous()), bits(out), threads=threads)
         else:
-            compiled.few_rows_kernel(x.dtype).linear_f32(x.contiguous().numpy(), packed, self.out_features, bias, activation,
-                                                 None if residual is None else residual.contiguous().numpy(),
-                                                 out.numpy(), threads=threads)
+            kernel.linear_f32(x.contiguous().numpy(), packed, self.out_features, bias, activation,
+                              None if residual is None else residual.contiguous().numpy(), out.numpy(),
+                              threads=threads)
         return out
