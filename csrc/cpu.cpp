@@ -114,6 +114,7 @@ bool detected(Level level) {
 bool enabled(Level level) {
     return registry().enabled[static_cast<int>(level)] && (level != Level::AMX || amx_ready());
 }
+
 const std::string& cap() { return registry().cap; }
 bool cap_valid() { return registry().cap_valid; }
 
