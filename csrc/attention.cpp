@@ -5,7 +5,6 @@
 // once they are inlined; the values are always overwritten
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -16,14 +15,9 @@
 #include <string>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include "bf16.h"
+#include "cpu.h"
 #include "parallel.h"
-#include "simd.h"
 #include "transpose.h"
 #include "vecmath.h"
 
@@ -338,8 +332,8 @@ FASTDPR_AVX512F void head_avx512_f32(const float* qkv, size_t ld, const Task& ta
     const int64_t L = task.length, lp = (L + 15) / 16 * 16;
     const float* base = qkv + task.first_row * ld;
     const float* k = base + (H + task.head) * D;
-    // keys transposed 16 × 16 at a time in registers (zeros past L): a scalar transpose took a quarter of this
-    // path's time, gathers a sixth
+    // keys transposed 16 × 16 at a time in registers (zeros past L): a scalar transpose, or gathers, cost this path
+    // a large share of its time
     w.kt.resize(static_cast<size_t>(D * lp));
     for (int64_t jb = 0; jb < lp; jb += 16)
         for (int64_t d = 0; d < D; d += 16)
@@ -473,35 +467,18 @@ FASTDPR_AMX void head_amx(const uint16_t* qkv, size_t ld, const Task& task, int6
 
 FASTDPR_AMX void amx_release() { _tile_release(); }
 
-bool amx_permitted() {
-    // Linux hands out the AMX register state only on request (once per process); torch's oneDNN asks too
-    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
-}
 #endif
 
 }  // namespace
 
 bool supported(Path path) {
-#if defined(__x86_64__) || defined(_M_X64)
-    static const bool avx512f = simd::supported(simd::Level::AVX512);
-    static const bool avx512 = avx512f && __builtin_cpu_supports("avx512bw") &&
-                               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-    static const bool amx = avx512 && [] {
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        // CPUID.(7,0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE
-        return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1u) && (d >> 24 & 1u) && amx_permitted();
-    }();
     switch (path) {
         case Path::Scalar: return true;
-        case Path::AVX512BF16: return avx512;
-        case Path::AMX: return amx;
-        case Path::AVX512: return avx512f;
+        case Path::AVX512BF16: return cpu::enabled(cpu::Level::AVX512_BF16);
+        case Path::AMX: return cpu::enabled(cpu::Level::AMX);
+        case Path::AVX512: return cpu::enabled(cpu::Level::AVX512);
     }
     return false;
-#else
-    return path == Path::Scalar;
-#endif
 }
 
 Path best_path(int64_t head_dim) {

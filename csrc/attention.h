@@ -2,9 +2,10 @@
 // without padding.
 //
 // Why by hand: at the head dimensions of small encoders (32) torch's CPU flash attention runs bf16 no faster than
-// fp32 (about 70 GFLOP/s on one core), and attention took a third of a bf16 MiniLM passage encoding while the
-// oneDNN/AMX linear layers around it took the rest. AVX512-BF16's dot-product instruction (vdpbf16ps: 16 fp32
-// lanes, each accumulating two bf16 products) computes both matrix products of attention with no conversions:
+// fp32, so attention stays a large share of a bf16 encoding while the oneDNN/AMX linear layers around it speed up
+// (benchmarks/micro/test_micro_attention.py measures both on MiniLM's shapes). AVX512-BF16's dot-product
+// instruction (vdpbf16ps: 16 fp32 lanes, each accumulating two bf16 products) computes both matrix products of
+// attention with no conversions:
 //
 //   S = Q Kᵀ · scale   16 keys at a time; lane j holds the dimension pair (k_j[2p], k_j[2p+1]), the query's pair p
 //                      is broadcast;
@@ -21,10 +22,11 @@
 namespace fastdpr::attention {
 
 // The implementations: for bf16, AMX tiles (head_dim a multiple of 32) and AVX512-BF16 dot products; for fp32,
-// AVX-512F FMAs; for both, the scalar reference the tests compare them with.
+// AVX-512 FMAs; for both, the scalar reference the tests compare them with. Which run here is the CPU-feature
+// registry's answer (cpu.h: the amx, avx512_bf16 and avx512 levels, within the FASTDPR_SIMD cap).
 enum class Path : int { Scalar = 0, AVX512BF16 = 1, AMX = 2, AVX512 = 3 };
 
-// Whether `path` runs on this CPU (and OS: AMX needs the kernel's permission, requested on first use).
+// Whether `path` runs here (cpu.h: this CPU and OS, within the FASTDPR_SIMD cap).
 bool supported(Path path);
 // The fastest bf16 path for this head dimension, and the fastest fp32 path.
 Path best_path(int64_t head_dim);
@@ -38,8 +40,8 @@ const char* path_name(Path path);
 void attention_bf16(const uint16_t* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
                     int64_t n_groups, uint16_t* out, Path path, int threads);
 
-// The same in fp32 (qkv and out as above, float32), for fp32 towers: torch's CPU flash attention reaches about
-// 38 GFLOP/s at head dimension 32 on one core, and took 16% of an fp32 MiniLM passage encoding.
+// The same in fp32 (qkv and out as above, float32), for fp32 towers, where torch's CPU flash attention is as slow
+// at head dimension 32.
 void attention_f32(const float* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
                    int64_t n_groups, float* out, Path path, int threads);
 

@@ -1,5 +1,7 @@
-// What the binding units share (one pybind11 module, `fastdpr._C`, made of one unit per index type beside its
-// code: bindings.cpp defines the module and calls the bind_* functions below).
+// What the binding units share. Three pybind11 modules are made of them: `fastdpr._C` (the index core, one unit per
+// index type beside its code; bindings.cpp defines it), `fastdpr.models._kernels_C` (the model kernels;
+// kernels_module.cpp) and `fastdpr._cpu` (the CPU-feature registry alone, for Python that must not load either;
+// cpu_module.cpp). arg_int/arg_threads (bind_args.cpp) and bind_cpu (cpu_bindings.cpp) are linked into all three.
 //
 // Every integer argument crosses the boundary as a Python object and is converted by arg_int(): Python ints and
 // numpy integer scalars are accepted; bools, floats, negatives where a count is expected and values that do not
@@ -74,6 +76,10 @@ void check_result_size(int64_t nq, int64_t k, int64_t size);
 py::tuple search_into(size_t dim, int64_t size, py::handle q, py::handle k,
                       const std::function<void(const float*, size_t, int64_t, float*, int64_t*)>& run);
 
+// every module: cpu_features(), the registry (cpu.h) as this module sees it
+void bind_cpu(py::module_& m);
+
+// fastdpr._C
 void bind_simd(py::module_& m);
 void bind_io(py::module_& m);
 void bind_flat(py::module_& m);
@@ -81,6 +87,8 @@ void bind_hnsw(py::module_& m);
 void bind_ivfpq(py::module_& m);
 void bind_kmeans(py::module_& m);
 void bind_pq4(py::module_& m);
+
+// fastdpr.models._kernels_C
 void bind_attention(py::module_& m);
 void bind_linear(py::module_& m);
 void bind_layer_norm(py::module_& m);

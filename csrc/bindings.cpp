@@ -1,7 +1,7 @@
-// The pybind11 module `fastdpr._C`: the shared argument checks (bind.h) and the module definition, which calls one
-// binding unit per part of the core (simd_bindings.cpp, io_bindings.cpp, flat_bindings.cpp, hnsw_bindings.cpp,
-// ivfpq_bindings.cpp, kmeans_bindings.cpp, pq4_bindings.cpp, attention_bindings.cpp, few_rows_linear_bindings.cpp,
-// layer_norm_bindings.cpp).
+// The pybind11 module `fastdpr._C`, the index core: the index-side argument checks (bind.h) and the module
+// definition, which calls one binding unit per part of the core (simd_bindings.cpp, io_bindings.cpp,
+// flat_bindings.cpp, hnsw_bindings.cpp, ivfpq_bindings.cpp, kmeans_bindings.cpp, pq4_bindings.cpp) and the
+// CPU-feature registry's (cpu_bindings.cpp). The model kernels are another module (kernels_module.cpp).
 // Numpy in, numpy out, shapes and integers checked at this boundary,
 // the GIL released around work, C++ exceptions turned into Python ones (std::invalid_argument -> ValueError,
 // std::bad_alloc -> MemoryError, io::FormatError -> fastdpr._C.FormatError, a ValueError).
@@ -16,33 +16,6 @@
 #include "simd.h"
 
 namespace fastdpr::bind {
-
-int64_t arg_int(py::handle value, const char* name, int64_t lo, int64_t hi) {
-    PyObject* o = value.ptr();
-    const std::string type_name = py::str(py::type::handle_of(value).attr("__name__"));
-    // bool is an int in Python, but a flag passed where a count belongs is a mistake, not the count 1
-    if (PyBool_Check(o) || type_name == "bool" || type_name == "bool_" || !PyIndex_Check(o))
-        throw py::type_error(std::string(name) + " must be an integer, got " + type_name + " (" +
-                             std::string(py::repr(value)) + ")");
-    py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(o));
-    if (!index) throw py::error_already_set();
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
-    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
-    if (overflow != 0 || v < lo || v > hi) {
-        std::string range = hi == kInt64Max && overflow == 0
-                                ? ">= " + std::to_string(lo)
-                                : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-        throw py::value_error(std::string(name) + " must be " + range + ", got " + std::string(py::str(index)));
-    }
-    return v;
-}
-
-int arg_threads(py::handle value) {
-    const int64_t requested = arg_int(value, "threads", std::numeric_limits<int64_t>::min());
-    resolve_threads(requested);  // the range check, with its message
-    return static_cast<int>(requested);
-}
 
 std::pair<size_t, const float*> rows_of(const FloatArray& a, size_t dim, const char* what) {
     if (a.ndim() == 1) {
@@ -187,7 +160,5 @@ PYBIND11_MODULE(_C, m) {
     bind::bind_ivfpq(m);
     bind::bind_kmeans(m);
     bind::bind_pq4(m);
-    bind::bind_attention(m);
-    bind::bind_linear(m);
-    bind::bind_layer_norm(m);
+    bind::bind_cpu(m);
 }

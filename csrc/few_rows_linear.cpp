@@ -14,8 +14,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "attention.h"
 #include "bf16.h"
+#include "cpu.h"
 #include "parallel.h"
 #include "vecmath.h"
 
@@ -211,8 +211,8 @@ constexpr RowsPanelF32 kRowsPanelF32[kRows + 1] = {
 bool supported(Path path) {
     switch (path) {
         case Path::Scalar: return true;
-        case Path::AVX512BF16: return attention::supported(attention::Path::AVX512BF16);
-        case Path::AVX512: return attention::supported(attention::Path::AVX512);
+        case Path::AVX512BF16: return cpu::enabled(cpu::Level::AVX512_BF16);
+        case Path::AVX512: return cpu::enabled(cpu::Level::AVX512);
     }
     return false;
 }

@@ -1,12 +1,11 @@
-// Linear layers for few rows (a question at query time: 8-30 tokens), y = act(x Wᵀ + b) + residual, in bf16 (CPUs
-// with AVX512-BF16) and fp32 (AVX-512F).
+// Linear layers for few rows (a question at query time), y = act(x Wᵀ + b) + residual, in bf16 (CPUs with
+// AVX512-BF16) and fp32 (AVX-512; the registry's levels, cpu.h).
 //
 // Why by hand: at a dozen rows a layer is one pass over its weights, and oneDNN's kernels spend most of it
-// waiting: on an AMD EPYC (Zen 4) the four bf16 layers of a MiniLM block ran at ~470-610 µs per question with the
-// weights in L3, 60-90 GFLOP/s. Here each weight vector is loaded once and used by every row: the packed weight
-// holds 32 output columns at a time, lane by lane, so that one instruction updates 16 columns of a row with the
-// row's input broadcast; 14 rows × 32 columns of fp32 sums stay in registers while the weights stream through once,
-// prefetched ahead.
+// waiting (benchmarks/results/few_rows.md: this kernel against oneDNN on MiniLM's layers from 1 to 128 rows).
+// Here each weight vector is loaded once and used by every row: the packed weight holds 32 output columns at a
+// time, lane by lane, so that one instruction updates 16 columns of a row with the row's input broadcast; 14 rows ×
+// 32 columns of fp32 sums stay in registers while the weights stream through once, prefetched ahead.
 //   bf16: a panel holds the column pairs (w_n[2p], w_n[2p+1]), and one vdpbf16ps adds
 //         x_m[2p]·w_n[2p] + x_m[2p+1]·w_n[2p+1] for 16 columns with the row's pair broadcast;
 //   fp32: a panel holds w_n[p] for its 32 columns, one FMA per 16 columns and input.

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "bf16.h"
-#include "simd.h"
+#include "cpu.h"
 
 namespace fastdpr::layer_norm {
 namespace {
@@ -87,16 +87,7 @@ FASTDPR_AVX512BW void avx512(const float* x_f32, const uint16_t* x_bf16, int64_t
 
 }  // namespace
 
-bool supported(Path path) {
-    if (path == Path::Scalar) return true;
-#if defined(__x86_64__) || defined(_M_X64)
-    static const bool avx512 = simd::supported(simd::Level::AVX512) && __builtin_cpu_supports("avx512bw") &&
-                               __builtin_cpu_supports("avx512vl");
-    return avx512;
-#else
-    return false;
-#endif
-}
+bool supported(Path path) { return path == Path::Scalar || cpu::enabled(cpu::Level::AVX512); }
 
 Path best_path() { return supported(Path::AVX512) ? Path::AVX512 : Path::Scalar; }
 

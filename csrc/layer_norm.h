@@ -1,12 +1,13 @@
 // Layer normalisation of a few rows, fp32 or bf16 in and out, for the few-rows encoder path (a question at query
 // time): y = (x − mean) / sqrt(var + eps) · gamma + beta per row, statistics in fp32.
 //
-// Why by hand: at a dozen rows of 384 torch's layer_norm costs ~9-13 µs a call, almost all of it dispatch; a
-// MiniLM question runs 13 of them (the embeddings' and two per layer), and the arithmetic is under a microsecond.
+// Why by hand: at a dozen rows of 384 torch's layer_norm is almost all dispatch (a MiniLM question runs 13 of them:
+// the embeddings' and two per layer), while the arithmetic is tiny (benchmarks/micro/test_micro_layer_norm.py
+// measures both).
 //
 // The mean and the variance are two passes over the row in fp32 (the variance of x − mean, as torch's CPU kernel
-// computes it); bf16 output is rounded once, to nearest even. The scalar path sums in order; the AVX-512 one in
-// 16 lanes, so the two differ by fp32 rounding only.
+// computes it); bf16 output is rounded once, to nearest even. The scalar path sums in order; the AVX-512 one (the
+// registry's avx512 level, cpu.h) in 16 lanes, so the two differ by fp32 rounding only.
 #pragma once
 
 #include <cstdint>

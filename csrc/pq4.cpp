@@ -342,16 +342,14 @@ FASTDPR_PQ4_AVX512 void quantize_lut(const float* lut, int64_t m, QuantizedLUT& 
 }  // namespace avx512
 
 // ---------------------------------------------------------------------------------------------------------------
-// dispatch: the level simd.h chose (or a test forced); AVX-512 scanning also needs the BW byte instructions
-
-static bool has_avx512bw() { return __builtin_cpu_supports("avx512bw"); }
+// dispatch: the level simd.h chose (or a test forced); its avx512 level includes the BW byte instructions (cpu.h)
 
 ScanFn scan_kernel(simd::Level level) {
     if (!simd::supported(level))
         throw std::invalid_argument(std::string("this CPU does not support ") + simd::level_name(level));
     switch (level) {
         case simd::Level::AVX512:
-            return has_avx512bw() ? avx512::scan : avx2::scan;
+            return avx512::scan;
         case simd::Level::AVX2:
             return avx2::scan;
         default:
@@ -366,7 +364,7 @@ FilterFn filter_kernel(simd::Level level) {
         throw std::invalid_argument(std::string("this CPU does not support ") + simd::level_name(level));
     switch (level) {
         case simd::Level::AVX512:
-            return has_avx512bw() ? avx512::filter : avx2::filter;
+            return avx512::filter;
         case simd::Level::AVX2:
             return avx2::filter;
         default:
@@ -380,7 +378,7 @@ void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out, simd::Level le
     if (!simd::supported(level))
         throw std::invalid_argument(std::string("this CPU does not support ") + simd::level_name(level));
     // AVX2 has no row-wide reductions worth the code: that level quantizes with the scalar kernel
-    if (level == simd::Level::AVX512 && has_avx512bw())
+    if (level == simd::Level::AVX512)
         avx512::quantize_lut(lut, m, out);
     else
         scalar::quantize_lut(lut, m, out);
@@ -391,7 +389,7 @@ void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out) { quantize_lut
 const char* kernel_name(simd::Level level) {
     switch (level) {
         case simd::Level::AVX512:
-            return has_avx512bw() ? "avx512bw" : "avx2";
+            return "avx512bw";
         case simd::Level::AVX2:
             return "avx2";
         default:

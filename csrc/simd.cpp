@@ -2,6 +2,8 @@
 // Hand-written because they are the product's edge: the index's speed is these loops (BLAS gives no fp16-storage
 // dot, no fused 4x4 tile with the layout we need, and would force a dependency).
 #include "simd.h"
+
+#include "cpu.h"
 #include "transpose.h"
 
 // GCC 12 warns about its own _mm*_undefined_* helpers inside the AVX-512 intrinsics (a known false positive).
@@ -426,9 +428,9 @@ FASTDPR_AVX512 float l2sq(const float* a, const float* b, size_t n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-// Four rows at a time: four independent FMA chains and four sequential streams for the hardware prefetcher. One
-// row at a time with the next row prefetched in software read 100k x 768 fp32 rows at 9 GB/s on one core, this
-// at 11 (faiss's scan 10.3). T: float, or uint16_t for fp16 rows.
+// Four rows at a time: four independent FMA chains and four sequential streams for the hardware prefetcher, which
+// read a large fp32 base faster than one row at a time with the next row prefetched in software. T: float, or
+// uint16_t for fp16 rows.
 FASTDPR_AVX512 static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 FASTDPR_AVX512 static inline __m512 load16(const uint16_t* p) { return load_half16(p); }
 FASTDPR_AVX512 static inline __m512 load_tail(const float* p, size_t r) {
@@ -579,14 +581,15 @@ static const Kernels kAVX512{Level::AVX512,     avx512::dot,       avx512::dot_f
                              avx512::from_half, avx512::kMR,       avx512::kNR,      avx512::pack,
                              avx512::gemm};
 
+// The levels are the registry's (cpu.h), cap included: a level the cap excludes is not supported here either.
 bool supported(Level level) {
     switch (level) {
         case Level::Scalar:
             return true;
         case Level::AVX2:
-            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+            return cpu::enabled(cpu::Level::AVX2);
         case Level::AVX512:
-            return supported(Level::AVX2) && __builtin_cpu_supports("avx512f");
+            return cpu::enabled(cpu::Level::AVX512);
     }
     return false;
 }
@@ -608,22 +611,8 @@ static const Kernels* table_of(Level level) {
     }
 }
 
-// FASTDPR_SIMD=scalar|avx2|avx512 caps the level at start-up (benchmarks, debugging); unknown values are ignored.
-static const Kernels* initial_table() {
-    Level level = detect();
-    if (const char* env = std::getenv("FASTDPR_SIMD")) {
-        const std::string v(env);
-        Level want = level;
-        if (v == "scalar") want = Level::Scalar;
-        else if (v == "avx2") want = Level::AVX2;
-        else if (v == "avx512") want = Level::AVX512;
-        if (static_cast<int>(want) < static_cast<int>(level)) level = want;
-    }
-    return table_of(level);
-}
-
 static std::atomic<const Kernels*>& active() {
-    static std::atomic<const Kernels*> table{initial_table()};
+    static std::atomic<const Kernels*> table{table_of(detect())};
     return table;
 }
 

@@ -1,8 +1,9 @@
-// Inner-product and L2 kernels with run-time SIMD dispatch (scalar, AVX2+FMA+F16C, AVX-512F).
+// Inner-product and L2 kernels with run-time SIMD dispatch (scalar, and the registry's avx2 and avx512 levels:
+// cpu.h).
 //
 // Every kernel exists at every level, compiled per function with target attributes, so one portable build uses the
-// widest instructions the CPU has (never -march=native). The active level is chosen once from cpuid; tests force
-// each level and compare it with the scalar one.
+// widest instructions the CPU has (never -march=native). The active level is the widest the registry enables (its
+// FASTDPR_SIMD cap included); tests force each level and compare it with the scalar one.
 //
 // Hot loops should fetch the kernel table once (`const Kernels& K = kernels();`) and call through it, so the
 // dispatch costs one indirect call per kernel invocation and nothing inside it.
@@ -15,15 +16,16 @@ namespace fastdpr::simd {
 
 enum class Level : int { Scalar = 0, AVX2 = 1, AVX512 = 2 };
 
-// The widest level this CPU (and OS) supports.
+// The widest level the registry enables (cpu.h: this CPU and OS, within the FASTDPR_SIMD cap).
 Level detect();
 // The level in use now (detect() unless forced).
 Level current();
-// Use `level` from now on; throws std::invalid_argument when the CPU lacks it. For tests and benchmarks: it is a
-// process-wide switch, so do not flip it while other threads are searching.
+// Use `level` from now on; throws std::invalid_argument when it is not supported (absent or capped). For tests
+// and benchmarks: it is a process-wide switch, so do not flip it while other threads are searching.
 void force_level(Level level);
 const char* level_name(Level level);
 const char* level_name();  // name of current()
+// Whether the registry enables `level` (scalar always).
 bool supported(Level level);
 
 using DotFn = float (*)(const float* a, const float* b, size_t n);

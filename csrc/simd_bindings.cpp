@@ -23,7 +23,7 @@ const simd::Kernels& kernels_for(const std::string& level) {
 void bind_simd(py::module_& m) {
     m.def("simd_level", []() { return std::string(simd::level_name()); }, "The SIMD level in use.");
     m.def("simd_detect", []() { return std::string(simd::level_name(simd::detect())); },
-          "The widest SIMD level this CPU supports.");
+          "The widest SIMD level the CPU-feature registry enables (this CPU, within FASTDPR_SIMD).");
     m.def("simd_supported", [](const std::string& level) { return simd::supported(parse_level(level)); });
     m.def("simd_force", [](const std::string& level) { simd::force_level(parse_level(level)); },
           "Use this SIMD level process-wide (tests, benchmarks).");

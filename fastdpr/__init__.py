@@ -30,7 +30,32 @@ _LAZY = {
     "inbatch_nll": "fastdpr.kernels",
 }
 
-__all__ = sorted(_LAZY) + ["__version__"]
+__all__ = sorted(_LAZY) + ["__version__", "cpu_features"]
+
+# the CPU-feature levels of csrc/cpu.h, each implying the ones before it
+CPU_LEVELS = ("avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")
+
+
+def cpu_features(detected: bool = False) -> dict:
+    """What the compiled kernels (index and model alike) may use on this machine: ``{level: bool}`` for avx2 (with
+    FMA and F16C), avx512 (F+BW+VL), avx512_vnni, avx512_bf16 and amx, plus ``cap``, the ``FASTDPR_SIMD`` value
+    that limits them ("" when unset). ``detected=True``: what the CPU and OS offer, ignoring the cap. Without the
+    compiled extension every level is False (no kernel runs vectorised). Loads only a tiny extension, never torch.
+
+    Raises :class:`fastdpr.errors.InputError` when ``FASTDPR_SIMD`` names no level (the kernels then ignore it)."""
+    try:
+        from fastdpr import _cpu
+    except ImportError:
+        import os
+
+        return {**{level: False for level in CPU_LEVELS}, "cap": os.environ.get("FASTDPR_SIMD", "")}
+    features = _cpu.cpu_features(detected)
+    if not features.pop("cap_valid"):
+        from fastdpr.errors import InputError
+
+        raise InputError(f"FASTDPR_SIMD={features['cap']!r} names no level; expected one of scalar, "
+                         f"{', '.join(CPU_LEVELS)} (the kernels ignore it)")
+    return features
 
 
 def __getattr__(name: str):

@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-C = pytest.importorskip("fastdpr._C")
-if not hasattr(C, "attention_f32"):
-    pytest.skip("this build of fastdpr._C has no attention kernel", allow_module_level=True)
+from compiled_extension import skip_unrun, unavailable
+
+C = pytest.importorskip("fastdpr.models._kernels_C")
+BF16_PATHS, F32_PATHS = ("amx", "avx512bf16", "scalar"), ("avx512", "scalar")
 
 
 def _bits(t):
@@ -68,6 +69,7 @@ def test_every_path_matches_fp32_attention_and_the_scalar_path(heads, head_dim, 
         # the same roundings as the scalar path, sums in another order: within one bf16 step of it
         torch.testing.assert_close(got, scalar, rtol=2 ** -7, atol=2 ** -6, msg=f"{path}, seed {seed}")
         torch.testing.assert_close(_run(qkv, groups, heads, path, threads=2), got, rtol=0, atol=0)
+    skip_unrun(BF16_PATHS, C.attention_paths())
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
@@ -88,6 +90,7 @@ def test_large_scores_and_a_single_key(dtype):
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got, want, rtol=tol, atol=2 * tol)
         assert float(got[0, 0]) == 0.0  # the first sequence's value row is 0
+    skip_unrun(BF16_PATHS if dtype == "bf16" else F32_PATHS, C.attention_paths(dtype))
 
 
 def test_bad_arguments_are_refused():
@@ -116,14 +119,14 @@ def test_bad_arguments_are_refused():
 def test_tower_with_the_kernel_equals_the_tower_without(tmp_path, monkeypatch):
     from tiny_models import tiny_biencoder
 
-    import fastdpr.models.inference as inference
+    from fastdpr.models import compiled
 
-    if inference._attention_kernel(torch.bfloat16) is None:
-        pytest.skip("no AMX/AVX512-BF16 on this CPU: the tower uses torch's attention")
+    if compiled.attention_kernel(torch.bfloat16) is None:
+        pytest.skip(f"{unavailable('avx512bf16')}: the bf16 tower uses torch's attention")
     model = tiny_biencoder(tmp_path, hidden=64, layers=2)  # 2 heads of 32
     texts = ["a short one", "a somewhat longer passage about the history of the thing", "x " * 40]
     with_kernel = model.encode_passages(texts, precision="bf16", show_progress=False)
-    monkeypatch.setattr(inference, "_attention_kernel", lambda dtype: None)
+    monkeypatch.setattr(compiled, "attention_kernel", lambda dtype: None)
     without = model.encode_passages(texts, precision="bf16", show_progress=False)
     cos = (with_kernel * without).sum(1) / np.linalg.norm(with_kernel, axis=1) / np.linalg.norm(without, axis=1)
     assert cos.min() > 0.999
@@ -143,6 +146,7 @@ def test_fp32_paths_match_torch_attention(heads, head_dim, groups):
         # no roundings besides fp32's own: sums of up to 257 terms in another order, exp to 2e-7
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{path}, seed {seed}")
         torch.testing.assert_close(_run_f32(qkv, groups, heads, path, threads=2), got, rtol=0, atol=0)
+    skip_unrun(F32_PATHS, C.attention_paths("f32"))
 
 
 def test_fp32_bad_arguments_are_refused():
@@ -166,14 +170,14 @@ def test_fp32_bad_arguments_are_refused():
 def test_fp32_tower_with_the_kernel_equals_the_tower_without(tmp_path, monkeypatch):
     from tiny_models import tiny_biencoder
 
-    import fastdpr.models.inference as inference
+    from fastdpr.models import compiled
 
-    if inference._attention_kernel(torch.float32) is None:
-        pytest.skip("no AVX-512 on this CPU: the fp32 tower uses torch's attention")
+    if compiled.attention_kernel(torch.float32) is None:
+        pytest.skip(f"{unavailable('avx512')}: the fp32 tower uses torch's attention")
     model = tiny_biencoder(tmp_path, hidden=64, layers=2)
     texts = ["a short one", "a somewhat longer passage about the history of the thing", "x " * 40]
     with_kernel = model.encode_passages(texts, precision="fp32", show_progress=False)
-    monkeypatch.setattr(inference, "_attention_kernel", lambda dtype: None)
+    monkeypatch.setattr(compiled, "attention_kernel", lambda dtype: None)
     without = model.encode_passages(texts, precision="fp32", show_progress=False)
     np.testing.assert_allclose(with_kernel, without, rtol=1e-4, atol=1e-5)
 
@@ -182,7 +186,7 @@ def test_group_sizes_near_the_int64_limit_are_refused_not_overflowed():
     """count x length beyond the rows (their product overflowing int64, or wrapping to exactly T) and a head count
     whose 3 x heads overflows: clear errors. In a subprocess: these were a SIGSEGV."""
     code = """
-import numpy as np, fastdpr._C as C
+import numpy as np, fastdpr.models._kernels_C as C
 qkv, out = np.zeros((4, 96), np.float32), np.zeros((4, 32), np.float32)
 seen = []
 for groups in ([[1, 2**62]], [[2**62, 2]], [[4, 2**62 + 1]], [[2**61, 2**3]], [[1, 2], [2**62, 4]], [[2**40, 1]]):

@@ -23,3 +23,16 @@ def test_import_is_light():
     code = "import sys, fastdpr, fastdpr.cli; print('torch' in sys.modules, 'triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_model_kernels_are_their_own_extension():
+    """The model kernels are built as fastdpr.models._kernels_C, reached through models/compiled.py; the index core
+    no longer carries them."""
+    import fastdpr._C as C
+    import fastdpr.models._kernels_C as K
+    from fastdpr.models import compiled
+
+    assert compiled.kernels() is K
+    for name in ("attention_bf16", "attention_f32", "linear_bf16", "linear_f32", "layer_norm"):
+        assert hasattr(K, name) and not hasattr(C, name), name
+    assert not hasattr(K, "IVFPQ") and not hasattr(K, "simd_force")

@@ -6,12 +6,14 @@ import numpy as np
 import pytest
 import torch
 
+from compiled_extension import skip_unrun
+
 import fastdpr.models.inference as inference
+from fastdpr.models import compiled
 
-C = pytest.importorskip("fastdpr._C")
-if not hasattr(C, "linear_bf16"):
-    pytest.skip("this build of fastdpr._C has no few-rows linear kernel", allow_module_level=True)
-
+C = pytest.importorskip("fastdpr.models._kernels_C")
+# every path, and the ones this CPU runs
+ALL_PATHS, ALL_F32_PATHS = ("avx512bf16", "scalar"), ("avx512", "scalar")
 PATHS = C.linear_bf16_paths()
 F32_PATHS = C.linear_f32_paths()
 
@@ -59,6 +61,7 @@ def test_every_path_matches_the_float64_product_and_the_scalar_path(rows, k, n, 
         rounded = _run(x, packed, n, bias, residual, path, torch.bfloat16)
         # bf16 out is the fp32 result rounded once, to nearest even
         assert torch.equal(rounded, got.bfloat16()), f"{path} seed {seed}"
+    skip_unrun(ALL_PATHS, PATHS)
 
 
 def _run_f32(x, packed, n, bias, residual, path, activation=""):
@@ -93,6 +96,7 @@ def test_every_f32_path_matches_the_float64_product_and_the_scalar_path(rows, k,
         np.testing.assert_array_equal(threaded, got, err_msg=path)
         np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=path)
         np.testing.assert_allclose(got, scalar, rtol=0, atol=atol, err_msg=path)
+    skip_unrun(ALL_F32_PATHS, F32_PATHS)
 
 
 def test_f32_arguments_are_checked():
@@ -166,13 +170,14 @@ def test_activations_match_torch(activation, torch_activation, rows):
     for path in F32_PATHS:
         got = _run_f32(x.float().numpy(), packed32, 96, bias.numpy(), None, path, activation)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6, err_msg=f"fp32 {path} seed {seed}")
+    skip_unrun(ALL_PATHS + ALL_F32_PATHS, PATHS + F32_PATHS)
 
 
 @pytest.mark.parametrize("activation", [None, "gelu", "gelu_new", "relu"])
 @pytest.mark.parametrize("rows", [1, 11, 40])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fused_linear_through_the_kernel_equals_the_onednn_path(monkeypatch, activation, rows, dtype):
-    monkeypatch.setattr(inference, "_few_rows_kernel", lambda dtype: C)  # whatever the CPU's first choice is
+    monkeypatch.setattr(compiled, "few_rows_kernel", lambda dtype: C)  # whatever the CPU's first choice is
     g = torch.Generator().manual_seed(rows)
     layer = inference.FusedLinear(torch.randn(96, 64, generator=g) / 8, torch.randn(96, generator=g),
                                   activation).to(dtype).prepack()
@@ -190,7 +195,7 @@ def test_fused_linear_through_the_kernel_equals_the_onednn_path(monkeypatch, act
     # more rows than the kernel takes go the other way
     layer.prepack()
     monkeypatch.setattr(layer, "_forward_few_rows", lambda *a: pytest.fail("few-rows kernel at too many rows"))
-    many = inference._FEW_ROWS + 1
+    many = compiled.FEW_ROWS + 1
     assert layer(torch.randn(many, 64, generator=g).to(dtype)).shape == (many, 96)
 
 
@@ -203,8 +208,8 @@ def test_few_rows_tower_equals_the_torch_path(tmp_path, monkeypatch, precision):
 
     from fastdpr.models import BiEncoder, BiEncoderConfig
 
-    monkeypatch.setattr(inference, "_few_rows_kernel", lambda dtype: C)  # whatever the CPU's first choice is
-    monkeypatch.setattr(inference, "_attention_kernel", lambda dtype: C)
+    monkeypatch.setattr(compiled, "few_rows_kernel", lambda dtype: C)  # whatever the CPU's first choice is
+    monkeypatch.setattr(compiled, "attention_kernel", lambda dtype: C)
     # head dimension 16 and widths that are multiples of 32, as the kernels need
     qdir = tiny_bert_dir(tmp_path, name="tiny-few-rows", hidden=64, layers=2, heads=4, intermediate=128, seed=3)
     model = BiEncoder.from_encoders(qdir, None, config=BiEncoderConfig(shared=True, pooling="mean")).eval()
@@ -229,9 +234,9 @@ def test_few_rows_tower_equals_the_torch_path(tmp_path, monkeypatch, precision):
     tower.few_rows = few_rows
     monkeypatch.setattr(inference.FewRowsTower, "__call__",
                         lambda *a: pytest.fail("few-rows tower at too many tokens"))
-    many = [(list(rng.integers(1, 100, size=inference._FEW_ROWS + 1)), None)]
+    many = [(list(rng.integers(1, 100, size=compiled.FEW_ROWS + 1)), None)]
     with torch.inference_mode():
-        assert tower(inference.pack(many, torch.device("cpu"))).shape == (inference._FEW_ROWS + 1, 64)
+        assert tower(inference.pack(many, torch.device("cpu"))).shape == (compiled.FEW_ROWS + 1, 64)
     assert inference.build_tower(model.question_encoder, "int8", torch.device("cpu"),
                                  model._pad_id()).few_rows is None
     # moved or cast towers drop the views of their old weights
@@ -248,8 +253,8 @@ def test_one_question_through_the_few_rows_tower_equals_the_batched_path(tmp_pat
 
     from fastdpr.models import BiEncoder, BiEncoderConfig
 
-    monkeypatch.setattr(inference, "_few_rows_kernel", lambda dtype: C)
-    monkeypatch.setattr(inference, "_attention_kernel", lambda dtype: C)
+    monkeypatch.setattr(compiled, "few_rows_kernel", lambda dtype: C)
+    monkeypatch.setattr(compiled, "attention_kernel", lambda dtype: C)
     qdir = tiny_bert_dir(tmp_path, name="tiny-few-rows", hidden=64, layers=2, heads=4, intermediate=128, seed=5)
     model = BiEncoder.from_encoders(qdir, None, config=BiEncoderConfig(shared=True, pooling=pooling,
                                                                        similarity=similarity)).eval()
@@ -275,8 +280,8 @@ def test_the_few_rows_tower_refuses_token_ids_out_of_range(tmp_path, monkeypatch
     from fastdpr.errors import InputError
     from fastdpr.models import BiEncoder, BiEncoderConfig
 
-    monkeypatch.setattr(inference, "_few_rows_kernel", lambda dtype: C)
-    monkeypatch.setattr(inference, "_attention_kernel", lambda dtype: C)
+    monkeypatch.setattr(compiled, "few_rows_kernel", lambda dtype: C)
+    monkeypatch.setattr(compiled, "attention_kernel", lambda dtype: C)
     qdir = tiny_bert_dir(tmp_path, name="tiny-few-rows", hidden=64, layers=2, heads=4, intermediate=128, seed=7)
     model = BiEncoder.from_encoders(qdir, None, config=BiEncoderConfig(shared=True)).eval()
     vocab = model.question_encoder.config.vocab_size
@@ -298,3 +303,4 @@ def test_no_rows_is_an_empty_result_on_every_path():
         out = np.empty((0, 64), np.float32)
         C.linear_f32(np.empty((0, 38), np.float32), packed32, 64, None, "", None, out, path)
         assert out.shape == (0, 64)
+    skip_unrun(ALL_PATHS + ALL_F32_PATHS, PATHS + F32_PATHS)

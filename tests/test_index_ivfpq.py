@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from compiled_extension import extension
+from compiled_extension import SIMD_LEVELS, extension, skip_unrun
 
 from fastdpr.errors import InputError
 from fastdpr.index import fileformat
@@ -444,6 +444,7 @@ def test_every_simd_level_matches_reference(small):
         assert (i == i0).mean() >= 0.99
         np.testing.assert_allclose(s, s0, rtol=1e-5, atol=1e-4)
         assert (results[level + "-codes"] == results["scalar-codes"]).mean() >= 0.999
+    skip_unrun(SIMD_LEVELS, levels)
 
 
 @needs_c

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from compiled_extension import extension, simd_levels
+from compiled_extension import SIMD_LEVELS, extension, simd_levels, skip_unrun
 
 from fastdpr.errors import InputError, MissingDependency
 from fastdpr.index import fileformat, numpy_pq4
@@ -89,6 +89,7 @@ def test_quantized_tables_equal_the_compiled_ones_bit_for_bit(m):
             np.testing.assert_array_equal(table[i], want_table[:m], err_msg=f"{i} {level}")
             assert delta[i] == np.float32(want_delta), (i, level)
             assert bias[i] == np.float32(want_bias) or (np.isnan(bias[i]) and np.isnan(want_bias)), (i, level)
+    skip_unrun(SIMD_LEVELS, LEVELS)
 
 
 def test_scan_and_scores_are_the_compiled_sums():
@@ -115,6 +116,7 @@ def test_row_scores_equal_the_compiled_ones(d):
     scale = float(np.abs(q).sum() * np.abs(x).max())
     for level in LEVELS:
         np.testing.assert_allclose(got, _C.sq4_scores(q, rows, lo, step, level), rtol=0, atol=2e-6 * scale)
+    skip_unrun(SIMD_LEVELS, LEVELS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -237,6 +239,7 @@ def test_query_tables_are_the_compiled_ones_on_random_floats(tmp_path, dsub):
                 np.testing.assert_array_equal(got[1], want[1], err_msg=level)
     finally:
         _C.simd_force(before)
+    skip_unrun(SIMD_LEVELS, LEVELS)
 
 
 def test_equal_scores_come_back_in_id_order_as_compiled(tmp_path):

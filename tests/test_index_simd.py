@@ -4,11 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from compiled_extension import SIMD_LEVELS, level_params, simd_levels, skip_unrun
 from fastdpr.index._native import native
 
 C = native()
 pytestmark = pytest.mark.skipif(C is None, reason="compiled extension not built")
-LEVELS = [lvl for lvl in ("scalar", "avx2", "avx512") if C is not None and C.simd_supported(lvl)]
+LEVELS = simd_levels(C)  # the ones this CPU runs
 LENGTHS = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127, 129, 255, 384, 511, 767, 768, 769, 1000]
 
 
@@ -17,7 +18,7 @@ def test_detected_level_is_supported_and_active():
     assert C.simd_level() in LEVELS
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", level_params(SIMD_LEVELS))
 @pytest.mark.parametrize("n", LENGTHS)
 def test_dot_l2_against_scalar_and_float64(level, n):
     rng = np.random.default_rng(n * 7 + len(level))
@@ -32,7 +33,7 @@ def test_dot_l2_against_scalar_and_float64(level, n):
     assert abs(C.simd_l2sq(a, b, level) - C.simd_l2sq(a, b, "scalar")) <= 1e-5 * (ref_l2 + 1)
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", level_params(SIMD_LEVELS))
 @pytest.mark.parametrize("n", LENGTHS)
 def test_dot_f16_against_scalar(level, n):
     rng = np.random.default_rng(n + 1000)
@@ -45,7 +46,7 @@ def test_dot_f16_against_scalar(level, n):
     assert abs(got - C.simd_dot_f16(a, h.view(np.uint16), "scalar")) <= tol
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", level_params(SIMD_LEVELS))
 @pytest.mark.parametrize("d", [1, 5, 16, 17, 64, 100, 768])
 def test_dot4x4_micro_kernel(level, d):
     rng = np.random.default_rng(d)
@@ -55,7 +56,7 @@ def test_dot4x4_micro_kernel(level, d):
     np.testing.assert_allclose(C.simd_dot4x4(q, x, level), ref, rtol=1e-5, atol=1e-5 * np.sqrt(d))
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", level_params(SIMD_LEVELS))
 def test_half_conversions_match_numpy_bit_for_bit(level):
     rng = np.random.default_rng(0)
     special = np.array([0.0, -0.0, 1.0, -1.0, 65504.0, 65520.0, 1e6, -1e6, 6.1e-5, 5.96e-8, 2.98e-8, 1e-9,
@@ -89,6 +90,7 @@ def test_every_level_gives_the_same_search_results():
         for (s, i), (s0, i0) in zip(results[level], base):
             np.testing.assert_allclose(s, s0, rtol=1e-4, atol=1e-4)
             assert (i == i0).mean() > 0.97  # swaps only between near-ties
+    skip_unrun(SIMD_LEVELS, LEVELS)
 
 
 @pytest.mark.parametrize("d", [1, 5, 16, 17, 33, 100])
@@ -111,6 +113,7 @@ def test_blocked_exact_search_scores_at_every_level(d, n):
                                        err_msg=f"{level}, seed {seed}")
     finally:
         C.simd_force(C.simd_detect())
+    skip_unrun(SIMD_LEVELS, LEVELS)
 
 def test_unsupported_level_is_an_error():
     with pytest.raises(ValueError):

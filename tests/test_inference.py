@@ -16,6 +16,7 @@ import fastdpr.models.inference as inference
 from fastdpr.errors import InputError
 from fastdpr.models import BiEncoder
 from fastdpr.models.batching import pad_batch, token_runs
+from fastdpr.models.fused_linear import ACTIVATIONS
 
 DATA = Path(__file__).parent / "data"
 WORDS = "the of and to in a is was for on that with as by at from city river king france paris war".split()
@@ -256,7 +257,7 @@ def test_fused_linear_equals_linear_then_activation_then_add(seed, activation, d
     residual = torch.randn(rows, fan_out, generator=g)
     want = linear(x.to(dtype).float()) if dtype != torch.float32 else linear(x)
     if activation is not None:
-        want = inference._ACTIVATIONS[activation](want)
+        want = ACTIVATIONS[activation](want)
     fused = inference.FusedLinear.from_linear(linear, activation).to(dtype).prepack()
     assert (fused.packed is not None) == inference.onednn_linear_available(torch.device("cpu"), dtype)
     tol = dict(rtol=0, atol=2e-5 * fan_in) if dtype == torch.float32 else dict(rtol=2e-2, atol=0.1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from compiled_extension import extension, simd_levels
+from compiled_extension import SIMD_LEVELS, extension, simd_levels, skip_unrun
 
 from fastdpr.errors import InputError
 from fastdpr.index import pq4
@@ -58,6 +58,7 @@ def test_scan_every_level_equals_scalar(m, n):
         got = _C.pq4_scan(blocks, n, m, table, level)
         assert got.dtype == np.uint16
         np.testing.assert_array_equal(got, want, err_msg=level)
+    skip_unrun(SIMD_LEVELS, LEVELS)
 
 
 def test_scan_sums_near_the_uint16_limit_do_not_wrap():
@@ -73,6 +74,7 @@ def test_scan_sums_near_the_uint16_limit_do_not_wrap():
     assert want.max() > 60000 and want.max() < 65536  # the shared scale is set by the sum bound here
     for level in LEVELS:
         np.testing.assert_array_equal(_C.pq4_scan(_C.pq4_pack(codes), n, m, table, level), want, err_msg=level)
+    skip_unrun(SIMD_LEVELS, LEVELS)
 
 
 @pytest.mark.parametrize("m", [1, 7, 48, 192, 700])
@@ -122,6 +124,7 @@ def test_quantize_lut_every_level_equals_scalar(m):
             got = _C.pq4_quantize_lut(lut, level)
             np.testing.assert_array_equal(got[0], table, err_msg=level)
             assert got[1:] == want[1:] or (np.isnan(got[1]) and np.isnan(want[1]) and got[2:] == want[2:]), level
+    skip_unrun(SIMD_LEVELS, LEVELS)
 
 
 @pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 31, 32, 33, 100, 1001])
@@ -135,6 +138,7 @@ def test_filter_every_level_equals_the_reference(n):
             np.testing.assert_array_equal(_C.pq4_filter(sums, floor, level), want, err_msg=f"{level} {floor}")
     with pytest.raises(ValueError, match="floor"):
         _C.pq4_filter(sums, 65537)
+    skip_unrun(SIMD_LEVELS, LEVELS)
 
 
 def test_first_reaching_is_the_exact_inverse_of_the_score():
@@ -186,6 +190,7 @@ def test_topk_equals_sorting_the_scalar_scan(k):
         s, ids = _C.pq4_topk(blocks, n, m, table, k, level)
         np.testing.assert_array_equal(ids, order, err_msg=level)
         np.testing.assert_array_equal(s, sums[order], err_msg=level)
+    skip_unrun(SIMD_LEVELS, LEVELS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -308,6 +313,7 @@ def test_ivf4_scores_and_results_equal_at_every_level(data, ivf4):
         # kernels, so the dequantized scores may differ in the last bits
         np.testing.assert_allclose(results[level][0], results["scalar"][0], rtol=1e-6, err_msg=level)
         np.testing.assert_array_equal(results[level][1], results["scalar"][1], err_msg=level)
+    skip_unrun(SIMD_LEVELS, LEVELS)
 
 
 @pytest.mark.parametrize("k", [1, 7, 64])
@@ -466,6 +472,7 @@ def test_ivf4_query_tables_are_identical_at_every_level(dsub):
     for level in LEVELS:
         np.testing.assert_array_equal(results[level][0], results["scalar"][0], err_msg=level)
         np.testing.assert_array_equal(results[level][1], results["scalar"][1], err_msg=level)
+    skip_unrun(SIMD_LEVELS, LEVELS)
 
 
 @pytest.mark.parametrize("nbits", [4, 8])

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-C = pytest.importorskip("fastdpr._C")
+C = pytest.importorskip("fastdpr.models._kernels_C")
 ROWS, WIDTH = 14, 384
 
 
 def _paths():
-    return list(C.layer_norm_paths()) if hasattr(C, "layer_norm_paths") else []
+    return list(C.layer_norm_paths())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

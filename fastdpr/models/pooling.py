@@ -31,3 +31,13 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return F.normalize(x, p=2.0, dim=-1)
+
+
+def pool_packed(hidden: torch.Tensor, groups: list[tuple[int, int]], mode: str) -> torch.Tensor:
+    """(tokens, H) packed states -> (sequences, H) float32: first token (``cls``) or mean over each sequence."""
+    out, start = [], 0
+    for n, length in groups:
+        g = hidden[start:start + n * length].view(n, length, -1)
+        out.append(g[:, 0].float() if mode == "cls" else g.float().mean(dim=1))
+        start += n * length
+    return torch.cat(out) if len(out) > 1 else out[0]
