@@ -276,6 +276,17 @@ def test_api_key(world):
     assert about["passages"] == 40 and about["modes"] == ["dense", "sparse", "hybrid"]
 
 
+def test_what_is_loaded_leaves_the_collectors_sight_once_warm(world):
+    import gc
+
+    gc.unfreeze()
+    with serving(_app(world)) as server:
+        assert _get(server.url, "/readyz")[0] == 200
+        frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    assert frozen > 0
+
+
 def test_readme_curl_example_runs(world):
     from test_readme import marked_blocks, shell_lines
 

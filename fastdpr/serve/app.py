@@ -4,6 +4,7 @@ Bodies are read and checked here by hand (``fastdpr.serve.requests``) rather tha
 that each refusal is one line naming the field and the configured limits apply."""
 
 import asyncio
+import gc
 import hmac
 import json
 import logging
@@ -59,6 +60,9 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
         try:
             if warm_up:
                 await batcher.call(backend.warm_up)
+            # the model, index, corpus and caches live as long as the process: out of the collector's sight, a
+            # full collection (which requests' short-lived objects trigger) no longer walks all of them
+            gc.freeze()
             state["ready"] = True
         except Exception as err:  # the server stays up (healthz) but never reports ready
             state["warm_error"] = f"{type(err).__name__}: {' '.join(str(err).split())}"
