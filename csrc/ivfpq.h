@@ -31,6 +31,10 @@
 
 namespace fastdpr {
 
+namespace ivfpq {
+struct IndexView;
+}
+
 enum class VectorStorage : int { None = 0, F16 = 1, F32 = 2 };
 
 struct IVFPQTrainParams {
@@ -129,9 +133,11 @@ public:
 
 private:
     void check_trained(const char* what) const;
-    // search() with its checks done, the lock held and the queries of extreme magnitude scaled
+    // search() with its checks done, the lock held and the queries of extreme magnitude scaled: the stages of
+    // ivfpq_search.h over view()
     void search_unscaled(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
                          int64_t* positions, int nthreads, float spread, int64_t exact) const;
+    ivfpq::IndexView view() const;  // what the search stages read, valid while mu_ is held
     void prepare_tables(const float* centroids);  // packed copies (kmeans.h pack_columns) the search kernels stream
     // `cent`: the centroid rows (centroids())
     void assign_lists(const float* cent, const float* x, int64_t n, int64_t* lists) const;
