@@ -206,11 +206,10 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
 }
 
 // The ranges of an index trained by set_trained() come with its first add, which may be a single row: its range
-// alone would be a point (every step 0, every later row coded as that row: recall@10 0.644 -> 0.042). A first add
-// of fewer than kSqMinRows rows therefore gets ranges that cover also what the trained state can reconstruct, per
-// dimension the extremes of centroid + codeword. Not always: those extremes together reach a little beyond the
-// data, and coarser steps cost recall where the rows alone give the range well (synthetic 6,000 x 64, 4-bit codes:
-// recall@10 0.797 from the rows, 0.786 with the reconstructions; 0.795 from one row and the reconstructions).
+// alone would be a point (every step 0, every later row coded as that row, and the 4-bit re-rank would rank
+// nothing). A first add of fewer than kSqMinRows rows therefore gets ranges that cover also what the trained state
+// can reconstruct, per dimension the extremes of centroid + codeword. Not always: those extremes together reach a
+// little beyond the data, and coarser steps cost recall where the rows alone give the range well.
 constexpr int64_t kSqMinRows = 256;  // as many as the fewest training vectors of an 8-bit index
 
 void IVFPQ::fit_sq_ranges(const float* cent, const float* x, int64_t n) {
@@ -286,9 +285,8 @@ void IVFPQ::set_aniso_eta(float eta) {
 
 // Coordinate descent on L(r) = ||r||^2 + (eta - 1) <r, u>^2 (u = x / ||x||, r = x - c - reconstruction): one
 // sub-space at a time, the codeword that minimises L with the others fixed. Each step cannot raise L, so sweeps
-// from the nearest-codeword codes keep what the L2 start got right. Four sweeps, not two: at 1M x 768 (m 96,
-// aniso 0.2, nprobe 256, rerank 1,000, spread 0.5) recall@100 0.927 -> 0.934 (benchmarks/results/ann_compressed.md
-// before and after; eight sweeps gave no more in a trial run, not committed, and built slower).
+// from the nearest-codeword codes keep what the L2 start got right. Four sweeps: more of them keep lowering L while
+// each costs a pass over the sub-spaces at build time.
 // fastdpr/index/pq4.py (training) takes the same steps.
 void IVFPQ::refine_anisotropic(const float* cent, const float* x, int64_t n, const int64_t* lists,
                                uint8_t* codes) const {

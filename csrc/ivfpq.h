@@ -164,8 +164,7 @@ private:
     std::vector<float> codebooks_;    // (m, ksub, dsub)
     std::vector<float> codebooks_T_;  // per sub-quantizer: its ksub codewords packed (packed_size(ksub, dsub))
     // Every list's codes in one allocation on huge pages, list l from code_off_[l] (64-byte aligned): a search
-    // streams codes from DRAM, and with 4 KiB pages it also missed the TLB once per page (4-bit, 1M vectors, scan
-    // only: m 192 18 -> 22.7 GB/s, m 384 15 -> 17.5; whole searches 1.12-1.35x). List l has room for
+    // streams codes from DRAM, and with 4 KiB pages it would also miss the TLB once per page. List l has room for
     // code_room_[l] rows; add() lays everything out again (one copy of the codes) only when a list runs out.
     std::vector<uint8_t, HugePageAllocator<uint8_t>> codes_;
     std::vector<size_t> code_off_;

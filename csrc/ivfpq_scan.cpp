@@ -82,7 +82,7 @@ __attribute__((target("avx512f"))) void lut4_avx512(const float* q, const float*
 // Moves the k largest of the n distinct keys in v to v[0, k) (in no particular order), 0 < k < n. A quickselect
 // whose partition has no data-dependent branch: each key is written to both ends of a scratch array and only one
 // end advances. On candidate scores in random order std::nth_element's partition mispredicts about every other
-// comparison; this one measured ~12% of a whole 4-bit search (mean pooling, rerank 400) with std::nth_element.
+// comparison.
 void select_top(uint64_t* v, size_t n, size_t k, std::vector<uint64_t>& scratch) {
     // v[0, lo) are among the k largest, v[hi, n) are not: the k - lo largest of v[lo, hi) complete them
     size_t lo = 0, hi = n;
@@ -134,8 +134,7 @@ public:
 
     // v >= threshold(), never NaN. `pos` points at the candidate's position in its list's positions, which are
     // read only for the candidates that survive to take() (and for ties at a cut): most candidates are cut, and
-    // reading each one's position where it is found, a cache miss in a list's positions, cost ~10% of a search
-    // (1M x 384, nprobe 512, rerank 1000: ~3,900 candidates per query).
+    // reading each one's position where it is found would be a cache miss in a list's positions for each.
     void push(float v, const uint32_t* pos) {
         keys_.push_back(uint64_t{order_bits(v)} << 32 | static_cast<uint32_t>(pos_.size()));
         pos_.push_back(pos);
