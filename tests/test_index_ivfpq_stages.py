@@ -54,6 +54,7 @@ def assert_top_by(scores, ids, q, score, candidates, tol=1e-4):
     scores."""
     for i in range(len(q)):
         got = ids[i][ids[i] >= 0]
+        assert set(got.tolist()) <= candidates[i]
         want = score(q[i], got)
         np.testing.assert_allclose(scores[i][: len(got)], want, rtol=tol, atol=tol)
         rest = np.array(sorted(candidates[i] - set(got.tolist())), dtype=np.int64)
@@ -168,7 +169,7 @@ def test_4bit_rows_cut_before_the_vectors(seed, nbits):
     trained = (first.centroids(), first.codebooks())
     full, x, q = build(d, m, nbits, "fp32", 4, seed=seed + 10, trained=trained)
     rows_only, _, _ = build(d, m, nbits, "none", 4, seed=seed + 10, trained=trained)  # the same rows
-    k, kc, exact = 5, 80, 15
+    k, kc, exact = 5, 80, 7
     cut = found(rows_only.search(q, exact, 4, kc, 1, 0.0, 0)[1])  # without vectors: the 4-bit stage's answer
     assert all(c <= s for c, s in zip(cut, scan_candidates(full, q, 4, kc)))
     scores, ids = full.search(q, k, 4, kc, 1, 0.0, exact)
