@@ -59,11 +59,6 @@ void VectorStore::append(const float* x, size_t n) {
     n_ += n;
 }
 
-void VectorStore::row(size_t i, float* out) const {
-    if (storage_ == Storage::F16) simd::from_half(f16() + i * dim_, out, dim_);
-    else std::memcpy(out, f32() + i * dim_, dim_ * sizeof(float));
-}
-
 void VectorStore::save(io::Writer& w, const std::string& name) const {
     w.add(name, row_ptr(0), n_ * bytes_per_vector());
 }
@@ -124,7 +119,7 @@ void search_block(const VectorStore& store, const simd::Kernels& K, const float*
     const size_t nq_pad = (nq + mr - 1) / mr * mr;
     if (gemm) {
         // Query tiles packed k-major (tile[k * mr + i]): the micro-kernel's broadcasts read one contiguous run per
-        // k instead of mr rows d floats apart, which map to a few L1 sets at d = 768 (~5% at 1,000 queries). Zero
+        // k instead of mr rows d floats apart, which map to a few L1 sets at d = 768. Zero
         // rows pad the last tile; their scores are computed and ignored.
         s.queries.assign(nq_pad * d, 0.0f);
         for (size_t t = 0; t < nq; t += mr)
@@ -182,7 +177,7 @@ void exact_search(const VectorStore& store, const float* queries, size_t nq, siz
     const size_t n_vblocks = std::max<size_t>(1, (n + kVectorBlock - 1) / kVectorBlock);
     // Few query blocks for the threads: also split the vectors, with one partial top-k per split, merged after.
     // At least 4 tasks per thread, so that tasks of unequal size even out (3 query blocks on 2 threads, one task
-    // each, ran at 1.6x one thread).
+    // each, would leave one thread idle for a third of the time).
     size_t n_splits = 1;
     if (threads > 1 && static_cast<size_t>(4 * threads) > n_qblocks)
         n_splits = std::min(n_vblocks, (static_cast<size_t>(4 * threads) + n_qblocks - 1) / n_qblocks);

@@ -27,7 +27,6 @@ public:
     size_t size() const { return n_; }
     Storage storage() const { return storage_; }
     size_t bytes_per_vector() const { return dim_ * (storage_ == Storage::F16 ? 2 : 4); }
-    bool is_mapped() const { return mapped_ != nullptr; }
 
     void append(const float* x, size_t n);  // converts to the storage type
     void reserve(size_t n);
@@ -40,13 +39,6 @@ public:
     }
     float dot(const simd::Kernels& K, const float* q, size_t i) const {
         return storage_ == Storage::F16 ? K.dot_f16(q, f16() + i * dim_, dim_) : K.dot(q, f32() + i * dim_, dim_);
-    }
-    void row(size_t i, float* out) const;  // as fp32
-    // Row i as fp32: a pointer into the store when it holds fp32, else converted into `buf` (dim floats).
-    const float* row_f32(size_t i, float* buf) const {
-        if (storage_ == Storage::F32) return f32() + i * dim_;
-        row(i, buf);
-        return buf;
     }
 
     void save(io::Writer& w, const std::string& name) const;

@@ -56,7 +56,7 @@ struct Visited {
 };
 
 // A node's lock, taken only while several threads insert: add() holds the index's mutex exclusively, so a
-// single-threaded build has no one to exclude, and locking every link list it reads cost ~5% of its time.
+// single-threaded build has no one to exclude, and locking every link list it reads would only cost it time.
 class NodeGuard {
 public:
     NodeGuard(std::mutex& mu, bool take) : mu_(take ? &mu : nullptr) {
@@ -154,7 +154,7 @@ void beam_search(Scratch& s, size_t ef, Score&& score, ReadLinks&& read_links, P
         // (late in a search most neighbours were seen already). Then every fresh record's first line is requested
         // at once, so their latencies overlap, and each whole vector one record ahead. Whole vectors two ahead
         // (24 lines of a 384-d half vector) filled the core's line-fill buffers and stalled on the prefetches
-        // themselves: the head-line scheme has 3-4% more q/s on the real MiniLM pool.
+        // themselves.
         const size_t cnt = read_links(c.second, buf);
         size_t fresh = 0;
         for (size_t j = 0; j < cnt; ++j)
@@ -329,7 +329,7 @@ struct BuildOps {
         pruned.clear();
         // The kept nodes' half vectors, converted once into buf (slot j: kept[j]; the candidate under test in the
         // next slot): the pairwise similarities are then fp32 dot products in cache, where converting halves for
-        // every pair made them ~75% of a build.
+        // every pair would dominate a build.
         const size_t d = h.dim_;
         buf.resize((m + 1) * d);
         for (const Cand& c : cands) {
@@ -381,10 +381,9 @@ struct BuildOps {
             // Full: re-select among the old links and the new node, by similarity to `other`, down to M (the
             // degree a node starts with), not to the 2M capacity, which leaves room: a list cut back to near its
             // capacity is full again at once and re-runs this quadratic selection for every later link. On
-            // topped-up inner-product lists the heuristic keeps most of 2M candidates (53 of 65 on average on the
-            // real MiniLM pool), so a cut to capacity re-selected on nearly every append: 11 selections per insert,
-            // 60% of the build in their pairwise dot products (15.1 s); cut to M, 1.8 per insert, 3.0 s, recall@100
-            // at ef 110 0.9808 (was 0.9834).
+            // topped-up inner-product lists the heuristic keeps most of 2M candidates, so a cut to capacity would
+            // re-select on nearly every append, and the build would spend most of its time in their pairwise dot
+            // products.
             const float* xo = as_f32(other, xbuf);
             const float* to = h.terms(other);
             cands.clear();
@@ -596,7 +595,7 @@ struct SearchOps {
         if constexpr (S == Storage::F32) {
             // The beam ranked by the half vectors; the list it found is ranked by the stored ones. The fp32 rows
             // are cold (one miss per line), so only the best k + k/8 by the half scores are read: halves misorder
-            // only near-ties (real MiniLM pool, ef 256: recall@100 0.9951 either way, 2,939 -> 3,148 q/s).
+            // only near-ties.
             const size_t reread = k + k / 8;
             if (found.size() > reread) {
                 std::nth_element(found.begin(), found.begin() + static_cast<std::ptrdiff_t>(reread), found.end(),

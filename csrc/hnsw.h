@@ -2,11 +2,10 @@
 //
 // Memory layout: one record per node holds what scoring and expanding it on level 0 reads, so that a neighbour's
 // score and, later, its expansion touch one contiguous block (the separate link and vector arrays cost two cache
-// misses per neighbour, ~45% of a build's profile):
+// misses per neighbour):
 //   [half vector: d halves, padded to 4 bytes][w, e, scale][count][M0 links]
 // padded to a multiple of 64 bytes. The graph walk (build and search) scores the half vectors: a search is bound by
-// fetching neighbours' vectors, and halves are half the bytes (real MiniLM pool: 1.3-1.4x the q/s of fp32 records
-// at the same recall). With fp16 storage they are the stored vectors; with fp32 storage they are the vectors
+// fetching neighbours' vectors, and halves are half the bytes. With fp16 storage they are the stored vectors; with fp32 storage they are the vectors
 // divided by a power of two (`scale`, so any range fits), the fp32 vectors are kept apart, and the list a search
 // found is re-ranked with them, so returned scores are exact. Upper levels are per node (few nodes have them).
 // Visited marks are reset by bumping a tag; the first line of every fresh neighbour's record is requested at once,

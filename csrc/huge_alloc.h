@@ -1,7 +1,6 @@
 // An allocator for large arrays read at scattered rows (the full vectors an IVF-PQ re-rank scores): blocks of
 // 2 MiB or more are 2 MiB-aligned and marked for transparent huge pages before their first touch, so that a row
-// read does not also miss the TLB (4 KiB pages: one page walk per re-ranked row; on a real 23k x 384 fp16 pool the
-// rows were read ~35% faster from huge pages). Only a hint: where the kernel gives no huge pages it is an
+// read does not also miss the TLB (4 KiB pages: one page walk per re-ranked row). Only a hint: where the kernel gives no huge pages it is an
 // ordinary aligned allocation.
 #pragma once
 

@@ -18,7 +18,8 @@
 namespace fastdpr::io {
 
 // ---------------------------------------------------------------------------------------------------------------
-// CRC-32 (IEEE, reflected 0xEDB88320), slicing by 8 bytes: ~2 GB/s without a dependency on zlib's headers.
+// CRC-32 (IEEE, reflected 0xEDB88320), slicing by 8 bytes (eight table lookups per 8 bytes instead of one per byte),
+// without a dependency on zlib's headers.
 
 namespace {
 struct CrcTables {

@@ -1,7 +1,5 @@
 #include "ivfpq.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -13,8 +11,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "kmeans.h"
 #include "bounds.h"
+#include "ivfpq_search.h"
+#include "kmeans.h"
 #include "parallel.h"
 #include "pq4.h"
 #include "simd.h"
@@ -48,264 +47,6 @@ double residual_sq(const float* x, const float* c, int64_t d) {
     return s;
 }
 
-// Sum of the table entries picked by one code row, accumulated in order j = 0..m-1 from `base` (the same order
-// the numpy fallback uses, so both give the same float32 sums from the same tables). Four rows at a time for
-// instruction-level parallelism: the loop is bound by dependent table loads, not arithmetic.
-void adc_scan(const uint8_t* codes, int64_t n, int64_t m, const float* lut, float base, float* out) {
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        const uint8_t* c0 = codes + i * m;
-        const uint8_t* c1 = c0 + m;
-        const uint8_t* c2 = c1 + m;
-        const uint8_t* c3 = c2 + m;
-        float s0 = base, s1 = base, s2 = base, s3 = base;
-        for (int64_t j = 0; j < m; ++j) {
-            const float* t = lut + j * IVFPQ::kKsub;
-            s0 += t[c0[j]];
-            s1 += t[c1[j]];
-            s2 += t[c2[j]];
-            s3 += t[c3[j]];
-        }
-        out[i] = s0, out[i + 1] = s1, out[i + 2] = s2, out[i + 3] = s3;
-    }
-    for (; i < n; ++i) {
-        const uint8_t* c = codes + i * m;
-        float s = base;
-        for (int64_t j = 0; j < m; ++j) s += lut[j * IVFPQ::kKsub + c[j]];
-        out[i] = s;
-    }
-}
-
-// The 4-bit look-up table of one query: lut[j][c] = <q_j, codeword c of sub-space j>, from the packed codebooks
-// (pack_columns: per sub-space a (dsub, 32) tile, codeword c in column c). The scalar loop and the AVX-512 one do
-// the same float operations in the same order (acc = 0, then acc += q_t * p_t for t = 0..dsub-1, each product
-// rounded on its own: the empty asm keeps GCC from contracting it into an FMA, which AVX-512F has), so the tables,
-// and everything quantized from them, are identical.
-constexpr int64_t kLutTile = 32;
-
-void lut4_scalar(const float* q, const float* cb_T, size_t stride, int64_t m, int64_t dsub, float* lut) {
-    for (int64_t j = 0; j < m; ++j) {
-        const float* p = cb_T + j * stride;
-        const float* qj = q + j * dsub;
-        float acc[pq4::kKsub] = {};
-        for (int64_t t = 0; t < dsub; ++t)
-            for (int64_t c = 0; c < pq4::kKsub; ++c) acc[c] += qj[t] * p[t * kLutTile + c];
-        std::copy(acc, acc + pq4::kKsub, lut + j * pq4::kKsub);
-    }
-}
-
-__attribute__((target("avx512f"))) void lut4_avx512(const float* q, const float* cb_T, size_t stride, int64_t m,
-                                                     int64_t dsub, float* lut) {
-    for (int64_t j = 0; j < m; ++j) {
-        const float* p = cb_T + j * stride;
-        const float* qj = q + j * dsub;
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t t = 0; t < dsub; ++t) {
-            __m512 prod = _mm512_mul_ps(_mm512_set1_ps(qj[t]), _mm512_loadu_ps(p + t * kLutTile));
-            __asm__("" : "+v"(prod));
-            acc = _mm512_add_ps(acc, prod);
-        }
-        _mm512_storeu_ps(lut + j * pq4::kKsub, acc);
-    }
-}
-
-// Moves the k largest of the n distinct keys in v to v[0, k) (in no particular order), 0 < k < n. A quickselect
-// whose partition has no data-dependent branch: each key is written to both ends of a scratch array and only one
-// end advances. On candidate scores in random order std::nth_element's partition mispredicts about every other
-// comparison; this one measured ~12% of a whole 4-bit search (mean pooling, rerank 400) with std::nth_element.
-void select_top(uint64_t* v, size_t n, size_t k, std::vector<uint64_t>& scratch) {
-    // v[0, lo) are among the k largest, v[hi, n) are not: the k - lo largest of v[lo, hi) complete them
-    size_t lo = 0, hi = n;
-    scratch.resize(n);
-    uint64_t* t = scratch.data();
-    for (int depth = 0; hi - lo > 32 && depth < 64; ++depth) {
-        const size_t len = hi - lo;
-        const uint64_t a = v[lo], b = v[lo + len / 2], c = v[hi - 1];
-        // the median of three distinct keys: the largest of them is above it, so both sides are non-empty
-        const uint64_t pivot = std::max(std::min(a, b), std::min(std::max(a, b), c));
-        size_t front = 0, back = len;
-        for (size_t i = lo; i < hi; ++i) {
-            const uint64_t x = v[i];
-            const size_t above = x > pivot;
-            t[front] = x;
-            t[back - 1] = x;
-            front += above;
-            back -= 1 - above;
-        }
-        std::memcpy(v + lo, t, len * sizeof(uint64_t));
-        const size_t want = k - lo;
-        if (front == want) return;
-        if (front > want)
-            hi = lo + front;
-        else
-            lo += front;
-    }
-    std::nth_element(v + lo, v + (k - 1), v + hi, std::greater<uint64_t>());
-}
-
-// The 4-bit search's candidates: 4-bit lists are scanned so fast that a heap push per candidate would cost more
-// than the scan, so candidates at or above a threshold go into a buffer that is cut back to the `keep` best (the
-// order of `better`, hence the same set as a heap) whenever it holds 2 keep. A candidate is one 64-bit key: the
-// order-preserving bits of its score above a slot that indexes its position, so a cut is a selection on distinct
-// integers (select_top), and positions are read only when scores tie across a cut and for the candidates kept.
-class Candidates {
-public:
-    void reset(size_t keep) {
-        if (keep >= (size_t{1} << 31))  // slots are 32 bits and the buffer holds up to 2 keep
-            throw std::invalid_argument("ivfpq: 4-bit search keeps at most 2^31 - 1 candidates (k and rerank), got " +
-                                        std::to_string(keep));
-        keep_ = keep;
-        keys_.clear();
-        pos_.clear();
-        thr_ = -std::numeric_limits<float>::infinity();
-    }
-    // Scores below it cannot be among the `keep` best (-inf until the first cut).
-    float threshold() const { return thr_; }
-
-    // v >= threshold(), never NaN. `pos` points at the candidate's position in its list's positions, which are
-    // read only for the candidates that survive to take() (and for ties at a cut): most candidates are cut, and
-    // reading each one's position where it is found, a cache miss in a list's positions, cost ~10% of a search
-    // (1M x 384, nprobe 512, rerank 1000: ~3,900 candidates per query).
-    void push(float v, const uint32_t* pos) {
-        keys_.push_back(uint64_t{order_bits(v)} << 32 | static_cast<uint32_t>(pos_.size()));
-        pos_.push_back(pos);
-        if (keys_.size() >= 2 * keep_) cut();
-    }
-
-    // The `keep` best (fewer if fewer came), in no particular order.
-    void take(std::vector<Scored>& out) {
-        cut();
-        out.resize(keys_.size());
-        for (size_t i = 0; i < keys_.size(); ++i) out[i] = {score_of(keys_[i]), *pos_[slot(keys_[i])]};
-    }
-
-private:
-    // float -> uint32 with the same order (x + 0 turns -0 into +0, which compare equal as floats; no NaN comes)
-    static uint32_t order_bits(float v) {
-        uint32_t u;
-        const float x = v + 0.f;
-        std::memcpy(&u, &x, 4);
-        return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    }
-    static float score_of(uint64_t key) {
-        const uint32_t o = static_cast<uint32_t>(key >> 32);
-        const uint32_t u = (o & 0x80000000u) ? (o & 0x7fffffffu) : ~o;
-        float v;
-        std::memcpy(&v, &u, 4);
-        return v;
-    }
-    static uint32_t slot(uint64_t key) { return static_cast<uint32_t>(key); }
-
-    void cut() {
-        const size_t n = keys_.size();
-        if (n <= keep_) return;
-        if (keep_ == 0) {
-            keys_.clear(), pos_.clear();
-            return;
-        }
-        select_top(keys_.data(), n, keep_, scratch_);
-        const uint64_t edge = *std::min_element(keys_.begin(), keys_.begin() + keep_) >> 32;
-        for (size_t i = keep_; i < n; ++i)
-            if ((keys_[i] >> 32) == edge) {
-                break_tie(edge);
-                break;
-            }
-        // renumber the kept slots
-        kept_pos_.resize(keep_);
-        for (size_t i = 0; i < keep_; ++i) {
-            kept_pos_[i] = pos_[slot(keys_[i])];
-            keys_[i] = (keys_[i] & ~uint64_t{0xffffffffu}) | i;
-        }
-        keys_.resize(keep_);
-        pos_.swap(kept_pos_);
-        thr_ = score_of(edge << 32);
-    }
-
-    // Scores equal to the edge's on both sides of the cut: the keys ordered them by slot, `better` orders them by
-    // position, so the smallest positions among them take the places inside the cut.
-    void break_tie(uint64_t edge) {
-        tie_at_.clear();
-        for (size_t i = 0; i < keys_.size(); ++i)
-            if ((keys_[i] >> 32) == edge) tie_at_.push_back(i);  // inside the cut first: i ascending
-        tie_keys_.clear();
-        for (size_t i : tie_at_) tie_keys_.push_back(keys_[i]);
-        std::sort(tie_keys_.begin(), tie_keys_.end(),
-                  [&](uint64_t a, uint64_t b) { return *pos_[slot(a)] < *pos_[slot(b)]; });
-        for (size_t t = 0; t < tie_at_.size(); ++t) keys_[tie_at_[t]] = tie_keys_[t];
-    }
-
-    size_t keep_ = 0;
-    float thr_ = 0.f;
-    std::vector<uint64_t> keys_, tie_keys_, scratch_;
-    std::vector<const uint32_t*> pos_, kept_pos_;
-    std::vector<size_t> tie_at_;
-};
-
-// The re-ranks of a batch of queries (4-bit rows, then full vectors). One query's candidates are rows scattered
-// over the whole file, and reading them one query at a time costs a TLB miss (a page walk) per row; the batch's
-// candidates are visited instead in address order, bucketed by the ~1 MiB of rows they fall in (a counting sort:
-// two passes over the ids), so that the rows of one bucket share the TLB's entries. Each query keeps the list a
-// per-query re-rank gives it (the scores come from the same kernels, and ties are broken by id whatever the
-// visiting order).
-//
-// Batches of 128 queries: tried from 16 to 1,024 at 1M x 768 (rerank 2,000, 1 thread; a trial, not a committed
-// benchmark), 32-128 ran 1.25-1.3x faster than 16; from 256 on, the batch's scaled queries and heaps outgrow L2.
-constexpr int64_t kBatchQueries = 128;
-
-// The batch's arrays come from ReturnedAllocator, so that its few MiB go back to the system when the search ends.
-template <class T>
-using Returned = std::vector<T, ReturnedAllocator<T>>;
-
-struct RescoreBatch {
-    Returned<uint32_t> bucket;  // bucket starts
-    Returned<uint64_t> order;   // (id << 16 | query in the batch), in bucket order
-    Returned<Scored> best;      // (queries, keep): per query a heap of its best (TopK's order: worst at the root)
-    Returned<size_t> nbest;
-    Returned<float> scaled;     // 4-bit: (queries, d), sq4::prepare_query
-    Returned<float> offset;     // 4-bit: per query
-};
-
-// Query i (< nb <= 65536) re-scores its candidates ids[i][0, count[i]) as score(i, row of the id) (rows of
-// `row_bytes` from `rows`, ids < ntotal); its best `keep` go to b.best + i * keep, best first, their number to
-// b.nbest[i].
-template <class Score>
-void rescore_batch(const uint32_t* const* ids, const uint32_t* count, int64_t nb, const uint8_t* rows,
-                   size_t row_bytes, int64_t ntotal, size_t keep, RescoreBatch& b, Score score) {
-    const size_t nq = static_cast<size_t>(nb);
-    size_t total = 0;
-    for (size_t i = 0; i < nq; ++i) total += count[i];
-    // buckets of at most ~1 MiB of rows, and no more buckets than candidates (one query's few thousand share no
-    // pages: a finer sort would only cost time)
-    int shift = 0;
-    while ((size_t{2} << shift) * row_bytes <= (size_t{1} << 20)) ++shift;
-    while ((static_cast<size_t>(ntotal) >> shift) > total) ++shift;
-    const size_t nbuckets = (static_cast<size_t>(ntotal) >> shift) + 1;
-    b.bucket.assign(nbuckets + 1, 0);
-    b.best.resize(nq * keep);
-    b.nbest.assign(nq, 0);
-    for (size_t i = 0; i < nq; ++i)
-        for (uint32_t c = 0; c < count[i]; ++c) ++b.bucket[(ids[i][c] >> shift) + 1];
-    for (size_t t = 0; t < nbuckets; ++t) b.bucket[t + 1] += b.bucket[t];
-    b.order.resize(total);
-    for (size_t i = 0; i < nq; ++i)
-        for (uint32_t c = 0; c < count[i]; ++c)
-            b.order[b.bucket[ids[i][c] >> shift]++] = static_cast<uint64_t>(ids[i][c]) << 16 | i;
-    for (size_t c = 0; c < total; ++c) {
-        // the first and last lines of the row 8 candidates ahead; the hardware prefetcher brings the lines between
-        // (on both pages a row may span). One request per line, 4 rows ahead, stalled on full fill buffers: rows of
-        // 1.5 KiB (d 768, fp16) read one query at a time took ~400 ns, ~270 this way (d 384: equal).
-        if (c + 8 < total) {
-            const uint8_t* row = rows + (b.order[c + 8] >> 16) * row_bytes;
-            __builtin_prefetch(row, 0, 3);
-            __builtin_prefetch(row + row_bytes - 1, 0, 3);
-        }
-        const int64_t id = static_cast<int64_t>(b.order[c] >> 16);
-        const size_t i = b.order[c] & 0xffff;
-        heap_push(&b.best[i * keep], b.nbest[i], keep, {score(i, rows + id * row_bytes), id});
-    }
-    for (size_t i = 0; i < nq; ++i)
-        std::sort(&b.best[i * keep], &b.best[i * keep] + b.nbest[i], BetterTotal{});
-}
 
 }  // namespace
 
@@ -465,11 +206,10 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
 }
 
 // The ranges of an index trained by set_trained() come with its first add, which may be a single row: its range
-// alone would be a point (every step 0, every later row coded as that row: recall@10 0.644 -> 0.042). A first add
-// of fewer than kSqMinRows rows therefore gets ranges that cover also what the trained state can reconstruct, per
-// dimension the extremes of centroid + codeword. Not always: those extremes together reach a little beyond the
-// data, and coarser steps cost recall where the rows alone give the range well (synthetic 6,000 x 64, 4-bit codes:
-// recall@10 0.797 from the rows, 0.786 with the reconstructions; 0.795 from one row and the reconstructions).
+// alone would be a point (every step 0, every later row coded as that row, and the 4-bit re-rank would rank
+// nothing). A first add of fewer than kSqMinRows rows therefore gets ranges that cover also what the trained state
+// can reconstruct, per dimension the extremes of centroid + codeword. Not always: those extremes together reach a
+// little beyond the data, and coarser steps cost recall where the rows alone give the range well.
 constexpr int64_t kSqMinRows = 256;  // as many as the fewest training vectors of an 8-bit index
 
 void IVFPQ::fit_sq_ranges(const float* cent, const float* x, int64_t n) {
@@ -545,9 +285,8 @@ void IVFPQ::set_aniso_eta(float eta) {
 
 // Coordinate descent on L(r) = ||r||^2 + (eta - 1) <r, u>^2 (u = x / ||x||, r = x - c - reconstruction): one
 // sub-space at a time, the codeword that minimises L with the others fixed. Each step cannot raise L, so sweeps
-// from the nearest-codeword codes keep what the L2 start got right. Four sweeps, not two: at 1M x 768 (m 96,
-// aniso 0.2, nprobe 256, rerank 1,000, spread 0.5) recall@100 0.927 -> 0.934 (benchmarks/results/ann_compressed.md
-// before and after; eight sweeps gave no more in a trial run, not committed, and built slower).
+// from the nearest-codeword codes keep what the L2 start got right. Four sweeps: more of them keep lowering L while
+// each costs a pass over the sub-spaces at build time.
 // fastdpr/index/pq4.py (training) takes the same steps.
 void IVFPQ::refine_anisotropic(const float* cent, const float* x, int64_t n, const int64_t* lists,
                                uint8_t* codes) const {
@@ -767,224 +506,13 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
 
 void IVFPQ::search_unscaled(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
                             int64_t* out_ids, int nthreads, float spread, int64_t exact) const {
-    nprobe = std::min(nprobe, nlist_);
-    // Candidates beyond the index size cannot exist: k and rerank beyond it only pad the output (the heaps are
-    // sized by what can be found, never by what was asked).
-    const int64_t kf = std::min(k, ntotal_);
-    const int64_t kc = rerank > 0 ? std::min(std::max(k, rerank), ntotal_) : kf;
-    const simd::Kernels& K = simd::kernels();
-    const pq4::ScanFn scan4 = pq4::scan_kernel();
-    const pq4::FilterFn filter4 = pq4::filter_kernel();
-    const sq4::DotFn dot4 = sq4::dot_kernel();
-    // the 4-bit rows are read when they are all there is, or when they cut the candidates before the exact scores
-    const bool sq_stage = rerank > 0 && sq_bits_ && (storage_ == VectorStorage::None || exact > 0);
-    const int64_t ke = storage_ == VectorStorage::None ? kf : std::min(std::max(kf, exact), kc);
-    const auto lut4 = simd::current() == simd::Level::AVX512 ? lut4_avx512 : lut4_scalar;
-    const size_t cb_stride = packed_size(ksub_, dsub_);
-    // queries per coarse-product call: each centroid tile streamed from memory feeds 16 queries (two register
-    // blocks of 8 while the tile sits in L2; the centroids of 2,048 lists at d 768 are 6 MiB)
-    constexpr int64_t G = 16;
-    const float ninf = -std::numeric_limits<float>::infinity();
+    const ivfpq::Plan plan = ivfpq::Plan::make(*this, k, nprobe, rerank, spread, exact);
+    ivfpq::search(view(), plan, q, nq, scores, out_ids, nthreads);
+}
 
-    struct Scratch {
-        std::vector<float> qc, lut, buf, order;
-        std::vector<uint16_t> sums;  // 4-bit: integer scores of a list
-        std::vector<uint32_t> hits;  // 4-bit: the indices in a list whose sums reach the threshold
-        std::vector<Scored> found;   // a query's candidates (kept for its capacity)
-        pq4::QuantizedLUT qlut;
-        Candidates cand;  // 4-bit: candidates at or above the running threshold
-        TopK probe, heap;
-    };
-    std::vector<Scratch> scratch(static_cast<size_t>(nthreads));  // one per thread, filled inside
-    ParallelErrors errors;
-    // The first k of query qi's results found[0, n) out, padded.
-    const auto write = [&](int64_t qi, const Scored* found, size_t n) {
-        float* so = scores + qi * k;
-        int64_t* io = out_ids + qi * k;
-        int64_t i = 0;
-        for (; i < static_cast<int64_t>(n) && i < k; ++i) {
-            so[i] = found[i].score;
-            io[i] = found[i].id;
-        }
-        for (; i < k; ++i) so[i] = ninf, io[i] = -1;
-    };
-    // With a re-rank the queries go in batches: the ids of their candidates wait in `pending` (kc per query) for the
-    // re-ranks of the whole batch in row order (rescore_batch): by 4-bit rows where they cut, then by full vectors.
-    // (fewer queries when each has very many candidates: a batch holds at most ~2^20 ids, or one group's)
-    const bool batched = rerank > 0;
-    const int64_t batch =
-        batched ? std::clamp(((int64_t{1} << 20) / std::max<int64_t>(kc, 1)) / G * G, G, kBatchQueries) : nq;
-    static_assert(kBatchQueries % G == 0 && kBatchQueries <= 65536);
-    Returned<uint32_t> pending;
-    std::vector<uint32_t> npending;  // per query of the batch: how many ids wait
-    std::vector<RescoreBatch> batches(batched ? static_cast<size_t>(nthreads) : 0);
-    for (int64_t b0 = 0; b0 < nq; b0 += batch) {
-        const int64_t bn = std::min(batch, nq - b0);
-        if (batched) {
-            pending.resize(static_cast<size_t>(bn * kc));
-            npending.assign(static_cast<size_t>(bn), 0);
-        }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1 && bn > G)
-        for (int64_t g = b0 / G; g < (b0 + bn + G - 1) / G; ++g) {
-            errors.run([&] {
-                Scratch& sc = scratch[static_cast<size_t>(thread_index())];
-                if (sc.qc.empty()) {
-                    sc.qc.resize(static_cast<size_t>(G) * nlist_);
-                    sc.lut.resize(static_cast<size_t>(m_) * kKsub);
-                }
-                std::vector<float>& qc = sc.qc;
-                std::vector<float>& lut = sc.lut;
-                std::vector<float>& buf = sc.buf;
-                TopK& probe = sc.probe;
-                TopK& heap = sc.heap;
-                const int64_t q0 = g * G, gn = std::min(G, nq - q0);
-                inner_products_T(q + q0 * d_, gn, centroids_T_.data(), nlist_, d_, qc.data());
-                for (int64_t r = 0; r < gn; ++r) {
-                    const float* qv = q + (q0 + r) * d_;
-                    const float* qcr = qc.data() + r * nlist_;
-                    probe.reset(nprobe);
-                    if (spread == 0.f) {
-                        probe.push_run(qcr, nlist_, 0);
-                    } else {
-                        const float qn = std::sqrt(K.dot(qv, qv, d_));
-                        sc.order.resize(static_cast<size_t>(nlist_));
-                        for (int64_t l = 0; l < nlist_; ++l) sc.order[l] = qcr[l] + qn * (spread * list_spread_[l]);
-                        probe.push_run(sc.order.data(), nlist_, 0);
-                    }
-                    const std::vector<Scored> lists = probe.take_sorted();
-                    if (nbits_ == 4) {
-                        // m x 16 products of d/m-dimensional sub-vectors, too small for the panel kernel
-                        lut4(qv, codebooks_T_.data(), cb_stride, m_, dsub_, lut.data());
-                        pq4::quantize_lut(lut.data(), m_, sc.qlut);
-                    } else {
-                        for (int64_t j = 0; j < m_; ++j)
-                            inner_products_T(qv + j * dsub_, 1, &codebooks_T_[j * cb_stride], kKsub, dsub_,
-                                             &lut[j * kKsub]);
-                    }
-                    heap.reset(kc);
-                    Candidates& cand = sc.cand;
-                    if (nbits_ == 4) cand.reset(static_cast<size_t>(kc));
-                    for (size_t li = 0; li < lists.size(); ++li) {
-                        const int64_t l = lists[li].id;
-                        const float list_score = qcr[l];  // <q, c>: the probe order may add the spread
-                        const int64_t len = static_cast<int64_t>(list_pos_[l].size());
-                        if (len == 0) continue;
-                        if (nbits_ == 4) {
-                            const float base = list_score + sc.qlut.bias, delta = sc.qlut.delta;
-                            // the threshold as a sum: a list none of whose code rows can reach it is not scanned,
-                            // and in a scanned one only the sums that reach it are turned into scores
-                            const uint32_t floor = pq4::first_reaching(base, delta, cand.threshold());
-                            if (floor > sc.qlut.max_sum) continue;
-                            const int64_t nb = pq4::nblocks(len);
-                            sc.sums.resize(static_cast<size_t>(nb * pq4::kBlock));
-                            sc.hits.resize(static_cast<size_t>(len));
-                            // the scan's prefetch runs on into the head of the next list (lists probed in score
-                            // order are far apart in codes_, and the hardware prefetcher stops at every 4 KiB page);
-                            // it may be skipped, which costs only a few wasted requests
-                            const bool more = li + 1 < lists.size();
-                            scan4(list_codes(l), nb, m_, sc.qlut.table.data(), sc.sums.data(),
-                                  more ? list_codes(lists[li + 1].id) : nullptr,
-                                  more ? list_code_bytes(lists[li + 1].id) : 0);
-                            const uint16_t* sums = sc.sums.data();
-                            const uint32_t* pos = list_pos_[l].data();
-                            const int64_t nhits = filter4(sums, len, floor, sc.hits.data());
-                            for (int64_t h = 0; h < nhits; ++h) {
-                                const uint32_t i = sc.hits[static_cast<size_t>(h)];
-                                const float v = pq4::score(base, delta, sums[i]);
-                                if (v >= cand.threshold()) cand.push(v, pos + i);  // it may have risen in this list
-                            }
-                            continue;
-                        }
-                        buf.resize(len);
-                        adc_scan(list_codes(l), len, m_, lut.data(), list_score, buf.data());
-                        const uint32_t* pos = list_pos_[l].data();
-                        float thr = heap.threshold();
-                        for (int64_t i = 0; i < len; ++i) {
-                            if (buf[i] >= thr) {
-                                heap.push(buf[i], pos[i]);
-                                thr = heap.threshold();
-                            }
-                        }
-                    }
-                    std::vector<Scored>& found = sc.found;
-                    if (nbits_ == 4) {
-                        cand.take(found);
-                        // re-ranking re-sorts anyway
-                        if (rerank == 0) std::sort(found.begin(), found.end(), Better{});
-                    } else {
-                        found = heap.take_sorted();
-                    }
-                    if (!batched) {
-                        write(q0 + r, found.data(), found.size());
-                        continue;
-                    }
-                    const size_t i = static_cast<size_t>(q0 + r - b0);
-                    for (size_t c = 0; c < found.size(); ++c)  // <= kc
-                        pending[i * kc + c] = static_cast<uint32_t>(found[c].id);
-                    npending[i] = static_cast<uint32_t>(found.size());
-                }
-            });
-        }
-        errors.rethrow();
-        if (!batched) continue;
-        // the re-ranks: one part of the batch per thread, of consecutive queries
-        const int64_t parts = std::min<int64_t>(nthreads, bn);
-#pragma omp parallel for schedule(static, 1) num_threads(nthreads) if (parts > 1)
-        for (int64_t t = 0; t < parts; ++t) {
-            errors.run([&] {
-                const int64_t i0 = bn * t / parts, n = bn * (t + 1) / parts - i0;
-                RescoreBatch& rb = batches[static_cast<size_t>(t)];
-                std::vector<uint32_t*> ids(static_cast<size_t>(n));
-                std::vector<uint32_t> count(static_cast<size_t>(n));
-                for (int64_t j = 0; j < n; ++j) {
-                    ids[j] = pending.data() + static_cast<size_t>((i0 + j) * kc);
-                    count[j] = npending[static_cast<size_t>(i0 + j)];
-                }
-                if (sq_stage) {
-                    // the queries with more candidates than `exact` (all of them without stored vectors)
-                    std::vector<int64_t> cut;
-                    for (int64_t j = 0; j < n; ++j)
-                        if (storage_ == VectorStorage::None || count[j] > static_cast<uint32_t>(ke)) cut.push_back(j);
-                    const size_t nc = cut.size(), dd = static_cast<size_t>(d_);
-                    std::vector<const uint32_t*> cut_ids(nc);
-                    std::vector<uint32_t> cut_count(nc);
-                    rb.scaled.resize(nc * dd);
-                    rb.offset.resize(nc);
-                    for (size_t c = 0; c < nc; ++c) {
-                        cut_ids[c] = ids[cut[c]];
-                        cut_count[c] = count[cut[c]];
-                        rb.offset[c] = sq4::prepare_query(q + (b0 + i0 + cut[c]) * d_, d_, sq_lo_.data(),
-                                                          sq_step_.data(), &rb.scaled[c * dd]);
-                    }
-                    rescore_batch(cut_ids.data(), cut_count.data(), static_cast<int64_t>(nc), sq_ptr_,
-                                  sq4::row_bytes(d_), ntotal_, static_cast<size_t>(ke), rb,
-                                  [&](size_t c, const uint8_t* row) {
-                                      return rb.offset[c] + dot4(&rb.scaled[c * dd], row, d_);
-                                  });
-                    for (size_t c = 0; c < nc; ++c) {
-                        const Scored* best = &rb.best[c * static_cast<size_t>(ke)];
-                        if (storage_ == VectorStorage::None) {  // the 4-bit scores are the answer
-                            write(b0 + i0 + cut[c], best, rb.nbest[c]);
-                            continue;
-                        }
-                        for (size_t r = 0; r < rb.nbest[c]; ++r) ids[cut[c]][r] = static_cast<uint32_t>(best[r].id);
-                        count[cut[c]] = static_cast<uint32_t>(rb.nbest[c]);
-                    }
-                    if (storage_ == VectorStorage::None) return;
-                }
-                const bool f32 = storage_ == VectorStorage::F32;
-                rescore_batch(ids.data(), count.data(), n, vec_ptr_, vector_bytes(), ntotal_, static_cast<size_t>(kf),
-                              rb, [&](size_t j, const uint8_t* row) {
-                                  const float* qv = q + (b0 + i0 + static_cast<int64_t>(j)) * d_;
-                                  return f32 ? K.dot(qv, reinterpret_cast<const float*>(row), d_)
-                                             : K.dot_f16(qv, reinterpret_cast<const uint16_t*>(row), d_);
-                              });
-                for (int64_t j = 0; j < n; ++j)
-                    write(b0 + i0 + j, &rb.best[static_cast<size_t>(j * kf)], rb.nbest[static_cast<size_t>(j)]);
-            });
-        }
-        errors.rethrow();
-    }
+ivfpq::IndexView IVFPQ::view() const {
+    return {*this, centroids_T_.data(), codebooks_T_.data(), packed_size(ksub_, dsub_), list_pos_.data(),
+            list_spread_.data()};
 }
 
 void IVFPQ::save(io::Writer& w) const {

@@ -31,6 +31,10 @@
 
 namespace fastdpr {
 
+namespace ivfpq {
+struct IndexView;
+}
+
 enum class VectorStorage : int { None = 0, F16 = 1, F32 = 2 };
 
 struct IVFPQTrainParams {
@@ -129,9 +133,11 @@ public:
 
 private:
     void check_trained(const char* what) const;
-    // search() with its checks done, the lock held and the queries of extreme magnitude scaled
+    // search() with its checks done, the lock held and the queries of extreme magnitude scaled: the stages of
+    // ivfpq_search.h over view()
     void search_unscaled(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
                          int64_t* positions, int nthreads, float spread, int64_t exact) const;
+    ivfpq::IndexView view() const;  // what the search stages read, valid while mu_ is held
     void prepare_tables(const float* centroids);  // packed copies (kmeans.h pack_columns) the search kernels stream
     // `cent`: the centroid rows (centroids())
     void assign_lists(const float* cent, const float* x, int64_t n, int64_t* lists) const;
@@ -158,8 +164,7 @@ private:
     std::vector<float> codebooks_;    // (m, ksub, dsub)
     std::vector<float> codebooks_T_;  // per sub-quantizer: its ksub codewords packed (packed_size(ksub, dsub))
     // Every list's codes in one allocation on huge pages, list l from code_off_[l] (64-byte aligned): a search
-    // streams codes from DRAM, and with 4 KiB pages it also missed the TLB once per page (4-bit, 1M vectors, scan
-    // only: m 192 18 -> 22.7 GB/s, m 384 15 -> 17.5; whole searches 1.12-1.35x). List l has room for
+    // streams codes from DRAM, and with 4 KiB pages it would also miss the TLB once per page. List l has room for
     // code_room_[l] rows; add() lays everything out again (one copy of the codes) only when a list runs out.
     std::vector<uint8_t, HugePageAllocator<uint8_t>> codes_;
     std::vector<size_t> code_off_;

@@ -116,12 +116,9 @@ FilterFn filter_kernel();
 
 // How far ahead of its reads a scan requests the codes (software prefetch, one request per 64-byte line read).
 // The hardware prefetcher stops at every 4 KiB page and keeps too few lines in flight to stream codes from DRAM.
-// Scan-only, 1M random 4-bit codes (m 192, 2,048 lists of ~47 KiB, 1,024 lists per query in random order): 8.5 GB/s
-// of codes without software prefetch, 14-16 GB/s with requests 4 KiB ahead inside each list and the next list's
-// first 4 KiB requested as one burst, 16-17 GB/s with one stream running on into the next list 6-8 KiB ahead
-// (12-24 KiB: no better). The scan is told the next list to read for that. The requests go to L2 (prefetcht1), where
-// the lines wait a few microseconds at most: with m 384 (192 MB of codes) 13.5 -> 15.5 GB/s against requests into
-// L1, with m 192 about 18 -> 19 (scan only); whole IVF-PQ searches 1.02-1.07x faster.
+// One stream of requests runs on from a list into the next one (lists probed in score order lie far apart), rather
+// than a burst at each list's head; the scan is told the next list to read for that. The requests go to L2
+// (prefetcht1), where the lines wait a few microseconds at most, which leaves L1 to the lines being read.
 constexpr size_t kPrefetchBytes = 8192;
 
 // out[i] = sum_j table[j][code(i, j)] for every vector of `nblocks` blocks (out holds nblocks * 32 values).

@@ -9,7 +9,7 @@
 // Why a second re-rank: at a million 768-d vectors IVF-PQ must re-score a few thousand candidates to hold 95% of
 // a query's top-100 (inside 256 of 2,048 lists, the best 1,000 candidates by 4-bit code hold 0.894 of it where the
 // lists hold 0.958: benchmarks/results/ann_probe_study.md), and each candidate's fp16 row read from a memory map
-// costs ~0.27 us, bound by memory latency. A 4-bit row is a quarter of the bytes; ranked by them, the best 150
+// is bound by memory latency. A 4-bit row is a quarter of the bytes; ranked by them, the best 150
 // candidates kept the recall the exact re-rank of all of them reached to within 0.001
 // (benchmarks/results/ann_compressed.md, exact 150 against 0). For DPR's 21M x 768 the 4-bit rows take 7.5 GiB,
 // which the page cache of a 24 GB machine can hold while the 30 GiB of fp16 rows cannot.

@@ -1,7 +1,7 @@
 // 16 x 16 (AVX-512) and 8 x 8 (AVX) block transposes of fp32 in registers, shared by the kernels that lay rows out column-major
 // (the exact search's vector panels, the fp32 attention's keys). Gathers would do the same with one instruction
-// per output vector, but cost ~40 cycles each on CPUs with the gather-data-sampling microcode mitigation, where
-// the 16 x 16 transpose is 64 shuffles and 32 loads/stores for the whole block.
+// per output vector, but are slow on CPUs with the gather-data-sampling microcode mitigation, where the 16 x 16
+// transpose is 64 shuffles and 32 loads/stores for the whole block.
 #pragma once
 
 #include <cstddef>

@@ -126,10 +126,6 @@ def split_delimited(line: str, delimiter: str = "\t") -> list[str]:
     return rows[0]
 
 
-def needs_quoting(field: str) -> bool:
-    return any(c in field for c in '\t\n\r"')
-
-
 def clean_id(value) -> str:
     """Passage ids are strings; DPR's ``wiki:`` source prefix is dropped so that ``wiki:17`` and ``17`` agree
     everywhere (passage files, training files, runs)."""

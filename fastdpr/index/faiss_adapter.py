@@ -49,10 +49,6 @@ class FaissIndex(Index):
         return cls(dim, params["factory"])
 
     @property
-    def faiss_index(self):
-        return self._faiss
-
-    @property
     def is_trained(self) -> bool:
         return bool(self._faiss.is_trained)
 

@@ -1,0 +1,161 @@
+"""Compiled IVF-PQ search of two builds of fastdpr (a base and a new one) on the same index files, timed in
+alternating rounds: the same recall, and the new build's q/s over the base's.
+
+Each build is a Python environment with its own fastdpr installed (``--base-python``, ``--new-python``; by default
+this interpreter for both). The indexes are built once (synthetic clustered rows, by the new build) and saved;
+every timing is a fresh process of one build that loads an index and times one setting's searches on one thread
+(the fastest of a few passes over the queries).
+A round runs every setting on both builds, the build going first alternating from round to round, so that a
+change of the machine's load falls on both. Reported per setting: whether both builds return the same ids, their
+recall@k against exact search, and the median over rounds of the per-round q/s ratio (new / base) with its range.
+
+    python benchmarks/ivfpq_stages.py --base-python ../main/.venv/bin/python --new-python .venv/bin/python
+        # benchmarks/results/ivfpq_stages.{json,md}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import markdown_table, write_results  # noqa: E402
+
+K = 10
+# name: (index parameters, search parameters); nprobe and threads are the same for all
+INDEXES = {
+    "pq8": dict(nbits=8, store="none"),
+    "pq8-fp32": dict(nbits=8, store="fp32"),
+    "pq4": dict(nbits=4, store="none"),
+    "pq4-fp16": dict(nbits=4, store="fp16"),
+    "pq4-sq4-fp16": dict(nbits=4, store="fp16", sq=4),
+}
+SETTINGS = [  # (index, rerank, exact, spread)
+    ("pq8", 0, 0, 0.0),
+    ("pq8-fp32", 100, 0, 0.0),
+    ("pq4", 0, 0, 0.5),
+    ("pq4-fp16", 200, 0, 0.5),
+    ("pq4-sq4-fp16", 400, 40, 0.5),
+]
+
+WORKER = r"""
+import json, sys, time
+import numpy as np
+from fastdpr.index.base import load_index
+path, queries, out, rerank, exact, spread, nprobe, batch, k, reps = sys.argv[1:11]
+index = load_index(path)
+q = np.load(queries)
+params = dict(nprobe=int(nprobe), rerank=int(rerank), threads=1, spread=float(spread))
+if int(exact):
+    params["exact"] = int(exact)
+batch = int(batch)
+index.search(q[:batch], int(k), **params)  # warm: pages of the index, the kernels' first calls
+best = float("inf")
+for _ in range(int(reps)):  # the fastest pass: the one the machine's other load disturbed least
+    t0 = time.perf_counter()
+    ids = [index.search(q[i:i + batch], int(k), **params)[1] for i in range(0, len(q), batch)]
+    best = min(best, time.perf_counter() - t0)
+np.save(out, np.concatenate(ids))
+print(json.dumps({"qps": len(q) / best}))
+"""
+
+
+def clustered(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    centres = 2 * rng.standard_normal((64, d)).astype(np.float32)
+    x = centres[rng.integers(0, 64, n)] + rng.standard_normal((n, d)).astype(np.float32)
+    x *= np.exp(0.25 * rng.standard_normal((n, 1))).astype(np.float32)
+    return x
+
+
+def build(work: Path, n: int, d: int, nlist: int, nq: int) -> tuple[np.ndarray, np.ndarray]:
+    from fastdpr.index.ivfpq import IVFPQIndex
+
+    rng = np.random.default_rng(2024)
+    x, q = clustered(rng, n, d), clustered(rng, nq, d)
+    np.save(work / "queries.npy", q)
+    for name, params in INDEXES.items():
+        index = IVFPQIndex(d, nlist=nlist, **params)
+        index.train(x[: min(n, 64 * nlist)])
+        index.add(x)
+        index.save(work / f"{name}.fdpr")
+        print(f"built {name}", flush=True)
+    scores = q @ x.T
+    return np.argsort(-scores, axis=1, kind="stable")[:, :K], q
+
+
+def time_one(python: str, work: Path, setting: tuple, nprobe: int, batch: int, reps: int, tag: str) -> tuple:
+    name, rerank, exact, spread = setting
+    out = work / f"ids-{tag}-{name}-{rerank}-{batch}.npy"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    queries = work / ("queries.npy" if batch > 1 else "queries1.npy")
+    proc = subprocess.run([python, "-c", WORKER, str(work / f"{name}.fdpr"), str(queries), str(out), str(rerank),
+                           str(exact), str(spread), str(nprobe), str(batch), str(K), str(reps)],
+                          env=env, capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])["qps"], np.load(out)
+
+
+def recall(ids: np.ndarray, gt: np.ndarray) -> float:
+    return float(np.mean([len(np.intersect1d(a, b)) / K for a, b in zip(ids, gt[: len(ids)])]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-python", default=sys.executable)
+    ap.add_argument("--new-python", default=sys.executable)
+    ap.add_argument("--n", type=int, default=50_000)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--nlist", type=int, default=256)
+    ap.add_argument("--nprobe", type=int, default=16)
+    ap.add_argument("--queries", type=int, default=1000, help="searched in one batch")
+    ap.add_argument("--single", type=int, default=1000, help="of them searched one at a time (batch 1)")
+    ap.add_argument("--reps", type=int, default=5, help="passes over the queries per process; the fastest counts")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    pythons = {"base": args.base_python, "new": args.new_python}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        gt, q = build(work, args.n, args.dim, args.nlist, args.queries)
+        np.save(work / "queries1.npy", q[: args.single])
+        runs = [(s, b) for s in SETTINGS for b in (1, args.queries)]
+        qps = {(s, b, side): [] for s, b in runs for side in pythons}
+        ids = {}
+        for r in range(args.rounds):
+            order = ["base", "new"] if r % 2 == 0 else ["new", "base"]
+            for s, b in runs:
+                for side in order:
+                    v, found = time_one(pythons[side], work, s, args.nprobe, b, args.reps, side)
+                    qps[(s, b, side)].append(v)
+                    ids[(s, b, side)] = found
+            print(f"round {r + 1} of {args.rounds} done", flush=True)
+    rows = []
+    for s, b in runs:
+        ratio = np.array(qps[(s, b, "new")]) / np.array(qps[(s, b, "base")])
+        rows.append({"index": s[0], "rerank": s[1], "exact": s[2], "spread": s[3], "batch": b,
+                     "same ids": bool(np.array_equal(ids[(s, b, "base")], ids[(s, b, "new")])),
+                     "recall@10 base": recall(ids[(s, b, "base")], gt), "recall@10 new": recall(ids[(s, b, "new")], gt),
+                     "q/s base (median)": float(np.median(qps[(s, b, "base")])),
+                     "q/s new (median)": float(np.median(qps[(s, b, "new")])),
+                     "ratio median": float(np.median(ratio)), "ratio min": float(ratio.min()),
+                     "ratio max": float(ratio.max())})
+    payload = {"settings": vars(args) | {"k": K, "threads": 1}, "rows": rows,
+               "qps": {f"{s[0]}/rerank{s[1]}/batch{b}/{side}": v for (s, b, side), v in qps.items()}}
+    body = (f"{args.n:,} x {args.dim} synthetic clustered rows, {args.nlist} lists, nprobe {args.nprobe}, k {K}, "
+            f"1 thread, {args.rounds} rounds alternating which build goes first, each build in a fresh process per "
+            f"setting and round, q/s of its fastest of {args.reps} passes over the queries; batch 1: the first "
+            f"{args.single} queries one per call, batch {args.queries}: all in one call. Ratio: new q/s over base q/s "
+            f"in the same round (median, min, max over rounds).\n\n" + markdown_table(rows))
+    print(body)
+    write_results("ivfpq_stages", args.out, payload, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
