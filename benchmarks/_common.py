@@ -90,3 +90,16 @@ def write_results(name: str, out_dir: str | os.PathLike | None, payload: dict, m
               f"{m['date']}; git {m['git']}\n\n")
     write_text(out / f"{name}.md", header + markdown_body)
     return out / f"{name}.json"
+
+
+def exit_if_data_unavailable(main):
+    """Run ``main()``; when it cannot get the real data archive (``fastdpr.errors.DataUnavailable``), say why on
+    stderr and exit with ``DATA_UNAVAILABLE`` instead of a traceback."""
+    from fastdpr.commands.bench import DATA_UNAVAILABLE  # `fastdpr bench` reports it as skipped, not failed
+    from fastdpr.errors import DataUnavailable
+
+    try:
+        return main()
+    except DataUnavailable as err:
+        print(f"skipped, the real data is not available here: {err}", file=sys.stderr)
+        raise SystemExit(DATA_UNAVAILABLE) from None

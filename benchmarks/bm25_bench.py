@@ -234,4 +234,4 @@ def _row(name, r):
 
 
 if __name__ == "__main__":
-    main()
+    _common.exit_if_data_unavailable(main)

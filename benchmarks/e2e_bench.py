@@ -29,7 +29,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, write_results  # noqa: E402
+from _common import exit_if_data_unavailable, markdown_table, write_results  # noqa: E402
 
 PAPER = {"dense_qps": 995.0, "lucene_qps_per_thread": 23.7}
 
@@ -173,4 +173,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(exit_if_data_unavailable(main))

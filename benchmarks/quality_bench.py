@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, write_results  # noqa: E402
+from _common import exit_if_data_unavailable, markdown_table, write_results  # noqa: E402
 
 RETRIEVAL_SETS = ("nq_test", "nyt_test", "squad_dev")
 
@@ -239,4 +239,4 @@ def _plot(rows: dict, batches: list[int], path: Path) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    raise SystemExit(main())
+    raise SystemExit(exit_if_data_unavailable(main))

@@ -40,7 +40,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, write_results  # noqa: E402
+from _common import exit_if_data_unavailable, markdown_table, write_results  # noqa: E402
 
 STAGES = ("examples", "train", "rc", "retrieval", "open", "speed")
 # what the trained reader depends on (evaluation settings change without retraining)
@@ -610,4 +610,4 @@ def _markdown(p: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_if_data_unavailable(main))

@@ -21,3 +21,8 @@ class InputError(FastDPRError, ValueError):
 
 class MissingDependency(FastDPRError, ImportError):
     """An optional dependency is needed for this feature; the message says which extra installs it."""
+
+
+class DataUnavailable(FastDPRError):
+    """A pinned data archive cannot be had from here: the package index does not list it (a release removed or
+    hidden) or cannot be reached. Benchmarks and tests that need the real data report themselves skipped on it."""

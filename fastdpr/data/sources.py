@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from fastdpr.atomic import atomic_open, write_json
-from fastdpr.errors import FastDPRError, InputError
+from fastdpr.errors import DataUnavailable, FastDPRError, InputError
 
 CACHE_ENV = "FASTDPR_CACHE"
 DEFAULT_INDEX = "https://pypi.org/simple/"
@@ -132,7 +132,7 @@ def resolve_url(archive: Archive, index_url: str | None = None) -> str:
         with _open_url(page_url) as response:
             page = response.read().decode("utf-8", "replace")
     except OSError as err:
-        raise FastDPRError(f"cannot read the package index page {page_url}: {err}") from err
+        raise DataUnavailable(f"cannot read the package index page {page_url}: {err}") from err
     parser = _LinkParser()
     parser.feed(page)
     for href in parser.links:
@@ -147,7 +147,7 @@ def resolve_url(archive: Archive, index_url: str | None = None) -> str:
     listed = sorted({urllib.parse.unquote(h.partition("#")[0].rsplit("/", 1)[-1]) for h in parser.links})
     # a release can disappear from an index (removed upstream, or hidden by a mirror): say what is there and how
     # to hand the pinned file over instead, rather than only that it is missing
-    raise FastDPRError(
+    raise DataUnavailable(
         f"{archive.filename} is not listed on {page_url} (it lists: {', '.join(listed) or 'nothing'}); "
         f"put a copy of {archive.filename} (sha256 {archive.sha256[:12]}...) in a directory and pass --from DIR, "
         f"or set PIP_INDEX_URL to an index that has it"
