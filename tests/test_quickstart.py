@@ -2,6 +2,7 @@
 and, marked slow, the ``--fast`` run end to end on the real data (fetched into the cache on first use)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -195,31 +196,57 @@ def test_stages_resume_and_redo(tmp_path):
     assert calls == ["a", "b", "a3", "b2", "a5", "b3", "b5"]
 
 
-def test_the_reader_trained_here_is_a_fixed_amount_of_work(tmp_path, sample_cache, monkeypatch):
-    # a time budget made the reader depend on the machine's load (a busy machine got a useless one): the stage
-    # asks for a number of steps, and the same steps on any machine
-    import fastdpr.reader as reader_module
-
-    class Called(Exception):
-        pass
-
-    calls = []
-
-    def record(questions, retriever, out=None, **kwargs):
-        calls.append(kwargs)
-        raise Called
-
-    monkeypatch.setattr(reader_module, "train_reader_from_questions", record)
-    ws = _workspace(tmp_path, sample_cache, reader_from_cache=False, reader_steps=7, reader_train_questions=5)
-    ex.stage_data(ws)
-    ex.stage_corpus(ws)
-    with pytest.raises(Called):
-        ex.stage_reader(ws)
-    (kwargs,) = calls
-    assert kwargs["max_steps"] == 7 and kwargs.get("time_budget_s") is None
-    assert kwargs["batch_size"] == ws.config.reader_batch_size
+def test_the_reader_recipe_is_counted_in_steps():
+    # a time budget made the reader depend on the machine's load (a busy machine got a useless one)
+    for config in (qs.QuickstartConfig.preset(), qs.QuickstartConfig.preset(fast=True)):
+        reader = {k: v for k, v in dataclasses.asdict(config).items() if k.startswith("reader_")}
+        assert not [k for k in reader if "budget" in k or k.endswith("_s")], reader
+        assert config.reader_steps > 0 and config.reader_passages >= 2  # the positive and at least one negative
     full = qs.QuickstartConfig.preset()
     assert full.reader_steps * full.reader_batch_size <= full.reader_train_questions * 2  # at most two epochs
+
+
+def test_the_reader_trained_here_is_the_same_work_on_any_machine(tmp_path, sample_cache, monkeypatch):
+    """A tiny model trained by the stage takes exactly the configured steps with the configured recipe, however
+    slow the clock says the machine is."""
+    import itertools
+    import time
+
+    import fastdpr.reader as reader_module
+    from fastdpr.retrieve import SparseRetriever
+    from fastdpr.sparse import BM25
+    from tiny_models import tiny_bert_dir
+
+    model_dir = tiny_bert_dir(tmp_path / "model", dropout=0.0)
+    # the tiny vocabulary spells names letter by letter: room for the samples' answers
+    (model_dir / "fastdpr_reader.json").write_text(json.dumps({"max_answer_length": 40}))
+    real_train = reader_module.train_reader_from_questions
+    calls = []
+
+    def tiny(questions, retriever, out=None, **kwargs):
+        calls.append(kwargs)
+        return real_train(questions, retriever, out, base_model=model_dir, precision="fp32", **kwargs)
+
+    def bm25_only(ws, **_):  # the stage reads the hybrid retriever's passages; BM25 alone stands in for it here
+        return {"hybrid": SparseRetriever(BM25.from_corpus(ws.corpus(), show_progress=False), ws.corpus())}
+
+    monkeypatch.setattr(reader_module, "train_reader_from_questions", tiny)
+    monkeypatch.setattr(ex, "retrievers", bm25_only)
+    ws = _workspace(tmp_path, sample_cache, reader_from_cache=False, reader_steps=7, reader_batch_size=2,
+                    reader_passages=3, reader_lr=3e-4, reader_train_length=64, reader_train_questions=None,
+                    reader_test_questions=4, reader_top_k=3)
+    ex.stage_data(ws)
+    ex.stage_corpus(ws)
+    clock = itertools.count(0.0, 1000.0)  # every reading of the clock: another 1,000 s gone
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    result = ex.stage_reader(ws)
+    monkeypatch.undo()
+    (kwargs,) = calls
+    assert kwargs["max_steps"] == 7 and kwargs.get("time_budget_s") is None
+    assert (kwargs["batch_size"], kwargs["n_passages"], kwargs["lr"], kwargs["max_length"]) == (2, 3, 3e-4, 64)
+    assert result["train"]["steps"] == 7 and result["train"]["stopped_by"] == "steps"
+    assert result["n"] == min(4, len(ws.questions("nq_test"))) and set(result["by_top_k"]) == {"top1", "top3"}
+    assert "7 steps of 2 questions x 3 passages" in result["source"]
 
 
 def test_fast_preset_is_smaller_than_the_default():

@@ -32,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"above {full.chunk_size}, GradCache keeps the memory of {full.chunk_size})")
     parser.add_argument("--lr", type=float, default=None, help=f"dual-encoder learning rate (default: {full.lr:g})")
     parser.add_argument("--reader-steps", type=int, default=None,
-                        help=f"steps of {full.reader_batch_size} questions to train the reader when the reader "
-                             f"benchmark's is not cached (default: {full.reader_steps}; --fast: {fast.reader_steps})")
+                        help=f"steps of {full.reader_batch_size} questions x {full.reader_passages} passages to train "
+                             f"the reader when the reader benchmark's is not cached (default: {full.reader_steps}; "
+                             f"--fast: {fast.reader_steps})")
     parser.add_argument("--train-reader", action="store_true",
                         help="train the reader here even when the reader benchmark's reader is in the cache")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -59,7 +59,10 @@ class QuickstartConfig:
     reader_from_cache: bool = True
     reader_train_questions: int = 2000
     reader_steps: int = 300
-    reader_batch_size: int = 8  # questions a step, each with one positive and one negative passage
+    reader_batch_size: int = 8  # questions a step
+    reader_passages: int = 2  # passages a question in training: its positive and reader_passages - 1 negatives
+    reader_lr: float = 1e-4
+    reader_train_length: int = 192  # tokens of a training row (question + passage); reading uses 256
     reader_top_k: int = 5
     reader_test_questions: int = 200
     # speed

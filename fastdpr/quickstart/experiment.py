@@ -433,9 +433,10 @@ def stage_reader(ws: Workspace) -> dict:
         train_qs = take(ws.questions("train_nq"), c.reader_train_questions, "reader")
         reader, stats = train_reader_from_questions(
             train_qs, retriever, ws.out / "reader", max_steps=c.reader_steps, batch_size=c.reader_batch_size,
+            n_passages=c.reader_passages, max_length=c.reader_train_length, lr=c.reader_lr,
             freeze_word_embeddings=True, seed=c.seed, show_progress=c.show_progress)
-        source = (f"trained here: {stats['steps']} steps of {c.reader_batch_size} questions, "
-                  f"{stats['seconds']:.0f} s")
+        source = (f"trained here: {stats['steps']} steps of {c.reader_batch_size} questions x "
+                  f"{c.reader_passages} passages, {stats['cpu_seconds']:.0f} CPU-s")
     found = retrievers(ws)
     test = take(ws.questions("nq_test"), c.reader_test_questions, "reader_test")
     passages = found["hybrid"].retrieve([q["question"] for q in test], c.reader_top_k)
