@@ -162,6 +162,19 @@ def test_tuned_settings_are_saved_loaded_and_used(tmp_path, data):
         assert recall_at(i1, exact_ids(x, q_held, 50)) < recall_at(i, exact_ids(x, q_held, 50))
 
 
+@needs_c
+def test_tuning_a_mapped_index_rewrites_its_own_file(tmp_path, data):
+    x, q_tune, q_held = data
+    path = build_index(x, "ivfpq,nbits=4,nlist=64,m=8,store=fp16,sq=4").save(tmp_path / "index.fdpr")
+    mapped = load_index(path, mmap=True)
+    result = mapped.tune(q_tune[:100], target_recall=0.8, k=10, save=path)
+    np.testing.assert_array_equal(mapped.search(q_held[:20], 10, nprobe=mapped.nprobe)[1],
+                                  mapped.search(q_held[:20], 10)[1])
+    again = load_index(path, mmap=True)
+    assert again.tuned["params"] == result.params and again.exact == result.params["exact"]
+    np.testing.assert_array_equal(again.search(q_held[:20], 10)[1], mapped.search(q_held[:20], 10)[1])
+
+
 def test_tune_on_the_numpy_backend_and_without_stored_vectors(data):
     x, q_tune, _ = data
     index = build_index(x[:3000], "ivfpq,nlist=32,m=8,backend=numpy")  # codes only: no re-rank possible
