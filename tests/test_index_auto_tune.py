@@ -80,12 +80,21 @@ def test_auto_shapes_by_n_d_and_budget():
 def test_auto_spec_builds_the_choice():
     assert make_index("auto", 384, n_hint=1000).kind == "flat"
     assert make_index("auto,fp16", 384, n_hint=1000).fp16
-    if extension("IVFPQ") is not None:
+    from fastdpr.index._native import fallback_forced, force_fallback, native
+
+    if native() is not None:
         index = make_index("auto", 384, n_hint=50_000)
         assert (index.kind, index.nbits, index.store, index.nlist) == ("ivfpq", 4, "fp16", 512)
         assert make_index("auto,fp32", 384, n_hint=50_000).store == "fp32"
         assert make_index("auto,memory_budget=20MB", 384, n_hint=50_000).sq == 4
         assert make_index("auto", 384, n_hint=50_000, memory_budget="20MB").sq == 4
+    was = fallback_forced()
+    force_fallback(True)
+    try:  # without the compiled core: the 8-bit codes the numpy backend builds
+        index = make_index("auto", 384, n_hint=50_000)
+        assert (index.kind, index.nbits, index.store, index.compiled) == ("ivfpq", 8, "fp16", False)
+    finally:
+        force_fallback(was)
     with pytest.raises(InputError, match="M"):
         make_index("auto,M=32", 384, n_hint=1000)
     with pytest.raises(InputError, match="memory budget"):
