@@ -228,6 +228,10 @@ def report(sets: list[dict], skipped: dict, cross: list[dict]) -> str:
             b = s["scann_best"]
             row["ScaNN"] = f"leaves={b['leaves']}, reorder={b['reorder']} ({b['recall']:.3f}), {qps['scann']:.0f} q/s"
             row["vs ScaNN"] = qps["auto+tune"] / qps["scann"]
+        elif s.get("scann_sweep"):
+            b = max(s["scann_sweep"], key=lambda r: r["recall"])
+            row["ScaNN"] = (f"never reached {TARGET} in the sweep (best {b['recall']:.3f}: leaves={b['leaves']}, "
+                            f"reorder={b['reorder']})")
         else:
             row["ScaNN"] = s["scann"]
         if "exact" in qps:
@@ -263,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--crossover-dim", type=int, default=384)
     ap.add_argument("--no-scann", action="store_true")
     ap.add_argument("--out", type=Path, help="results directory (default benchmarks/results)")
+    ap.add_argument("--name", default="ann_auto", help="results file name (default ann_auto)")
     args = ap.parse_args(argv)
     sets, skipped = [], {}
     for name in filter(None, args.sets.split(",")):
@@ -273,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         sets.append(run_set(ds, args))
     cross = crossover([int(v) for v in args.crossover.split(",") if v], args.crossover_dim, args)
-    write_results("ann_auto", args.out, {"sets": sets, "skipped": skipped, "crossover": cross,
+    write_results(args.name, args.out, {"sets": sets, "skipped": skipped, "crossover": cross,
                                          "target_recall": TARGET, "k": K, "threads": THREADS},
                   report(sets, skipped, cross))
     return 0
