@@ -57,7 +57,7 @@ def test_auto_shapes_by_n_d_and_budget():
     assert choose_index(1000, 384, compiled=True).spec == "flat"
     assert choose_index(FLAT_MAX_FLOATS // 768, 768, compiled=True).spec == "flat"
     # exact search in fp16 when fp32 rows do not fit the budget
-    assert choose_index(5000, 384, memory_budget=5000 * 384 * 3, compiled=True).spec == "flat,fp16"
+    assert choose_index(1000, 384, memory_budget=1000 * 384 * 3, compiled=True).spec == "flat,fp16"
     mid = choose_index(50_000, 384, compiled=True)
     assert mid.spec == "ivfpq,nbits=4,nlist=512,store=fp16" and not mid.mmap
     big = choose_index(COMPRESSED_MIN_N, 768, compiled=True)

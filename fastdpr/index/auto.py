@@ -1,7 +1,7 @@
 """``"auto"``: the index type and shape chosen from the number of vectors, their dimension and a memory budget.
 
 >>> from fastdpr.index.auto import choose_index
->>> choose_index(5_000, 384).spec
+>>> choose_index(1_000, 384).spec
 'flat'
 >>> choose_index(50_000, 384, compiled=True).spec
 'ivfpq,nbits=4,nlist=512,store=fp16'
@@ -11,15 +11,17 @@
 
 The rule, and what it rests on:
 
-- exact search (``flat``) while n x d <= ``FLAT_MAX_FLOATS`` (10,000 x 384): on the quickstart's 5,000 real MiniLM
-  passages exact search ran faster than IVF-PQ at recall@100 0.95 (benchmarks/results/ann_real-minilm-mean-
-  quickstart5k.md), on the 23,582-passage pool 4-bit IVF-PQ ran several times faster than exact search
-  (benchmarks/results/ann_real_pq4.md); benchmarks/results/ann_auto.md measures sizes in between;
+- exact search (``flat``) while n x d <= ``FLAT_MAX_FLOATS`` (2,000 x 384): on vectors calibrated to MiniLM mean
+  pooling, tuned 4-bit IVF-PQ at recall@100 0.95 ran 0.96x exact search's q/s at 1,000 x 384, 1.17x at 2,000 and
+  1.47x at 3,000 (benchmarks/results/ann_auto_crossover.md), so below that exact search costs about as much and
+  needs neither training nor tuning; at 23,582 real MiniLM passages 4-bit IVF-PQ ran several times faster
+  (benchmarks/results/ann_paired.md);
 - below ``COMPRESSED_MIN_N`` vectors, 4-bit IVF-PQ with d/2 sub-quantizers, about 2 sqrt(n) lists and fp16 rows
   for the exact re-rank, the best shape on the real pool (``ivfpq.default_nlist``);
 - from ``COMPRESSED_MIN_N`` on, the compressed shape measured at 1M x 768 (benchmarks/results/ann_compressed.md):
   d/8 sub-quantizers, 4-bit rows that rank the re-rank candidates before the fp16 rows are read, the spread-aware
-  probe order and score-aware codebooks;
+  probe order and score-aware codebooks (the switch itself, 150,000, lies between the measured sizes: it is not
+  a measured crossover);
 - rows that do not fit the memory budget are left in the file and read through the page cache
   (``load_index(path, mmap=True)``, ``fastdpr search --mmap``); the codes must fit;
 - without the compiled core the numpy backend builds only 8-bit codes without 4-bit rows, so the IVF-PQ shapes
@@ -36,7 +38,7 @@ from typing import Any
 
 from fastdpr.errors import InputError
 
-FLAT_MAX_FLOATS = 10_000 * 384  # n x d up to which exact search is chosen
+FLAT_MAX_FLOATS = 2_000 * 384  # n x d up to which exact search is chosen
 COMPRESSED_MIN_N = 150_000  # from here on the compressed shape (d/8 codes, 4-bit rows)
 COMPRESSED = dict(aniso=0.2, sq=4, spread=0.5)  # the 1M x 768 shape of benchmarks/results/ann_compressed.md
 POSITION_BYTES = 4  # per vector, the compiled core's list positions (csrc/ivfpq.h)
