@@ -263,7 +263,8 @@ def test_fastdpr_index_auto_and_tune_command(tmp_path, capsys):
     index = load_index(out)
     assert index.tuned["k"] == 10 and index.nprobe == index.tuned["params"]["nprobe"]
     for bad in (["--target-recall", "0"], ["--target-recall", "1.5"], ["--tune-k", "0"],
-                ["--memory-budget", "much"], ["--tune-queries", str(tmp_path / "none.npy")]):
+                ["--memory-budget", "much"], ["--tune-queries", str(tmp_path / "none.npy")],
+                ["--spec", "hnsw,M=8"]):
         args = ["index", str(vec_dir), "-o", str(tmp_path / "bad.fdpr"), "--tune-queries", "10", "--no-progress"]
         assert main(args + bad) != 0
     assert not (tmp_path / "bad.fdpr").exists()

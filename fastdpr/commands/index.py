@@ -59,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
         choice = choose_index(total, dim, budget)
         print(f"auto: {choice.spec} ({choice.reason})" + ("; open it with --mmap" if choice.mmap else ""))
     index = make_index(args.spec, dim, n_hint=total, memory_budget=budget)
+    if queries is not None:
+        from fastdpr.index.tune import TUNERS
+
+        if index.kind not in TUNERS:  # said before the build, not after it
+            raise InputError(f"--tune-queries: {index.kind} indexes are not tuned (ivfpq is; flat is exact)")
     index.model_fingerprint = manifest.get("model_fingerprint")  # searches with another model are refused
     start = time.perf_counter()
 
