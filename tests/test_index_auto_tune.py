@@ -211,16 +211,20 @@ def test_tune_flat_is_exact(data):
     (dict(k=0), "k must"), (dict(k=-3), "k must"), (dict(k=2.5), "k must"),
     (dict(max_queries=0), "max_queries"), (dict(threads=-1), "threads"),
 ])
-def test_bad_targets_are_refused(data, kwargs, match):
-    x, q_tune, _ = data
-    index = build_index(x[:1000], "ivfpq,nlist=16,m=8,store=fp16,backend=numpy")
+def test_bad_targets_are_refused(data, small_index, kwargs, match):
     with pytest.raises(InputError, match=match):
-        index.tune(q_tune[:10], **kwargs)
+        small_index.tune(data[1][:10], **kwargs)
+    assert small_index.tuned is None
 
 
-def test_bad_samples_are_refused(data):
+@pytest.fixture(scope="module")
+def small_index(data):
+    return build_index(data[0][:1000], "ivfpq,nlist=16,m=8,store=fp16,backend=numpy")
+
+
+def test_bad_samples_are_refused(data, small_index):
     x, q_tune, _ = data
-    index = build_index(x[:1000], "ivfpq,nlist=16,m=8,store=fp16,backend=numpy")
+    index = small_index
     with pytest.raises(InputError, match="empty"):
         index.tune(np.empty((0, 32), np.float32))
     with pytest.raises(InputError, match="dimension"):
