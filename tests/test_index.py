@@ -69,10 +69,11 @@ def test_unknown_parameter_is_named():
         make_index("hnsw,M=abc", 8)
 
 
-def test_auto_picks_flat_for_small():
+def test_auto_picks_flat_for_small_and_ivfpq_above():
     x = np.random.default_rng(0).standard_normal((300, 16)).astype(np.float32)
     assert build_index(x, "auto").kind == "flat"
-    assert make_index("auto", 16, n_hint=10**6).kind == "hnsw"
+    # never HNSW: IVF-PQ above the size where exact search wins (fastdpr/index/auto.py; its own tests there)
+    assert make_index("auto", 16, n_hint=10**6).kind == "ivfpq"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -11,7 +11,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="index file (*.fdpr) or directory (index.fdpr is written inside)")
     parser.add_argument("--spec", default="auto",
                         help="index spec: flat | flat,fp16 | hnsw,M=32,efc=200[,fp16] | ivfpq,nlist=..,m=.. | "
-                             "faiss:<factory> | auto (flat below 100k vectors, else hnsw); default: auto")
+                             "faiss:<factory> | auto (the type and shape from the number of vectors, their "
+                             "dimension and --memory-budget: exact search for small sets, else 4-bit IVF-PQ); "
+                             "default: auto")
+    parser.add_argument("--memory-budget", default=None,
+                        help="RAM the 'auto' index may use, e.g. 2GB or 512MiB: rows that do not fit are left in "
+                             "the file, to be opened with --mmap (default: no limit)")
+    parser.add_argument("--tune-queries", default=None,
+                        help="tune the index's search settings on these queries: a .npy file (n, dim), a "
+                             "`fastdpr encode` output directory, or a number N (N of the indexed vectors); the "
+                             "settings are saved in the index and used by every search that gives none")
+    parser.add_argument("--target-recall", type=float, default=0.95,
+                        help="recall@k against exact search that --tune-queries must reach; default 0.95")
+    parser.add_argument("--tune-k", type=int, default=100, help="the k of that recall; default 100")
     parser.add_argument("--train-size", type=int, default=100_000,
                         help="vectors sampled for training (IVF-PQ, FAISS IVF); default 100000")
     parser.add_argument("--seed", type=int, default=0, help="seed of the training sample")
@@ -28,14 +40,30 @@ def run(args: argparse.Namespace) -> int:
     from fastdpr.encode import iter_vector_shards, read_manifest
     from fastdpr.errors import InputError
     from fastdpr.index import make_index
+    from fastdpr.index.auto import choose_index, parse_size
 
     if args.train_size < 1:
         raise InputError(f"--train-size must be >= 1, got {args.train_size}")
+    budget = None if args.memory_budget is None else parse_size(args.memory_budget, "--memory-budget")
+    if not 0 < args.target_recall <= 1:  # (NaN fails this too)
+        raise InputError(f"--target-recall must be in (0, 1], got {args.target_recall}")
+    if args.tune_k < 1:
+        raise InputError(f"--tune-k must be >= 1, got {args.tune_k}")
     manifest = read_manifest(args.vectors)
     total, dim = int(manifest["count"]), int(manifest["dim"])
     if total == 0:
         raise InputError("no vectors to index", path=str(args.vectors))
-    index = make_index(args.spec, dim, n_hint=total)
+    queries = None if args.tune_queries is None else _tune_queries(args.tune_queries, args.vectors, total, dim,
+                                                                   args.seed, args.verify)
+    if args.spec.split(",")[0].strip().lower() == "auto":
+        choice = choose_index(total, dim, budget)
+        print(f"auto: {choice.spec} ({choice.reason})" + ("; open it with --mmap" if choice.mmap else ""))
+    index = make_index(args.spec, dim, n_hint=total, memory_budget=budget)
+    if queries is not None:
+        from fastdpr.index.tune import TUNERS
+
+        if index.kind not in TUNERS:  # said before the build, not after it
+            raise InputError(f"--tune-queries: {index.kind} indexes are not tuned (ivfpq is; flat is exact)")
     index.model_fingerprint = manifest.get("model_fingerprint")  # searches with another model are refused
     start = time.perf_counter()
 
@@ -51,10 +79,47 @@ def run(args: argparse.Namespace) -> int:
             ids = None if shard.row_start == len(index) else np.arange(shard.row_start, shard.row_start + n)
             index.add(shard.vectors, ids=ids)
             bar.update(n)
+    if queries is not None:
+        result = index.tune(queries, target_recall=args.target_recall, k=args.tune_k)
+        settings = ", ".join(f"{key}={value}" for key, value in result.params.items()) or "exact search"
+        print(f"tuned on {result.queries} queries: {settings}, recall@{args.tune_k} {result.recall:.4f} "
+              f"(target {args.target_recall})")
     path = index.save(args.output)
     elapsed = time.perf_counter() - start
     print(f"{index.kind} index of {len(index)} vectors (dim {index.dim}) written to {path} in {elapsed:.1f} s")
     return 0
+
+
+def _tune_queries(value: str, vectors_dir, total: int, dim: int, seed: int, verify: bool):
+    """--tune-queries: a .npy file, a `fastdpr encode` directory, or a count of the indexed vectors to draw."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from fastdpr.encode import iter_vector_shards
+    from fastdpr.errors import InputError
+
+    if value.strip().isdigit():
+        count = int(value)
+        if count < 1:
+            raise InputError(f"--tune-queries must be at least 1 vector, got {value}")
+        return _training_sample(vectors_dir, total, count, seed + 1, verify)
+    path = Path(value)
+    if path.is_dir():
+        queries = np.concatenate([np.asarray(s.vectors, dtype=np.float32)
+                                  for s in iter_vector_shards(path, verify=verify)])
+    elif path.is_file():
+        try:
+            queries = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise InputError(f"--tune-queries: not a .npy array of query vectors: {exc}", path=str(path)) from None
+    else:
+        raise InputError("--tune-queries: no such file or directory (or give a number of indexed vectors)",
+                         path=str(path))
+    if queries.ndim != 2 or queries.shape[1] != dim or queries.shape[0] == 0:
+        raise InputError(f"--tune-queries must hold (n >= 1, {dim}) vectors, got shape {queries.shape}",
+                         path=str(path))
+    return queries
 
 
 def _training_sample(vectors_dir, total: int, size: int, seed: int, verify: bool):

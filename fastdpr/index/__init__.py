@@ -3,6 +3,8 @@
 >>> from fastdpr.index import build_index, load_index
 >>> index = build_index(vectors, "hnsw,M=32,efc=200")     # doctest: +SKIP
 >>> scores, ids = index.search(queries, k=100)            # doctest: +SKIP
+>>> index = build_index(vectors)                          # "auto": exact search or IVF-PQ by size  # doctest: +SKIP
+>>> index.tune(train_questions, target_recall=0.95)       # the cheapest settings, saved    # doctest: +SKIP
 
 Compiled C++ cores (``fastdpr._C``) are used when present; every type has a pure-numpy fallback giving the same
 results (exact search for HNSW's fallback, so "the same or better").
@@ -18,7 +20,7 @@ from fastdpr.index.base import (
 )
 
 __all__ = ["Index", "build_index", "load_index", "make_index", "parse_spec", "index_class", "REGISTRY",
-           "FlatIndex", "HNSWIndex", "IVFPQIndex", "exact_search", "native_available"]
+           "FlatIndex", "HNSWIndex", "IVFPQIndex", "exact_search", "native_available", "choose_index"]
 
 
 def __getattr__(name):
@@ -34,6 +36,10 @@ def __getattr__(name):
         from fastdpr.index.ivfpq import IVFPQIndex
 
         return IVFPQIndex
+    if name == "choose_index":
+        from fastdpr.index.auto import choose_index
+
+        return choose_index
     if name == "native_available":
         from fastdpr.index._native import native_available
 

@@ -19,6 +19,7 @@ input at the boundary, maps ids, and handles files.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import threading
 from pathlib import Path
@@ -40,9 +41,6 @@ REGISTRY: dict[str, str] = {
     "ivfpq": "fastdpr.index.ivfpq:IVFPQIndex",
     "faiss": "fastdpr.index.faiss_adapter:FaissIndex",
 }
-
-# "auto": exact search below this many vectors (it is faster than any graph there and exact), HNSW above
-AUTO_FLAT_MAX = 100_000
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -247,6 +245,9 @@ class Index:
     #: the fingerprint of the model whose passage vectors the index holds (``fastdpr.encode.model_fingerprint``,
     #: from the vectors' manifest), saved in the file, so that a search with another model can be refused
     model_fingerprint: str | None = None
+    #: what ``tune`` chose and measured (``fastdpr.index.tune.TuneResult.record``), saved in the file as metadata
+    #: ``tuned``; the settings themselves are the index's own search defaults
+    tuned: dict | None = None
 
     def __init__(self, dim: int):
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
@@ -302,6 +303,21 @@ class Index:
 
     def train(self, vectors: np.ndarray) -> None:
         """Learn what the index needs from sample vectors (no-op for types that need nothing)."""
+
+    def stored_vectors(self) -> np.ndarray | None:
+        """The stored rows (n, dim) in the order added, when the type keeps them in a form ``tune`` can read."""
+        return None
+
+    def tune(self, queries: Any, target_recall: float = 0.95, k: int = 100, vectors: Any = None, truth: Any = None,
+             max_queries: int | None = None, threads: int = 0, save: str | os.PathLike | None = None):
+        """Find the cheapest search settings whose recall@``k`` against exact search on ``queries`` (a sample:
+        training questions or held-out vectors) reaches ``target_recall``, and make them this index's defaults
+        (saved with it). Returns a ``fastdpr.index.tune.TuneResult``; see that module."""
+        from fastdpr.index import tune
+
+        return tune.tune(self, queries, target_recall=target_recall, k=k, vectors=vectors, truth=truth,
+                         max_queries=tune.MAX_QUERIES if max_queries is None else max_queries, threads=threads,
+                         save=save)
 
     # -- public -----------------------------------------------------------------------------------------------------
     @property
@@ -387,6 +403,8 @@ class Index:
             writer.add("labels", self._labels)
         if self.model_fingerprint:
             writer.meta("model_fingerprint", self.model_fingerprint)
+        if self.tuned:
+            writer.meta("tuned", json.dumps(self.tuned, sort_keys=True, separators=(",", ":")))
         self._write(writer)
         writer.commit()
         return path
@@ -420,21 +438,27 @@ def index_class(kind: str) -> type[Index]:
     return getattr(module, cls_name)
 
 
-def resolve_auto(n: int, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``"auto"``: exact search below ``AUTO_FLAT_MAX`` vectors, else HNSW; extra params (e.g. ``fp16``) pass on."""
-    return ("flat" if n < AUTO_FLAT_MAX else "hnsw"), params
-
-
-def make_index(spec: str, dim: int, n_hint: int = 0) -> Index:
-    """An empty (untrained) index for ``spec``; ``n_hint`` sizes ``"auto"``."""
+def make_index(spec: str, dim: int, n_hint: int = 0, memory_budget: Any = None) -> Index:
+    """An empty (untrained) index for ``spec``; ``n_hint`` (the number of vectors to come) and ``memory_budget``
+    (bytes or a size such as ``"2GB"``) shape ``"auto"`` (``fastdpr.index.auto``)."""
     kind, params = parse_spec(spec)
     if kind == "auto":
-        kind, params = resolve_auto(n_hint, params)
+        from fastdpr.index.auto import resolve_auto
+
+        if memory_budget is not None:
+            if "memory_budget" in params:
+                raise InputError(f"index spec {spec!r} gives memory_budget, and so does the caller; give one")
+            params["memory_budget"] = memory_budget
+        kind, params = resolve_auto(n_hint, dim, params)
+    elif memory_budget is not None:
+        raise InputError(f"memory_budget shapes the 'auto' index only, not {kind!r}")
     return index_class(kind).from_spec(dim, params)
 
 
-def build_index(vectors: np.ndarray, spec: str = "auto", ids: Any = None) -> Index:
+def build_index(vectors: np.ndarray, spec: str = "auto", ids: Any = None, memory_budget: Any = None) -> Index:
     """Build an index over ``vectors`` (n, dim) from a spec string; trains it first when the type needs it.
+    ``"auto"`` (the default) chooses the type and shape from n, dim and ``memory_budget`` (``fastdpr.index.auto``);
+    ``index.tune(queries)`` then sets its search parameters.
 
     >>> import numpy as np
     >>> from fastdpr.index import build_index
@@ -449,7 +473,7 @@ def build_index(vectors: np.ndarray, spec: str = "auto", ids: Any = None) -> Ind
         vectors = check_matrix(vectors, None, "vectors")
     if vectors.ndim != 2 or vectors.shape[0] == 0:
         raise InputError(f"build_index needs a non-empty 2-D array of vectors, got shape {vectors.shape}")
-    index = make_index(spec, vectors.shape[1], n_hint=vectors.shape[0])
+    index = make_index(spec, vectors.shape[1], n_hint=vectors.shape[0], memory_budget=memory_budget)
     if not index.is_trained:
         index.train(vectors)
     index.add(vectors, ids=ids)
@@ -491,4 +515,12 @@ def load_index(path: str | os.PathLike, mmap: bool = False) -> Index:
     index._restore_labels(reader)
     if reader.has_meta("model_fingerprint"):
         index.model_fingerprint = reader.meta("model_fingerprint")
+    if reader.has_meta("tuned"):  # absent from files written before tune
+        try:
+            tuned = json.loads(reader.meta("tuned"))
+        except ValueError:
+            tuned = None
+        if not isinstance(tuned, dict):
+            reader.fail("metadata 'tuned' is not a JSON object")
+        index.tuned = tuned
     return index

@@ -425,6 +425,15 @@ class IVFPQIndex(Index):
             exact = EXACT_PER_K * k
         return self._impl.search(q, k, int(nprobe), rerank, threads, spread, exact)
 
+    def stored_vectors(self) -> np.ndarray | None:
+        """The fp16/fp32 rows kept for the re-rank (a view; None with store=none)."""
+        if self._impl is None or self.store == "none":
+            return None
+        vec = self._impl.vectors()
+        if vec is None:
+            return None
+        return vec.view(np.float16) if vec.dtype == np.uint16 else vec
+
     def codes(self) -> tuple[np.ndarray, np.ndarray]:
         """(list of every row, its m codes), rows in the order added — for inspection and tests."""
         lists = np.empty(self._ntotal(), dtype=np.int64)

@@ -1,0 +1,251 @@
+"""``index.tune(queries, target_recall=0.95, k=100)``: the cheapest search settings that reach a recall target.
+
+Recall@k is measured against exact search on a sample of queries (training questions, or vectors held out of the
+index): the exact top-k comes from the index's own stored vectors (``store=fp16|fp32``), from ``vectors`` (the
+index's rows in the order added) or is given as ``truth`` (the ids ``search`` would return).
+
+For IVF-PQ the search walks the settings a few at a time instead of sweeping a grid. For each re-rank depth R of a
+geometric ladder (2k, 4k, 8k, ...; none without rows to re-rank), nprobe doubles until the recall reaches the
+target and bisection then finds the smallest nprobe that does; a deeper re-rank is tried only while it lowers that
+nprobe. Each depth's cheapest setting is timed (alternating rounds, the best of each), the fastest wins, and with
+4-bit rows (``sq=4``) bisection finally lowers ``exact`` (the candidates read in full) as far as the target
+allows. Recall grows with nprobe, R and exact, which is what makes doubling and bisection sound; the sample
+decides, so a larger sample gives settings that hold better on other queries.
+
+The result becomes the index's own search settings (``search`` uses them whenever the caller gives none; explicit
+parameters still win) and is kept, with what it was tuned for, in the index file by the next ``save``
+(``save=path`` writes it now; the file is replaced atomically).
+
+>>> result = index.tune(train_question_vectors, target_recall=0.95, k=100)   # doctest: +SKIP
+>>> result.params, result.recall                                              # doctest: +SKIP
+({'nprobe': 37, 'rerank': 400}, 0.953)
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fastdpr.errors import InputError
+
+MAX_QUERIES = 1000  # sample size used by default: enough for a recall estimate within about +-0.01
+TIMING_ROUNDS = 2  # rounds of timing over the cheapest settings, best of each
+
+
+@dataclass
+class TuneResult:
+    """The settings ``tune`` chose and what they measured on the sample (``qps`` at ``threads``)."""
+
+    params: dict[str, Any]
+    recall: float
+    qps: float
+    target_recall: float
+    k: int
+    queries: int
+    evaluations: int  # settings measured on the sample
+    candidates: list[dict] = field(default_factory=list)  # each re-rank depth's cheapest setting, timed
+
+    def record(self) -> dict[str, Any]:
+        """What the index file keeps (metadata ``tuned``)."""
+        return {"target_recall": self.target_recall, "k": self.k, "recall": round(self.recall, 4),
+                "queries": self.queries, "params": self.params}
+
+
+def check_target(target_recall: Any, k: Any) -> tuple[float, int]:
+    if isinstance(target_recall, bool) or not isinstance(target_recall, (int, float, np.integer, np.floating)) or \
+            not math.isfinite(target_recall) or not 0 < target_recall <= 1:
+        raise InputError(f"tune: target_recall must be a number in (0, 1], got {target_recall!r}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise InputError(f"tune: k must be a positive integer, got {k!r}")
+    return float(target_recall), int(k)
+
+
+def recall_at(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean over queries of |found ∩ truth| / |truth| (ids; -1 pads both and counts for nothing)."""
+    both = np.sort(np.concatenate([found, truth], axis=1), axis=1)
+    hits = ((both[:, 1:] == both[:, :-1]) & (both[:, 1:] >= 0)).sum(axis=1)
+    size = np.maximum((truth >= 0).sum(axis=1), 1)
+    return float(np.mean(hits / size))
+
+
+def sample_rows(nq: int, max_queries: int) -> np.ndarray:
+    """At most ``max_queries`` of ``nq`` query rows, evenly spread (deterministic)."""
+    if nq <= max_queries:
+        return np.arange(nq)
+    return np.unique(np.linspace(0, nq - 1, max_queries).round().astype(np.int64))
+
+
+def exact_truth(index, queries: np.ndarray, k: int, vectors: Any = None) -> np.ndarray:
+    """Exact top-k ids of ``queries`` over ``vectors`` (the index's rows) or the index's stored vectors."""
+    from fastdpr.index.base import check_shape
+    from fastdpr.index.flat import numpy_exact_search
+
+    if vectors is not None:
+        base = check_shape(vectors, index.dim, "tune: vectors")
+        if base.shape[0] != len(index):
+            raise InputError(f"tune: vectors must be the index's {len(index)} rows in the order added, "
+                             f"got {base.shape[0]}")
+    else:
+        base = index.stored_vectors()
+        if base is None:
+            raise InputError(f"tune: this {type(index).__name__} keeps no vectors to compute exact results from; "
+                             "pass vectors= (its rows in the order added) or truth= (exact top-k ids)")
+    _, rows = numpy_exact_search(base, queries, min(k, base.shape[0]))
+    labels = index._labels
+    return rows if labels is None else np.where(rows >= 0, labels[np.maximum(rows, 0)], -1)
+
+
+def tune(index, queries: Any, target_recall: float = 0.95, k: int = 100, vectors: Any = None, truth: Any = None,
+         max_queries: int = MAX_QUERIES, threads: int = 0, save: Any = None) -> TuneResult:
+    """See the module docstring; ``index.tune(...)`` calls this."""
+    from fastdpr.index.base import check_matrix, check_threads
+
+    target_recall, k = check_target(target_recall, k)
+    if isinstance(max_queries, bool) or not isinstance(max_queries, (int, np.integer)) or max_queries < 1:
+        raise InputError(f"tune: max_queries must be a positive integer, got {max_queries!r}")
+    threads = check_threads(threads)
+    q = check_matrix(queries, index.dim, "tune: queries")
+    nq = q.shape[0]
+    if nq == 0:
+        raise InputError("tune: the sample of queries is empty")
+    if len(index) == 0:
+        raise InputError(f"tune: the {type(index).__name__} is empty; add vectors first")
+    if vectors is not None and truth is not None:
+        raise InputError("tune: give vectors or truth, not both")
+    kk = min(k, len(index))
+    if truth is not None:
+        truth = np.asarray(truth)
+        if truth.ndim != 2 or truth.shape[0] != nq or truth.shape[1] < kk or truth.dtype.kind not in "iu":
+            raise InputError(f"tune: truth must be integer ids of shape ({nq}, >= {kk}), "
+                             f"got {truth.dtype} {truth.shape}")
+    rows = sample_rows(nq, int(max_queries))
+    q = np.ascontiguousarray(q[rows])
+    if truth is not None:
+        truth = truth[rows, :kk].astype(np.int64)
+
+    tuner = TUNERS.get(index.kind)
+    if tuner is None:
+        raise InputError(f"tune: {index.kind} indexes are not tuned; tune works on ivfpq (and flat, which is exact)")
+    if tuner is _tune_flat:
+        result = tuner(index, q, kk, target_recall, truth, threads)
+    else:
+        if truth is None:
+            truth = exact_truth(index, q, kk, vectors)
+        result = tuner(index, q, kk, target_recall, truth, threads)
+    result.k = k
+    index.tuned = result.record()
+    if save is not None:
+        index.save(save)
+    return result
+
+
+def _tune_flat(index, q, k, target_recall, truth, threads) -> TuneResult:
+    """Exact search: nothing to choose (recall 1 by definition)."""
+    return TuneResult({}, 1.0, float("nan"), target_recall, k, q.shape[0], 0)
+
+
+class _Evaluator:
+    """Recall (cached) and timing of settings on the sample."""
+
+    def __init__(self, index, q, k, truth, threads):
+        self.index, self.q, self.k, self.truth, self.threads = index, q, k, truth, threads
+        self.recalls: dict[tuple, float] = {}
+
+    def recall(self, **params) -> float:
+        key = tuple(sorted(params.items()))
+        if key not in self.recalls:
+            _, ids = self.index.search(self.q, self.k, threads=self.threads, **params)
+            self.recalls[key] = recall_at(ids, self.truth)
+        return self.recalls[key]
+
+    def seconds(self, params: dict) -> float:
+        start = time.perf_counter()
+        self.index.search(self.q, self.k, threads=self.threads, **params)
+        return time.perf_counter() - start
+
+
+def smallest(reaches, lo: int, hi: int) -> int | None:
+    """The smallest integer v in [lo, hi] with ``reaches(v)``, for a ``reaches`` that stays true once true: doubling
+    from ``lo`` to the first v that reaches, then bisection below it. None when even ``hi`` does not reach."""
+    prev, v = lo - 1, lo
+    while True:
+        if reaches(v):
+            break
+        if v >= hi:
+            return None
+        prev, v = v, min(hi, 2 * v)
+    lo_fail, hi_ok = prev, v  # reaches(hi_ok); not reaches(lo_fail), or lo_fail below the range
+    while hi_ok - lo_fail > 1:
+        mid = (lo_fail + hi_ok) // 2
+        if reaches(mid):
+            hi_ok = mid
+        else:
+            lo_fail = mid
+    return hi_ok
+
+
+def _tune_ivfpq(index, q, k, target_recall, truth, threads) -> TuneResult:
+    ev = _Evaluator(index, q, k, truth, threads)
+    n, nlist = len(index), index.nlist
+    has_rows = index.store != "none" or bool(index.sq)
+    two_stage = bool(index.sq) and index.store != "none"  # 4-bit rows first, then the full vectors
+    if has_rows:
+        ladder, r = [], 2 * k
+        while r < n:
+            ladder.append(r)
+            r *= 2
+        ladder.append(n)
+    else:
+        ladder = [0]
+    # with two stages: exact=3k while choosing nprobe and R; if no R reaches, every candidate read in full (0)
+    exact_modes = [min(3 * k, n), 0] if two_stage else [None]
+    candidates: list[dict] = []
+    best_seen = 0.0
+    for exact in exact_modes:
+        extra = {} if exact is None else {"exact": exact}
+        upper = nlist
+        for rerank in ladder:
+            def reaches(nprobe, rerank=rerank):
+                return ev.recall(nprobe=nprobe, rerank=rerank, **extra) >= target_recall
+
+            nprobe = smallest(reaches, 1, upper)
+            best_seen = max([best_seen] + list(ev.recalls.values()))
+            if nprobe is None:
+                continue
+            if candidates and candidates[-1]["nprobe"] == nprobe:
+                break  # a deeper re-rank no longer saves lists
+            candidates.append(dict(nprobe=nprobe, rerank=rerank, **extra))
+            upper = nprobe
+            if nprobe == 1:
+                break
+        if candidates:
+            break
+    if not candidates:
+        hint = "" if has_rows else " (build with store=fp16 or sq=4 so that candidates can be re-ranked)"
+        raise InputError(f"tune: recall@{k} {target_recall} is out of reach of this index: the best measured was "
+                         f"{best_seen:.4f}{hint}")
+    timings = [math.inf] * len(candidates)
+    for _ in range(TIMING_ROUNDS):
+        for i, params in enumerate(candidates):
+            timings[i] = min(timings[i], ev.seconds(params))
+    best = dict(candidates[int(np.argmin(timings))])
+    if two_stage and best["exact"]:
+        def reaches_exact(exact):
+            return ev.recall(**{**best, "exact": exact}) >= target_recall
+
+        best["exact"] = smallest(reaches_exact, k, best["exact"]) or best["exact"]
+    seconds = min(ev.seconds(best) for _ in range(TIMING_ROUNDS))
+    for params, t in zip(candidates, timings):
+        params["qps"] = round(q.shape[0] / t, 1)
+        params["recall"] = round(ev.recall(**{key: params[key] for key in params if key not in ("qps", "recall")}), 4)
+    index.nprobe, index.rerank = int(best["nprobe"]), int(best["rerank"])
+    if "exact" in best:
+        index.exact = int(best["exact"])
+    return TuneResult(best, ev.recall(**best), q.shape[0] / seconds, target_recall, k, q.shape[0],
+                      len(ev.recalls), candidates)
+
+
+TUNERS = {"flat": _tune_flat, "ivfpq": _tune_ivfpq}
