@@ -196,6 +196,30 @@ def test_expected_wait_is_judged_by_full_batches_not_by_light_load_ones():
     assert flood_refused > 0  # 99 questions x ~6 ms > 500 ms
 
 
+def test_a_lone_request_does_not_wait_for_company_that_is_not_coming():
+    rec = Recorder()
+
+    async def main():
+        b = Batcher(rec, max_batch=64, max_wait_ms=400)
+        await b.start()
+        for i in range(3):  # arrivals 0.5 s apart, longer than the wait
+            await b.submit("a", [f"q{i}"])
+            await asyncio.sleep(0.5)
+        start = time.perf_counter()
+        await b.submit("a", ["lone"])
+        took = time.perf_counter() - start
+        # and when arrivals come close together again, they are batched
+        together = await asyncio.gather(*(b.submit("a", [f"t{i}"]) for i in range(5)))
+        await b.close()
+        return took, together
+
+    took, together = run(main())
+    assert took < 0.2  # not the 0.4 s wait
+    assert together == [[("a", f"t{i}")] for i in range(5)]
+    assert [q for _, qs in rec.calls for q in qs if q.startswith("t")] == [f"t{i}" for i in range(5)]
+    assert sum(1 for _, qs in rec.calls if any(q.startswith("t") for q in qs)) == 1  # one call for all five
+
+
 def test_an_error_reaches_every_job_of_its_batch_and_the_loop_goes_on():
     rec = Recorder(fail_on="bad")
 

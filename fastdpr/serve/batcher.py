@@ -39,7 +39,8 @@ class Batcher:
     ``run_batch(key, questions) -> per-question results`` call.
 
     A batch leaves when the oldest waiting job has waited ``max_wait_ms``, or its key has ``max_batch`` questions
-    waiting, or at once when the worker was busy for longer than that (so under load a batch is whatever arrived
+    waiting, or when the next arrival is not expected within what is left of the wait (by a running estimate of
+    the gaps between arrivals), or at once when the worker was busy for longer than that (so under load a batch is whatever arrived
     during the previous one, and an idle server adds at most ``max_wait_ms``). Jobs of other keys keep their
     place. A job larger than ``max_batch`` goes alone, whole. At most ``max_queue`` questions wait, and at most
     ``max_queue_ms`` of expected work (the questions waiting times a running estimate of the seconds per question
@@ -67,6 +68,8 @@ class Batcher:
         self._executor: ThreadPoolExecutor | None = None
         self._closing = False
         self._seconds_per_question: float | None = None  # running estimate from batches at least half full
+        self._last_arrival: float | None = None
+        self._gap: float | None = None  # running estimate of the seconds between arrivals
 
     async def start(self) -> None:
         self._wake = asyncio.Event()
@@ -87,6 +90,10 @@ class Batcher:
                                                                  and wait > self.max_queue_s):
                 raise QueueFull(self.depth, max(1, int(wait + 0.999)))
         job = _Job(key, list(questions), asyncio.get_running_loop().create_future())
+        if self._last_arrival is not None:
+            gap = job.arrived - self._last_arrival
+            self._gap = gap if self._gap is None else 0.8 * self._gap + 0.2 * gap
+        self._last_arrival = job.arrived
         self._jobs.append(job)
         self._counts[key] = self._counts.get(key, 0) + len(job.questions)
         self.depth += len(job.questions)
@@ -134,7 +141,9 @@ class Batcher:
             head = self._jobs[0]
             while not self._closing and self._counts[head.key] < self.max_batch:
                 remaining = head.arrived + self.max_wait - time.monotonic()
-                if remaining <= 0:
+                # no company expected within the wait (one client at a time, a quiet server): go now, the wait
+                # would only add to the answer's latency
+                if remaining <= 0 or (self._gap is not None and self._gap > remaining):
                     break
                 await self._wait(remaining)
             batch = self._take(head.key)
