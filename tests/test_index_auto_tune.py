@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from compiled_extension import extension
+from test_index_ivfpq import clustered as ivfpq_clustered
 
 from fastdpr.errors import InputError
 from fastdpr.index import build_index, load_index, make_index
@@ -17,15 +18,8 @@ from fastdpr.index.tune import recall_at, smallest
 needs_c = pytest.mark.skipif(extension("IVFPQ") is None, reason="compiled extension not built")
 
 
-def clustered(rng, n, d, n_clusters=24, rank=6):
-    """Non-normalised Gaussian mixture (cluster centres + low-rank spread + noise, log-normal norms)."""
-    centres = rng.normal(size=(n_clusters, d)).astype(np.float32)
-    basis = rng.normal(size=(n_clusters, rank, d)).astype(np.float32) / np.sqrt(rank)
-    lab = rng.integers(0, n_clusters, n)
-    z = rng.normal(size=(n, rank)).astype(np.float32)
-    x = centres[lab] + np.einsum("nr,nrd->nd", z, basis[lab]) + 0.5 * rng.normal(size=(n, d)).astype(np.float32)
-    x *= np.exp(0.25 * rng.normal(size=(n, 1))).astype(np.float32)
-    return np.ascontiguousarray(x, dtype=np.float32)
+def clustered(rng, n, d):
+    return ivfpq_clustered(rng, n, d, n_clusters=24, rank=6, noise=0.5)
 
 
 @pytest.fixture(scope="module")

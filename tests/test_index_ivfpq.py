@@ -20,13 +20,13 @@ HAVE_C = _C is not None
 needs_c = pytest.mark.skipif(not HAVE_C, reason="compiled extension not built")
 
 
-def clustered(rng, n, d, n_clusters=32, rank=8):
+def clustered(rng, n, d, n_clusters=32, rank=8, noise=0.3):
     """Non-normalised Gaussian mixture: cluster centres + low-rank spread + noise, log-normal norms."""
     centres = rng.normal(size=(n_clusters, d)).astype(np.float32)
     basis = rng.normal(size=(n_clusters, rank, d)).astype(np.float32) / np.sqrt(rank)
     lab = rng.integers(0, n_clusters, n)
     z = rng.normal(size=(n, rank)).astype(np.float32)
-    x = centres[lab] + np.einsum("nr,nrd->nd", z, basis[lab]) + 0.3 * rng.normal(size=(n, d)).astype(np.float32)
+    x = centres[lab] + np.einsum("nr,nrd->nd", z, basis[lab]) + noise * rng.normal(size=(n, d)).astype(np.float32)
     x *= np.exp(0.25 * rng.normal(size=(n, 1))).astype(np.float32)
     return np.ascontiguousarray(x, dtype=np.float32)
 
