@@ -30,11 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-batch", type=int, default=64,
                    help="questions per encoder and index call at most (1: one request at a time)")
     g.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="how long the first waiting question may wait for others to join its batch")
+                   help="how long the first waiting question may wait for others to join its batch (it goes at "
+                        "once when, by the recent gaps between arrivals, none is expected in time)")
     g.add_argument("--max-queue", type=int, default=1024,
                    help="questions waiting at most; beyond, requests get 503 with Retry-After")
     g.add_argument("--max-queue-ms", type=float, default=2000.0,
-                   help="expected wait at most (questions waiting x recent seconds per question); beyond, "
+                   help="expected wait at most (questions waiting x seconds per question in recent batches at "
+                        "least half full); beyond, "
                         "requests get 503 with Retry-After (0: no bound but --max-queue)")
     g = parser.add_argument_group("limits")
     g.add_argument("--max-k", type=int, default=1000, help="largest k a request may ask for")
