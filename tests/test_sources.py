@@ -220,7 +220,7 @@ def test_a_release_gone_from_the_index_says_what_is_listed_and_how_to_hand_it_ov
     message = str(err.value)
     assert "bigbench-9.9.tar.gz is not listed" in message
     assert "it lists: bigbench-1.0.0.tar.gz, other-0.1.tar.gz" in message
-    assert "--from DIR" in message and "\n" not in message
+    assert "--from DIR" in message and "downloads" in message and "\n" not in message
 
 
 def test_data_fetch_command(tmp_path, local_index, capsys):

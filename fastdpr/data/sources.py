@@ -149,7 +149,8 @@ def resolve_url(archive: Archive, index_url: str | None = None) -> str:
     # to hand the pinned file over instead, rather than only that it is missing
     raise DataUnavailable(
         f"{archive.filename} is not listed on {page_url} (it lists: {', '.join(listed) or 'nothing'}); "
-        f"put a copy of {archive.filename} (sha256 {archive.sha256[:12]}...) in a directory and pass --from DIR, "
+        f"put a copy of {archive.filename} (sha256 {archive.sha256[:12]}...) into the cache's downloads/ folder "
+        f"({default_cache() / 'downloads'} by default), pass a folder holding every archive as --from DIR, "
         f"or set PIP_INDEX_URL to an index that has it"
     )
 
