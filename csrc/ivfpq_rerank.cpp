@@ -62,10 +62,12 @@ void rescore_batch(const uint32_t* const* ids, const uint32_t* count, int64_t nb
         }
         const int64_t id = static_cast<int64_t>(b.order[c] >> 16);
         const size_t i = b.order[c] & 0xffff;
-        heap_push(&b.best[i * keep], b.nbest[i], keep, {score(i, rows + id * row_bytes), id});
+        heap_push(b.best.data() + i * keep, b.nbest[i], keep, {score(i, rows + id * row_bytes), id});
     }
+    // data() + offset, not &best[offset]: with nothing to keep (an empty index) best is empty, and indexing it
+    // would bind a reference to null
     for (size_t i = 0; i < nq; ++i)
-        std::sort(&b.best[i * keep], &b.best[i * keep] + b.nbest[i], BetterTotal{});
+        std::sort(b.best.data() + i * keep, b.best.data() + i * keep + b.nbest[i], BetterTotal{});
 }
 
 }  // namespace
@@ -106,7 +108,7 @@ bool Reranker::by_sq_rows(const IndexView& ix, const Plan& plan, const float* q,
                   index.size(), static_cast<size_t>(plan.ke), rb,
                   [&](size_t c, const uint8_t* row) { return rb.offset[c] + dot4(&rb.scaled[c * dd], row, d); });
     for (size_t c = 0; c < nc; ++c) {
-        const Scored* best = &rb.best[c * static_cast<size_t>(plan.ke)];
+        const Scored* best = rb.best.data() + c * static_cast<size_t>(plan.ke);
         if (last) {
             emit(cut[c], best, rb.nbest[c]);
             continue;
@@ -133,7 +135,7 @@ void Reranker::by_vectors(const IndexView& ix, const Plan& plan, const float* q,
                                  : K.dot_f16(qv, reinterpret_cast<const uint16_t*>(row), d);
                   });
     for (int64_t j = 0; j < n; ++j)
-        emit(j, &rb.best[static_cast<size_t>(j * plan.kf)], rb.nbest[static_cast<size_t>(j)]);
+        emit(j, rb.best.data() + static_cast<size_t>(j * plan.kf), rb.nbest[static_cast<size_t>(j)]);
 }
 
 }  // namespace fastdpr::ivfpq
