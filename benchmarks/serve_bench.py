@@ -374,7 +374,8 @@ def main() -> None:
     checks["after_overload_ok"] = f"{after['ok']}/{after['requests']}"
     checks["sigterm_exit_codes"] = [batched_rc, single_rc]
     payload = {"settings": {k: v for k, v in vars(args).items() if k not in ("run", "standin", "out")} | {"k": K,
-               "k_union": files["k_union"], "model": files["which_model"], "passages": STANDIN_PASSAGES, "pool": "quickstart run" if args.run else "stand-in", "questions": len(qs), "precision": "bf16"},
+               "k_union": files["k_union"], "model": files["which_model"], "passages": STANDIN_PASSAGES,
+               "pool": "quickstart run" if args.run else "stand-in", "questions": len(qs), "precision": "bf16"},
                "in_process": baseline, "levels": levels + one_at_a_time, "half_saturation": half,
                "saturation_qps": saturation, "soak": soak, "soak_rss_mib": rss, "overload": overload,
                "after_overload": after, "checks": checks}

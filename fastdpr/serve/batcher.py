@@ -40,9 +40,9 @@ class Batcher:
 
     A batch leaves when the oldest waiting job has waited ``max_wait_ms``, or its key has ``max_batch`` questions
     waiting, or when the next arrival is not expected within what is left of the wait (by a running estimate of
-    the gaps between arrivals), or at once when the worker was busy for longer than that (so under load a batch is whatever arrived
-    during the previous one, and an idle server adds at most ``max_wait_ms``). Jobs of other keys keep their
-    place. A job larger than ``max_batch`` goes alone, whole. At most ``max_queue`` questions wait, and at most
+    the gaps between arrivals), or at once when the worker was busy for longer than that (so under load a batch
+    is whatever arrived during the previous one, and an idle server adds at most ``max_wait_ms``). Jobs of other
+    keys keep their place. A job larger than ``max_batch`` goes alone, whole. At most ``max_queue`` questions wait, and at most
     ``max_queue_ms`` of expected work (the questions waiting times a running estimate of the seconds per question
     of recent batches at least half full, the way a backlog is drained; none before the first such batch);
     beyond either ``submit`` raises :class:`QueueFull`. A count alone bounds memory but not
