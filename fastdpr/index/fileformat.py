@@ -118,26 +118,36 @@ class PyWriter:
         with atomic_open(self.path, "wb") as fh:
             fh.write(b"\0" * HEADER_SIZE)
             pos = HEADER_SIZE
-            table = bytearray()
+            entries = []
             for name, data in sections:
                 pad = (-pos) % ALIGN
                 fh.write(b"\0" * pad)
                 pos += pad
-                table += struct.pack("<16sQQII8x", name, pos, data.nbytes, zlib.crc32(data), 0)
+                entries.append((name, pos, data.nbytes, zlib.crc32(data)))
                 fh.write(memoryview(data))
                 pos += data.nbytes
-            pad = (-pos) % ALIGN
-            fh.write(b"\0" * pad)
-            pos += pad
-            table_offset = pos
-            fh.write(table)
-            file_size = pos + len(table)
-            header = bytearray(HEADER_SIZE)
-            struct.pack_into("<8sII16sQQI", header, 0, MAGIC, VERSION, len(sections), self.kind, file_size,
-                             table_offset, zlib.crc32(table))
-            struct.pack_into("<I", header, 52, zlib.crc32(bytes(header[:52])))
-            fh.seek(0)
-            fh.write(header)
+            write_table_and_header(fh, self.kind, entries, pos)
+
+
+def write_table_and_header(fh: Any, kind: bytes, entries: list[tuple[bytes, int, int, int]], pos: int) -> int:
+    """Finish a file whose sections are written: pad ``pos`` (the end of the last section) to the alignment, write
+    the section table there and the header at offset 0 (the first ``HEADER_SIZE`` bytes, left zero until now).
+    ``entries`` are ``(name, offset, length, crc32)``. Returns the file size. Writers that stream a section in
+    pieces (``fastdpr.index.disk_build``) end their file here too."""
+    table = b"".join(struct.pack("<16sQQII8x", name, off, length, crc, 0) for name, off, length, crc in entries)
+    pad = (-pos) % ALIGN
+    fh.seek(pos)
+    fh.write(b"\0" * pad)
+    table_offset = pos + pad
+    fh.write(table)
+    file_size = table_offset + len(table)
+    header = bytearray(HEADER_SIZE)
+    struct.pack_into("<8sII16sQQI", header, 0, MAGIC, VERSION, len(entries), kind, file_size, table_offset,
+                     zlib.crc32(table))
+    struct.pack_into("<I", header, 52, zlib.crc32(bytes(header[:52])))
+    fh.seek(0)
+    fh.write(header)
+    return file_size
 
 
 class _TypedReader:
@@ -194,6 +204,7 @@ class PyReader(_TypedReader):
         if zlib.crc32(table) != table_crc:
             self._fail("section table checksum mismatch")
         self._sections: dict[str, tuple[int, int]] = {}
+        self._crcs: dict[str, int] = {}
         for i in range(n_sections):
             raw, off, length, crc, _ = struct.unpack_from("<16sQQII8x", table, i * ENTRY_SIZE)
             name = raw.split(b"\0", 1)[0].decode("ascii", "replace")
@@ -204,6 +215,7 @@ class PyReader(_TypedReader):
             if verify and zlib.crc32(self._buf[off:off + length]) != crc:
                 self._fail(f"checksum mismatch in section {name!r}")
             self._sections[name] = (off, length)
+            self._crcs[name] = crc
         # every byte outside the sections is zero padding, and sections do not overlap (see csrc/io.cpp)
         if any(header[56:64]) or _dirty_tail(kind):
             self._fail("reserved header bytes are not zero")
@@ -245,6 +257,21 @@ class PyReader(_TypedReader):
             self._fail(f"missing section {name!r}")
         off, length = self._sections[name]
         return self._buf[off:off + length]
+
+    def span(self, name: str) -> tuple[int, int]:
+        """``(offset, length)`` of the section in the file, for copying it without mapping it."""
+        if name not in self._sections:
+            self._fail(f"missing section {name!r}")
+        return self._sections[name]
+
+    def meta_items(self) -> list[tuple[str, str]]:
+        return list(self._meta.items())
+
+    def crc(self, name: str) -> int:
+        """The section's CRC-32 from the table (checked at open when ``verify``)."""
+        if name not in self._sections:
+            self._fail(f"missing section {name!r}")
+        return self._crcs[name]
 
     def has_meta(self, key: str) -> bool:
         return key in self._meta
