@@ -236,6 +236,13 @@ Mapping::Mapping(const std::string& path) {
     ::close(fd);
 }
 
+void Mapping::release(const void* p, size_t n) const {
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const auto hi = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advice: failure changes nothing
+}
+
 Mapping::~Mapping() {
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
@@ -271,7 +278,7 @@ Reader::Reader(const std::string& path, bool verify) : path_(path) {
         if (name.empty() || off < kHeaderSize || off > table_offset || len > table_offset - off)
             fail("section '" + name + "' out of bounds");
         if (sections_.count(name)) fail("duplicate section '" + name + "'");
-        if (verify && get_u32(e + 32) != crc32(base + off, len)) fail("checksum mismatch in section '" + name + "'");
+        if (verify && get_u32(e + 32) != checked_crc32(base + off, len)) fail("checksum mismatch in section '" + name + "'");
         sections_[name] = Section{base + off, static_cast<size_t>(len)};
     }
     // Every byte outside the sections is padding and must be zero, and sections must not overlap: then a flipped
@@ -316,19 +323,37 @@ Reader::Reader(const std::string& path, bool verify) : path_(path) {
     }
 }
 
+uint32_t Reader::checked_crc32(const uint8_t* p, size_t n) const {
+    uint32_t crc = 0;
+    for (size_t at = 0; at < n; at += kCheckBlock) {
+        const size_t len = std::min(kCheckBlock, n - at);
+        crc = crc32(p + at, len, crc);
+        map_->release(p + at, len);
+    }
+    return crc;
+}
+
 void Reader::check_finite(const std::string& section, const float* p, size_t n) const {
     bool finite = true;
-    for (size_t i = 0; i < n; ++i) {
-        uint32_t u;
-        std::memcpy(&u, p + i, 4);
-        finite &= (u & 0x7f800000u) != 0x7f800000u;  // exponent all ones: Inf or NaN
+    for (size_t at = 0; at < n; at += kCheckBlock / 4) {
+        const size_t end = std::min(n, at + kCheckBlock / 4);
+        for (size_t i = at; i < end; ++i) {
+            uint32_t u;
+            std::memcpy(&u, p + i, 4);
+            finite &= (u & 0x7f800000u) != 0x7f800000u;  // exponent all ones: Inf or NaN
+        }
+        map_->release(p + at, (end - at) * 4);
     }
     if (!finite) fail("section '" + section + "' holds NaN or Inf");
 }
 
 void Reader::check_finite_half(const std::string& section, const uint16_t* p, size_t n) const {
     bool finite = true;
-    for (size_t i = 0; i < n; ++i) finite &= (p[i] & 0x7c00u) != 0x7c00u;
+    for (size_t at = 0; at < n; at += kCheckBlock / 2) {
+        const size_t end = std::min(n, at + kCheckBlock / 2);
+        for (size_t i = at; i < end; ++i) finite &= (p[i] & 0x7c00u) != 0x7c00u;
+        map_->release(p + at, (end - at) * 2);
+    }
     if (!finite) fail("section '" + section + "' holds NaN or Inf");
 }
 

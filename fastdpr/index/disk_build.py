@@ -204,7 +204,8 @@ class IVFPQDiskBuilder:
             return
         index = load_index(self.dir / (ADDED if start else TRAINED))
         if len(index) != start:  # a kill between the checkpoint and the state: the checkpoint is the truth
-            start = len(index)
+            start = self.state["added"] = len(index)
+            self._save_state()
         since = 0
         with progress(total=self.rows, desc="add", unit="row", enabled=show_progress) as bar:
             bar.update(start)
