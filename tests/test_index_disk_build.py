@@ -127,3 +127,36 @@ def test_bad_input_is_refused_with_what_is_wrong(tmp_path):
         IVFPQDiskBuilder(tmp_path / "y.fdpr", 8, "ivfpq,store=fp32")
     with pytest.raises(InputError, match="dim must be"):
         IVFPQDiskBuilder(tmp_path / "y.fdpr", 0)
+
+
+def test_fastdpr_index_on_disk_streams_the_shards_and_resumes(tmp_path, capsys):
+    from fastdpr.cli import main
+    from fastdpr.data import Corpus
+    from fastdpr.encode import encode_corpus, iter_vector_shards, load_vectors, read_manifest
+    from tiny_models import tiny_biencoder
+
+    words = ["river", "king", "city", "war", "song", "law", "tree", "gold"]
+    passages = [{"id": f"p{i}", "title": f"t{i % 11}", "text": " ".join(words[(i * j + j // 3) % 8]
+                 for j in range(i % 17 + 2))} for i in range(400)]
+    model = tiny_biencoder(tmp_path / "m", pooling="mean", similarity="dot", max_passage_length=32)
+    vec_dir = tmp_path / "vectors"
+    encode_corpus(model, Corpus.from_passages(passages), vec_dir, batch_size=64, dtype="float16", shard_size=100,
+                  show_progress=False)
+    vectors, _ = load_vectors(vec_dir)
+    spec = "ivfpq,nbits=4,nlist=8,sq=4"
+    whole = tmp_path / "whole.fdpr"
+    assert main(["index", str(vec_dir), "-o", str(whole), "--spec", spec, "--on-disk", "--no-progress"]) == 0
+    assert "fp16 rows on disk" in capsys.readouterr().out
+    index = load_index(whole, mmap=True)
+    np.testing.assert_array_equal(index.stored_vectors(), np.asarray(vectors, np.float16))
+    assert index.model_fingerprint == read_manifest(vec_dir)["model_fingerprint"]
+
+    # an earlier run that stopped after its first shard: the command goes on from there, to the same file
+    part = tmp_path / "part.fdpr"
+    b = IVFPQDiskBuilder(part, vectors.shape[1], spec)
+    b.append(next(iter(iter_vector_shards(vec_dir))).vectors)
+    assert main(["index", str(vec_dir), "-o", str(part), "--spec", spec, "--on-disk", "--no-progress"]) == 0
+    assert part.read_bytes() == whole.read_bytes()
+
+    assert main(["index", str(vec_dir), "-o", str(tmp_path / "f.fdpr"), "--spec", "flat", "--on-disk"]) == 2
+    assert "ivfpq indexes, not 'flat'" in capsys.readouterr().err

@@ -28,6 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vectors sampled for training (IVF-PQ, FAISS IVF); default 100000")
     parser.add_argument("--seed", type=int, default=0, help="seed of the training sample")
     parser.add_argument("--verify", action="store_true", help="check every shard's checksum while reading")
+    parser.add_argument("--on-disk", action="store_true",
+                        help="ivfpq only: stream the rows into the index file as fp16 and keep only the codes (and "
+                             "4-bit rows) in memory while building, for more vectors than RAM holds; resumes an "
+                             "interrupted build of the same output (its state is in OUTPUT.build/)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -55,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("no vectors to index", path=str(args.vectors))
     queries = None if args.tune_queries is None else _tune_queries(args.tune_queries, args.vectors, total, dim,
                                                                    args.seed, args.verify)
+    if args.on_disk:
+        if queries is not None:
+            raise InputError("--tune-queries: tune an --on-disk index after it is built (tuning rewrites the file)")
+        return _build_on_disk(args, manifest, total, dim)
     if args.spec.split(",")[0].strip().lower() == "auto":
         choice = choose_index(total, dim, budget)
         print(f"auto: {choice.spec} ({choice.reason})" + ("; open it with --mmap" if choice.mmap else ""))
@@ -87,6 +95,40 @@ def run(args: argparse.Namespace) -> int:
     path = index.save(args.output)
     elapsed = time.perf_counter() - start
     print(f"{index.kind} index of {len(index)} vectors (dim {index.dim}) written to {path} in {elapsed:.1f} s")
+    return 0
+
+
+def _build_on_disk(args, manifest: dict, total: int, dim: int) -> int:
+    import time
+    from pathlib import Path
+
+    from fastdpr.encode import iter_vector_shards
+    from fastdpr.errors import InputError
+    from fastdpr.index.base import INDEX_FILE_NAME
+    from fastdpr.index.disk_build import IVFPQDiskBuilder
+    from fastdpr.progress import progress
+
+    out = Path(args.output)
+    if out.is_dir() or str(args.output).endswith("/"):
+        out = out / INDEX_FILE_NAME
+    start = time.perf_counter()
+    builder = IVFPQDiskBuilder(out, dim, args.spec)  # refuses a spec that is not ivfpq with fp16 rows
+    with progress(total=total, unit="vec", desc="rows to disk", enabled=not args.no_progress) as bar:
+        bar.update(builder.rows)
+        for shard in iter_vector_shards(args.vectors, verify=args.verify):
+            n = len(shard.ids)
+            if shard.row_start + n <= builder.rows:  # appended by an earlier, interrupted run
+                continue
+            if shard.row_start != builder.rows:
+                raise InputError(f"--on-disk: a shard starts at row {shard.row_start}, expected {builder.rows} "
+                                 "(the rows must follow one another from 0)", path=str(args.vectors))
+            builder.append(shard.vectors)
+            bar.update(n)
+    builder.train(sample=min(args.train_size, total), seed=args.seed, show_progress=not args.no_progress)
+    builder.add(show_progress=not args.no_progress)
+    path = builder.finish(model_fingerprint=manifest.get("model_fingerprint"))
+    print(f"ivfpq index of {total} vectors (dim {dim}, fp16 rows on disk) written to {path} in "
+          f"{time.perf_counter() - start:.1f} s; open it with --mmap")
     return 0
 
 
