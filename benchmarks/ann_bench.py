@@ -1,7 +1,8 @@
 """ANN benchmark: recall@10/@100 against exact search vs queries/second (1 thread and all threads), build time and
 bytes per vector, for fastdpr's Flat / HNSW / IVF-PQ against faiss (IndexFlatIP, IndexHNSWFlat IP, IVF-PQ with and
-without an exact refine, IVF 4-bit fast scan with an exact refine), hnswlib ('ip') and ScaNN (k-means tree,
-anisotropic 4-bit AH, exact float re-rank), sweeping ef / nprobe / rerank / k_factor / leaves / reorder. A peer
+without an exact refine, IVF 4-bit fast scan with an exact refine, RaBitQ IVF fast scan at 1 and 4 bits with an exact
+refine), hnswlib ('ip') and ScaNN (k-means tree, anisotropic 4-bit AH, exact float re-rank; with and without SOAR
+spilling), sweeping ef / nprobe / rerank / k_factor / leaves / reorder. A peer
 that is not installed is skipped with a message.
 
 Commands (results go to benchmarks/results/ann_<dataset>.{json,md,png}):
@@ -176,7 +177,19 @@ def faiss_methods(cfg: dict) -> list[Method]:
                {"factory": pq + ",RFlat"}),
         Method("faiss-ivfpq-fastscan", "ivfpq", ivfpq(fs), search, size,
                [{"nprobe": p, "k_factor": f} for f in cfg["k_factor"] for p in cfg["nprobe"]], {"factory": fs}),
-    ]
+    ] + [Method(name, "ivfpq", ivfpq(factory), search, size,
+                [{"nprobe": p, "k_factor": f} for f in cfg["k_factor"] for p in cfg["nprobe"]], {"factory": factory})
+         for name, factory in rabitq_factories(cfg, faiss)]
+
+
+def rabitq_factories(cfg: dict, faiss) -> list[tuple[str, str]]:
+    """RaBitQ IVF (1 bit a dimension, and 4 bits: 1 + 3 extra), fast scan, each with an exact float re-rank of
+    k_factor * k, where the installed faiss has it (1.12 and later)."""
+    if not hasattr(faiss, "IndexIVFRaBitQFastScan"):
+        print("faiss has no IndexIVFRaBitQFastScan: skipping RaBitQ", file=sys.stderr)
+        return []
+    return [("faiss-ivf-rabitq-fs", f"IVF{cfg['nlist']},RaBitQfs,RFlat"),
+            ("faiss-ivf-rabitq4-fs", f"IVF{cfg['nlist']},RaBitQfs4,RFlat")]
 
 
 def scann_methods(cfg: dict) -> list[Method]:
@@ -186,17 +199,19 @@ def scann_methods(cfg: dict) -> list[Method]:
         print("scann not installed: skipping it (pip install scann)", file=sys.stderr)
         return []
 
-    def build(base):
-        base = np.ascontiguousarray(base, dtype=np.float32)
-        # ScaNN's recipe for inner product: k-means tree, anisotropic 4-bit AH on 2-dimensional blocks (threshold
-        # 0.2 as in its examples), then an exact float re-rank of the short list
-        builder = (scann.scann_ops_pybind.builder(base, K, "dot_product")
-                   .tree(num_leaves=cfg["leaves_total"], num_leaves_to_search=cfg["leaves"][0],
-                         training_sample_size=min(len(base), 250_000))
-                   .score_ah(2, anisotropic_quantization_threshold=0.2)
-                   .reorder(max(cfg["reorder"])))
-        builder.set_n_training_threads(ALL)
-        return builder.build()
+    def builder(**spill):
+        def build(base):
+            base = np.ascontiguousarray(base, dtype=np.float32)
+            # ScaNN's recipe for inner product: k-means tree, anisotropic 4-bit AH on 2-dimensional blocks
+            # (threshold 0.2 as in its examples), then an exact float re-rank of the short list
+            b = (scann.scann_ops_pybind.builder(base, K, "dot_product")
+                 .tree(num_leaves=cfg["leaves_total"], num_leaves_to_search=cfg["leaves"][0],
+                       training_sample_size=min(len(base), 250_000), **spill)
+                 .score_ah(2, anisotropic_quantization_threshold=0.2)
+                 .reorder(max(cfg["reorder"])))
+            b.set_n_training_threads(ALL)
+            return b.build()
+        return build
 
     def search(searcher, q, k, threads, leaves, reorder):
         if threads == 1:  # the unbatched-parallel path runs on the calling thread only
@@ -212,10 +227,15 @@ def scann_methods(cfg: dict) -> list[Method]:
             return sum(p.stat().st_size for p in Path(d).iterdir()) / n
 
     leaves = [v for v in cfg["leaves"] if v <= cfg["leaves_total"]]
-    return [Method("scann", "ivfpq", build, search, size,
-                   [{"leaves": v, "reorder": r} for r in cfg["reorder"] for v in leaves],
-                   {"tree": {"num_leaves": cfg["leaves_total"]}, "score_ah": {"dims_per_block": 2,
-                    "anisotropic_quantization_threshold": 0.2}, "reorder": "float32"})]
+    grid = [{"leaves": v, "reorder": r} for r in cfg["reorder"] for v in leaves]
+    settings = {"tree": {"num_leaves": cfg["leaves_total"]}, "score_ah": {"dims_per_block": 2,
+                "anisotropic_quantization_threshold": 0.2}, "reorder": "float32"}
+    # SOAR (spilling with orthogonality-amplified residuals): each datapoint also filed in a second leaf; lambda
+    # 1.5 and over-retrieval 2 as in ScaNN's documentation
+    soar = {"soar_lambda": 1.5, "overretrieve_factor": 2.0}
+    return [Method("scann", "ivfpq", builder(), search, size, grid, settings),
+            Method("scann-soar", "ivfpq", builder(**soar), search, size, grid,
+                   {**settings, "tree": {**settings["tree"], **soar}})]
 
 
 def hnswlib_methods(cfg: dict) -> list[Method]:
