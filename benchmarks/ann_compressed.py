@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                          + (f", {one['qps'] / exact_single_qps:.1f}x exact search one query per call"
                             if exact_single_qps else "")
                          + ". Many queries in one call share the re-ranks: they visit their candidates' rows in "
-                           "address order (csrc/ivfpq.cpp, rescore_batch).")
+                           "address order (csrc/ivfpq_rerank.cpp, rescore_batch).")
         plain = [r for r in ok if r["spread"] == 0 and r["exact"] == 0]
         if plain and plain[0] is not best:
             lines.append(f"- Without the spread-aware order and the 4-bit rows (spread 0, exact 0: every candidate "
