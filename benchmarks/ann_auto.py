@@ -30,7 +30,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _common import markdown_table, write_results  # noqa: E402
-from datasets import calibrated_synthetic, ground_truth  # noqa: E402
+from datasets import calibrated_synthetic, ground_truth, synthetic  # noqa: E402
 
 TARGET = 0.95
 K = 100
@@ -54,7 +54,8 @@ def seconds(fn) -> float:
 
 
 def load_set(name: str, n_queries: int):
-    """(Dataset, reason): a calibrated set ``synthetic-<profile>:<n>x<d>`` or a real pool ``real-mean|real-cls``."""
+    """(Dataset, reason): a calibrated set ``synthetic-<profile>:<n>x<d>``, the DPR-like Gaussian mixture
+    ``mixture:<n>x<d>`` (ann_bench's ``--data synthetic``) or a real pool ``real-mean|real-cls``."""
     if name.startswith("real-"):
         import ann_data
 
@@ -66,6 +67,8 @@ def load_set(name: str, n_queries: int):
         return ann_data.real_pool(pooling, n_queries), ""
     profile, size = name.split(":")
     n, d = (int(v) for v in size.split("x"))
+    if profile == "mixture":
+        return synthetic(n, d, n_queries=n_queries), ""
     return calibrated_synthetic(n, d, profile.removeprefix("synthetic-"), n_queries=n_queries), ""
 
 
@@ -260,7 +263,7 @@ def report(sets: list[dict], skipped: dict, cross: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default="synthetic-minilm-mean:100000x384",
-                    help="comma-separated: synthetic-<profile>:<n>x<d> | real-mean | real-cls")
+                    help="comma-separated: synthetic-<profile>:<n>x<d> | mixture:<n>x<d> | real-mean | real-cls")
     ap.add_argument("--queries", type=int, default=1000, help="held-out queries (as many again are tuned on)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
     ap.add_argument("--crossover", default="", help="comma-separated n at d = --crossover-dim (exact vs IVF-PQ)")
