@@ -12,8 +12,8 @@ This benchmark builds ``ivfpq,nbits=4,m=<m>,store=fp16`` over ``--n`` vectors, s
 opens it memory-mapped and measures:
 
 - resident memory: the process's own memory growth (RssAnon: what the index costs in RAM) and the mapped file's
-  pages resident at that moment (RssFile: page cache, shared and reclaimable; the open reads the whole file once
-  to verify its checksums, so they are resident while the machine has memory to spare);
+  pages resident at that moment (RssFile: the pages of the mapping the process has touched; the open reads the
+  whole file once to verify its checksums, but drops each checked block from the resident set again);
 - recall@100 and q/s over a sweep of nprobe x rerank x spread (the probe order, csrc/ivfpq.h) x exact (0: every
   candidate re-scored from fp16), 1 thread, all queries in one call, the best of ``--repeats`` timed runs;
 - exact search (fastdpr flat, fp32 rows in RAM, 1 thread, the same queries in one call, the best of ``--repeats``)
