@@ -43,8 +43,8 @@ STAGES = ("data", "truth", "train", "add", "finish", "search")
 K = 100
 CHUNK = 65536
 TRUTH_BLOCK = 131072
-NPROBE = (16, 32, 64, 128, 192, 256, 384)
-RERANK = (1000, 2000)
+NPROBE = (32, 64, 128, 192, 256, 384, 512, 768)
+RERANK = (1000, 2000, 4000)
 TARGET = 0.95
 
 
