@@ -236,17 +236,10 @@ def test_bad_samples_are_refused(data, small_index):
 @needs_c
 def test_fastdpr_index_auto_and_tune_command(tmp_path, capsys):
     from fastdpr.cli import main
-    from fastdpr.data import Corpus
-    from fastdpr.encode import encode_corpus, load_vectors
-    from tiny_models import tiny_biencoder
+    from fastdpr.encode import load_vectors
+    from tiny_models import tiny_vector_shards
 
-    words = ["river", "king", "city", "war", "song", "law", "tree", "gold"]
-    passages = [{"id": f"p{i}", "title": f"t{i % 11}", "text": " ".join(words[(i * j + j // 3) % 8]
-                 for j in range(i % 17 + 2))} for i in range(400)]
-    model = tiny_biencoder(tmp_path / "m", pooling="mean", similarity="dot", max_passage_length=32)
-    vec_dir = tmp_path / "vectors"
-    encode_corpus(model, Corpus.from_passages(passages), vec_dir, batch_size=64, dtype="float16", shard_size=100,
-                  show_progress=False)
+    vec_dir = tiny_vector_shards(tmp_path)
     vectors, _ = load_vectors(vec_dir)
     out = tmp_path / "auto.fdpr"
     assert main(["index", str(vec_dir), "-o", str(out), "--memory-budget", "1GB", "--tune-queries", "40",

@@ -131,17 +131,10 @@ def test_bad_input_is_refused_with_what_is_wrong(tmp_path):
 
 def test_fastdpr_index_on_disk_streams_the_shards_and_resumes(tmp_path, capsys):
     from fastdpr.cli import main
-    from fastdpr.data import Corpus
-    from fastdpr.encode import encode_corpus, iter_vector_shards, load_vectors, read_manifest
-    from tiny_models import tiny_biencoder
+    from fastdpr.encode import iter_vector_shards, load_vectors, read_manifest
+    from tiny_models import tiny_vector_shards
 
-    words = ["river", "king", "city", "war", "song", "law", "tree", "gold"]
-    passages = [{"id": f"p{i}", "title": f"t{i % 11}", "text": " ".join(words[(i * j + j // 3) % 8]
-                 for j in range(i % 17 + 2))} for i in range(400)]
-    model = tiny_biencoder(tmp_path / "m", pooling="mean", similarity="dot", max_passage_length=32)
-    vec_dir = tmp_path / "vectors"
-    encode_corpus(model, Corpus.from_passages(passages), vec_dir, batch_size=64, dtype="float16", shard_size=100,
-                  show_progress=False)
+    vec_dir = tiny_vector_shards(tmp_path)
     vectors, _ = load_vectors(vec_dir)
     spec = "ivfpq,nbits=4,nlist=8,sq=4"
     whole = tmp_path / "whole.fdpr"

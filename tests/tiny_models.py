@@ -179,3 +179,19 @@ def tiny_sentence_transformers_dir(tmp_path, pooling: str = "mean", normalize: b
 
 __all__ = ["tiny_vocab", "tiny_tokenizer", "tiny_bert_config", "tiny_bert_dir", "tiny_biencoder",
            "tiny_dpr_dirs", "tiny_sentence_transformers_dir"]
+
+
+def tiny_vector_shards(tmp_path, n: int = 400, shard_size: int = 100) -> Path:
+    """``fastdpr encode`` output of ``n`` made-up passages by a tiny mean-pooling bi-encoder, in shards of
+    ``shard_size``: the input of ``fastdpr index`` in tests."""
+    from fastdpr.data import Corpus
+    from fastdpr.encode import encode_corpus
+
+    words = ["river", "king", "city", "war", "song", "law", "tree", "gold"]
+    passages = [{"id": f"p{i}", "title": f"t{i % 11}", "text": " ".join(words[(i * j + j // 3) % 8]
+                 for j in range(i % 17 + 2))} for i in range(n)]
+    model = tiny_biencoder(Path(tmp_path) / "m", pooling="mean", similarity="dot", max_passage_length=32)
+    vec_dir = Path(tmp_path) / "vectors"
+    encode_corpus(model, Corpus.from_passages(passages), vec_dir, batch_size=64, dtype="float16",
+                  shard_size=shard_size, show_progress=False)
+    return vec_dir
