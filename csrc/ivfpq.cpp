@@ -394,6 +394,26 @@ void IVFPQ::own_vectors() {
     vec_map_.reset();
 }
 
+namespace {
+// Capacity for `need` bytes, grown by half again when it must grow: adding in many batches then copies the rows a
+// logarithmic number of times, not once per batch (quadratic in the batches, and twice the rows resident while
+// each copy lasts).
+template <class Vec>
+void grow_to(Vec& v, size_t need) {
+    if (need > v.capacity()) v.reserve(std::max(need, v.capacity() + v.capacity() / 2));
+}
+}  // namespace
+
+void IVFPQ::reserve(int64_t n) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    if (n <= ntotal_) return;
+    if (n > kMaxVectors) throw std::invalid_argument("ivfpq: an index holds at most 2^32 - 1 vectors");
+    own_vectors();
+    const size_t vb = vector_bytes();
+    if (vb) vec_owned_.reserve(static_cast<size_t>(n) * vb);
+    if (sq_bits_) sq_owned_.reserve(static_cast<size_t>(n) * sq4::row_bytes(d_));
+}
+
 void IVFPQ::add(const float* x, int64_t n) {
     check_magnitude(x, n, d_, "vectors");
     std::unique_lock<std::shared_mutex> lock(mu_);
@@ -426,11 +446,11 @@ void IVFPQ::add(const float* x, int64_t n) {
     std::vector<uint8_t> codes;
     const simd::Kernels& K = simd::kernels();
     const size_t vb = vector_bytes();
-    if (vb) vec_owned_.reserve((static_cast<size_t>(ntotal_) + n) * vb);
+    if (vb) grow_to(vec_owned_, (static_cast<size_t>(ntotal_) + n) * vb);
     const size_t sqb = sq_bits_ ? sq4::row_bytes(d_) : 0;
     if (sqb) {
         if (sq_lo_.empty()) fit_sq_ranges(cent.data(), x, n);  // installed by set_trained()
-        sq_owned_.reserve((static_cast<size_t>(ntotal_) + n) * sqb);
+        grow_to(sq_owned_, (static_cast<size_t>(ntotal_) + n) * sqb);
     }
     for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
         const int64_t nc = std::min(kChunk, n - c0);

@@ -82,6 +82,9 @@ public:
 
     // Appends rows; they are known by their positions size() .. size()+n-1 (external ids are mapped outside).
     void add(const float* x, int64_t n);
+    // Room for the rows of `n` vectors in all (stored and 4-bit rows), so that adding up to n in many calls never
+    // moves them; add() alone grows the room by half again whenever it runs out.
+    void reserve(int64_t n);
     // The list each row would be filed under and its m codes, without adding anything.
     void encode(const float* x, int64_t n, int64_t* lists, uint8_t* codes) const;
 

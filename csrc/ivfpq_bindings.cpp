@@ -111,6 +111,9 @@ void bind_ivfpq(py::module_& m) {
             },
             py::arg("x"))
         .def(
+            "reserve", [](IVFPQ& s, py::handle n) { s.reserve(arg_int(n, "n", 0)); }, py::arg("n"),
+            "room for the rows of n vectors in all, so that adding up to n never moves them")
+        .def(
             "encode",
             [](const IVFPQ& s, const FloatArray& x) {
                 auto [n, xp] = rows_of(x, static_cast<size_t>(s.dim()), "vectors");

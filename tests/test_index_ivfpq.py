@@ -475,3 +475,29 @@ def test_search_while_adding(small):
         t.join()
     assert not errors, errors[0]
     assert len(index) == len(x)
+
+
+@needs_c
+@pytest.mark.parametrize("store,sq", [("fp16", 0), ("fp32", 4), ("none", 4)])
+@pytest.mark.parametrize("reserve", [0, 700, 5000])
+def test_many_small_adds_with_or_without_reserve_equal_one_add(store, sq, reserve):
+    rng = np.random.default_rng(reserve + sq)
+    x = rng.standard_normal((1100, 24)).astype(np.float32)
+    params = {"nlist": 8, "m": 6, "nbits": 4, "store": store, "sq": sq}
+    one, many = IVFPQIndex.from_spec(24, params), IVFPQIndex.from_spec(24, params)
+    one.train(x)
+    many.train(x)  # (seeded: the same centroids, codebooks and 4-bit row ranges)
+    one.add(x)
+    many.reserve(reserve)
+    for start in range(0, len(x), 37):
+        many.add(x[start:start + 37])
+    q = rng.standard_normal((9, 24)).astype(np.float32)
+    for kwargs in ({"rerank": 0}, {"rerank": 60, "exact": 0}, {"rerank": 60, "exact": 20}):
+        if not sq and "exact" in kwargs:
+            continue
+        s1, i1 = one.search(q, 10, nprobe=3, **kwargs)
+        s2, i2 = many.search(q, 10, nprobe=3, **kwargs)
+        np.testing.assert_array_equal(i1, i2)
+        np.testing.assert_array_equal(s1, s2)
+    with pytest.raises(InputError, match="reserve"):
+        many.reserve(-1)

@@ -206,6 +206,7 @@ class IVFPQDiskBuilder:
         if len(index) != start:  # a kill between the checkpoint and the state: the checkpoint is the truth
             start = self.state["added"] = len(index)
             self._save_state()
+        index.reserve(self.rows)  # the 4-bit rows grow in place: never two copies of them at once
         since = 0
         with progress(total=self.rows, desc="add", unit="row", enabled=show_progress) as bar:
             bar.update(start)

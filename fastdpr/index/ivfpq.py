@@ -402,6 +402,15 @@ class IVFPQIndex(Index):
     def _add(self, x: np.ndarray) -> None:
         self._impl.add(x)
 
+    def reserve(self, n: int) -> None:
+        """Make room for the rows of ``n`` vectors in all, so that adding up to ``n`` in many calls never moves
+        them (without it each growth copies them once, holding two copies while it lasts). The numpy backend
+        grows its arrays as it goes: nothing to do there."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise InputError(f"ivfpq: reserve needs a count >= 0, got {n!r}")
+        if self.compiled:
+            self._impl.reserve(int(n))
+
     def _search(self, q: np.ndarray, k: int, nprobe: int | None = None, rerank: int | str | None = None,
                 threads: int = 0, spread: float | None = None, exact: int | str | None = None):
         if nprobe is None or (nprobe == 0 and not isinstance(nprobe, bool)):  # 0: the old spelling of "default"
