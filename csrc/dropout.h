@@ -13,10 +13,15 @@
 
 namespace fastdpr::dropout {
 
+enum class Path { AVX512, Scalar };
+bool supported(Path path);
+Path best_path();
+const char* path_name(Path path);
+
 // Lanes below this value keep their element: round(keep_prob · 2^32), from 0 (drop all) to 2^32 (keep all).
 uint64_t threshold(double keep_prob);
 
-// x[i] = keep(seed, i) ? x[i] * scale : 0 for i in [0, n), in place.
-void apply(float* x, int64_t n, double keep_prob, uint64_t seed, float scale);
+// x[i] = keep(seed, i) ? x[i] * scale : 0 for i in [0, n), in place; every path gives the same bits.
+void apply(float* x, int64_t n, double keep_prob, uint64_t seed, float scale, Path path);
 
 }  // namespace fastdpr::dropout

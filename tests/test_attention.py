@@ -87,13 +87,15 @@ def test_compiled_dropout_equals_the_torch_reference():
     if getattr(kernels(), "dropout_", None) is None:
         pytest.skip("the compiled kernels are not built")
     g = torch.Generator().manual_seed(0)
-    for n, keep, seed in [(1, 0.9, 0), (7, 0.9, -5), (100_001, 0.9, 2**62 + 3), (4096, 0.5, -(2**63)),
-                          (513, 1.0, 17), (513, 0.0, 17)]:
+    # lengths around the vector width (16 elements, 8 hashes a step) and odd ones, seeds of every sign
+    for n, keep, seed in [(1, 0.9, 0), (7, 0.9, -5), (15, 0.9, 1), (16, 0.9, 2), (17, 0.9, 3), (33, 0.7, -1),
+                          (100_001, 0.9, 2**62 + 3), (4096, 0.5, -(2**63)), (513, 1.0, 17), (513, 0.0, 17)]:
         x = torch.randn(n, generator=g) + 3.0  # no element is 0 before dropout
         want = attention.dropout_reference(x, keep, seed, 1.25)
-        got = x.clone()
-        kernels().dropout_(got.numpy(), keep, seed, 1.25)
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        for path in kernels().dropout_paths():
+            got = x.clone()
+            kernels().dropout_(got.numpy(), keep, seed, 1.25, path)
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
     with pytest.raises(ValueError, match="keep_prob"):
         kernels().dropout_(torch.ones(4).numpy(), 1.5, 0, 1.0)
 
@@ -145,3 +147,34 @@ def test_dropout_path_replays_with_the_generator_state_and_matches_fp32_by_hand(
         half, _ = cpu_training_attention(_Module(), *[t.detach().to(torch.bfloat16) for t in (q, k, v)], mask,
                                          dropout=0.1, scaling=None)
     assert half.dtype == torch.bfloat16
+
+
+def test_seeded_dropout_module_replays_and_backpropagates_through_the_same_mask():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.25), torch.nn.Dropout(0.0))
+    assert attention.use_seeded_dropout(model) == 2
+    assert attention.use_seeded_dropout(model) == 0  # already replaced
+    assert isinstance(model[1], attention.SeededDropout) and model[1].p == 0.25
+    x = torch.randn(64, 8, dtype=torch.float64)
+    model.double()
+    state = torch.get_rng_state()
+    y = model(x)
+    torch.set_rng_state(state)
+    torch.testing.assert_close(model(x), y, rtol=0, atol=0)
+    kept = y != 0
+    assert 0.6 < float(kept.double().mean()) < 0.9
+    # the gradient flows through the kept elements only, scaled like the forward pass
+    torch.set_rng_state(state)
+    seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
+    hidden = model[0](x)
+    torch.testing.assert_close(y, attention.dropout_reference(hidden, 0.75, seed, 1 / 0.75), rtol=0, atol=0)
+    w = torch.randn(64, 8, dtype=torch.float64)
+    torch.set_rng_state(state)
+    (model(x) * w).sum().backward()
+    want = attention.dropout_reference(w, 0.75, seed, 1 / 0.75).t() @ x
+    torch.testing.assert_close(model[0].weight.grad, want, rtol=1e-12, atol=1e-12)
+    # bf16 tensors are masked in fp32 and come back in bf16; eval mode is the identity
+    with torch.no_grad():
+        half = model[1](hidden.to(torch.bfloat16))
+    assert half.dtype == torch.bfloat16 and (half == 0).any()
+    model.eval()
+    assert model(x).equal(model[0](x))

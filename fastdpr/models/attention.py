@@ -80,6 +80,37 @@ def seeded_dropout_(x: torch.Tensor, keep_prob: float, seed: int, scale: float) 
     return x
 
 
+def _dropped_copy(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    # half-precision tensors are masked in a float32 copy: one rounding back, as x * mask * scale would make
+    work = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32, memory_format=torch.contiguous_format,
+                copy=True)
+    return seeded_dropout_(work, 1.0 - p, seed, 1.0 / (1.0 - p)).to(x.dtype)
+
+
+class _SeededDropoutFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, p, seed):
+        ctx.p, ctx.seed = p, seed
+        return _dropped_copy(x, p, seed)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _dropped_copy(grad, ctx.p, ctx.seed), None, None
+
+
+class SeededDropout(torch.nn.Dropout):
+    """``nn.Dropout`` with the seeded mask (one draw from torch's CPU generator per call; nothing saved for the
+    backward pass but the seed) on CPU tensors; elsewhere ``nn.Dropout`` itself."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu" or self.p >= 1.0:
+            return super().forward(x)
+        seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
+        return _SeededDropoutFunction.apply(x, self.p, seed)
+
+
 def _probabilities(q, k, mask, scaling):
     scores = torch.matmul(q * scaling, k.transpose(-1, -2))
     if mask is not None:
@@ -172,6 +203,18 @@ def _register() -> None:
 
     if NAME not in AttentionInterface._global_mapping:
         AttentionInterface.register(NAME, cpu_training_attention)
+
+
+def use_seeded_dropout(model: torch.nn.Module) -> int:
+    """Replace every ``nn.Dropout`` inside ``model`` by a :class:`SeededDropout` of the same probability; return how
+    many were replaced. Dropout has no weights, so checkpoints are unchanged."""
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Dropout:
+                setattr(parent, name, SeededDropout(child.p))
+                replaced += 1
+    return replaced
 
 
 def use_cpu_training_attention(model: torch.nn.Module) -> int:
