@@ -178,3 +178,31 @@ def test_seeded_dropout_module_replays_and_backpropagates_through_the_same_mask(
     assert half.dtype == torch.bfloat16 and (half == 0).any()
     model.eval()
     assert model(x).equal(model[0](x))
+
+
+def test_switched_model_masks_padding_exactly_like_sdpa(tmp_path):
+    # the padding mask is built by the implementation's name: a switched model must get SDPA's, not none
+    from transformers import AutoModel
+
+    path = tiny_bert_dir(tmp_path, dropout=0.0, seed=4)
+    ref = AutoModel.from_pretrained(path, attn_implementation="sdpa").eval()
+    model = AutoModel.from_pretrained(path, attn_implementation="sdpa").eval()
+    assert use_cpu_training_attention(model) == 1
+    ids = torch.randint(5, 40, (3, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, 4:] = 0
+    mask[2, 7:] = 0
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # and with dropout on (training mode, the seeded path), padding keys still get no weight: changing them
+    # changes nothing
+    model.train()
+    other = ids.clone()
+    other[0, 4:] = 7
+    outs = []
+    for x in (ids, other):
+        torch.manual_seed(0)
+        outs.append(model(input_ids=x, attention_mask=mask).last_hidden_state[0, :4])
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)

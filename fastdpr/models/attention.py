@@ -171,8 +171,11 @@ def seeded_dropout_attention(query, key, value, attention_mask, dropout: float, 
     # one draw from torch's CPU generator: saving and restoring its state replays the mask
     seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
     with torch.autocast("cpu", enabled=False):
-        out = SeededDropoutAttention.apply(query.to(work), key.to(work), value.to(work),
-                                           _additive_mask(attention_mask, work), float(dropout), scaling, seed)
+        # transformers hands (B, H, L, D) views of (B, L, H·D) projections: one contiguous copy here spares every
+        # product below its own
+        q, k, v = (t.to(work, memory_format=torch.contiguous_format) for t in (query, key, value))
+        out = SeededDropoutAttention.apply(q, k, v, _additive_mask(attention_mask, work), float(dropout), scaling,
+                                           seed)
     return out.transpose(1, 2).contiguous().to(dtype)
 
 
@@ -200,9 +203,14 @@ def cpu_training_attention(module, query, key, value, attention_mask, dropout: f
 
 def _register() -> None:
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     if NAME not in AttentionInterface._global_mapping:
         AttentionInterface.register(NAME, cpu_training_attention)
+    # transformers builds the padding mask by the implementation's name: without SDPA's mask builder registered
+    # under this name too, the model would get no padding mask and attend to padding tokens
+    if NAME not in AttentionMaskInterface._global_mapping:
+        AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["sdpa"])
 
 
 def use_seeded_dropout(model: torch.nn.Module) -> int:
