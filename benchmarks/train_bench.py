@@ -13,6 +13,9 @@ timed steps (after one warm-up step) at each mode's largest fitting batch, and f
 maximum (a like-for-like overhead). On the CPU the ratios use the process CPU time of the step (one thread), which a
 busy shared machine disturbs far less than wall time; both are reported.
 
+Against sentence-transformers' CachedMultipleNegativesRankingLoss on a real model and text (throughput and peak
+memory at equal batch): benchmarks/train_vs_st.py.
+
     python benchmarks/train_bench.py --budget-mb 1500               # CPU, small random BERT
     python benchmarks/train_bench.py --device cuda --budget-mb 8192 --hidden 768 --layers 4 --p-len 128
 """

@@ -92,5 +92,6 @@ void bind_pq4(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_linear(py::module_& m);
 void bind_layer_norm(py::module_& m);
+void bind_dropout(py::module_& m);
 
 }  // namespace fastdpr::bind

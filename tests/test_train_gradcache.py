@@ -168,3 +168,20 @@ def test_grad_cache_at_batch_1024_equals_plain_training(tmp_path):
     loss_b, b = _grad_cache_grads(cached, batch, seed=0)
     assert abs(loss_a - loss_b) < 1e-5
     assert _max_diff(a, b) < 1e-5
+
+
+def test_grad_cache_equals_large_batch_in_float64_with_seeded_attention_dropout(tmp_path, examples):
+    # the CPU trainer's attention (seeded dropout, recomputed in the backward pass) replays exactly under GradCache
+    from fastdpr.models.attention import NAME
+
+    model = tiny_biencoder(tmp_path, dropout=0.1, max_passage_length=48).double()
+    trainer = _trainer(model, tmp_path, examples, grad_cache=True, chunk_size=5)
+    assert model.question_encoder.config._attn_implementation == NAME
+    batch = trainer.builder.batch(0, 1)
+    ref_loss, ref = _reference_grads(trainer, batch, seed=11, chunk_size=5)
+    gc_loss, got = _grad_cache_grads(trainer, batch, seed=11)
+    assert all(g.dtype == torch.float64 for g in got.values())
+    assert abs(ref_loss - gc_loss) < 1e-12
+    assert _max_diff(ref, got) < 1e-12
+    _, other = _grad_cache_grads(trainer, batch, seed=12)
+    assert _max_diff(ref, other) > 1e-4

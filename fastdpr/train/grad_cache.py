@@ -7,8 +7,10 @@ pool. GradCache splits the step in three (Gao et al., 2021):
 2. compute the loss on the detached representations (the fused loss: no B×N buffer) and backpropagate to them,
    which gives dL/d(representation) for every question and passage (scaled when a grad scaler is used);
 3. re-encode each chunk with its RNG state restored (so dropout draws the same masks) and backpropagate the
-   cached gradient into the encoder. Under DDP every chunk but the last runs inside ``no_sync()``, so gradients are
-   all-reduced once per step.
+   cached gradient into the encoder, the question chunk before the passage chunk of a call, so that only one
+   tower's graph is alive at a time. Under DDP every call but the last runs inside ``no_sync()``, so gradients are
+   all-reduced once per step, and a call's two chunks are encoded together (DDP must see both towers in the last
+   one).
 
 Memory is then one chunk's activations plus the B×d and N×d representations, whatever the batch size.
 
@@ -64,7 +66,8 @@ def split_tokens(tokens: Tokens, chunk_size: int) -> list[Tokens]:
 
 class GradCacheStep:
     """Runs one GradCache step of ``encoder``, a module called as ``encoder(q_tokens, p_tokens) -> (q, p)`` where
-    either argument may be None (then so is its output). ``encoder`` may be DDP-wrapped."""
+    either argument may be None (then so is its output), encoding the questions before the passages. ``encoder``
+    may be DDP-wrapped."""
 
     def __init__(
         self,
@@ -119,6 +122,15 @@ class GradCacheStep:
             context = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
             with context:
                 state.restore()
+                if no_sync is None:
+                    # one tower's graph alive at a time: the questions' chunk is encoded and backpropagated before
+                    # the passages' one, which draws the same random numbers as the joint call (it encodes
+                    # questions first). DDP needs the joint call, to see both towers in the last one
+                    if qi is not None:
+                        self._backward_one(q_chunks[qi], None, q_grads[qi])
+                    if pi is not None:
+                        self._backward_one(None, p_chunks[pi], p_grads[pi])
+                    continue
                 with self.autocast():
                     q, p = self.encoder(q_chunks[qi] if qi is not None else None, p_chunks[pi] if pi is not None else None)
                 outputs, grads = [], []
@@ -132,3 +144,8 @@ class GradCacheStep:
         # leave the generators where a single pass over the batch would have left them
         after_encoding.restore()
         return loss.detach()
+
+    def _backward_one(self, q_tokens: Tokens | None, p_tokens: Tokens | None, grad: torch.Tensor) -> None:
+        with self.autocast():
+            q, p = self.encoder(q_tokens, p_tokens)
+        (q if q is not None else p).backward(grad)

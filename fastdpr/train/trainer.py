@@ -226,11 +226,13 @@ class Trainer:
         self.task.prepare(self)
         if args.attention_dropout is not None:
             set_attention_dropout(self.model, args.attention_dropout)
-        if args.precision != "fp32":
-            from fastdpr.models.attention import use_fp32_cpu_attention
+        if self.device.type == "cpu":
+            from fastdpr.models.attention import use_cpu_training_attention, use_seeded_dropout
 
-            # on CPUs the bf16 attention backward is 2-4x slower than fp32's at small head dimensions
-            use_fp32_cpu_attention(self.model)
+            # seeded dropout (no per-element draws; in the attention no L x L tensors kept for the backward) and,
+            # under autocast, attention in fp32 (the bf16 attention backward is 2-4x slower at small head dimensions)
+            use_cpu_training_attention(self.model)
+            use_seeded_dropout(self.model)
         # the starting weights, kept (on the CPU) for interpolation
         self._start_state = ({k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
                              if args.interpolate < 1.0 else None)
