@@ -243,6 +243,13 @@ void Mapping::release(const void* p, size_t n) const {
     if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advice: failure changes nothing
 }
 
+void Mapping::advise_random(const void* p, size_t n) const {
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto lo = reinterpret_cast<uintptr_t>(p) / page * page;
+    const auto hi = reinterpret_cast<uintptr_t>(p) + n;
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_RANDOM);  // advice only
+}
+
 Mapping::~Mapping() {
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

@@ -87,6 +87,10 @@ public:
     // back on the next read). The checks at open read every byte of a file; without this a mapped 40 GB index
     // would count its checked pages as resident memory until the kernel reclaims them.
     void release(const void* p, size_t n) const;
+    // Tells the kernel that [p, p + n) is read at random (re-rank rows): a page fault then reads that page, not
+    // the read-around window a sequential reader wants, which on a file larger than memory would fill the page
+    // cache with rows no search asked for.
+    void advise_random(const void* p, size_t n) const;
 
 private:
     const uint8_t* data_ = nullptr;

@@ -672,6 +672,7 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
     const auto place = [&](const uint8_t* src, size_t bytes, auto& owned, const uint8_t*& ptr) {
         if (mmap_vectors && bytes > 0) {
             idx->vec_map_ = rd.mapping();
+            idx->vec_map_->advise_random(src, bytes);
             ptr = src;
         } else {
             owned.assign(src, src + bytes);
