@@ -156,40 +156,47 @@ def stage_search(a) -> dict:
     after_open = rss_mib()
     n = len(index)
     sweep = []
-    for nprobe in NPROBE:
-        for rerank in RERANK:
-            t = time.perf_counter()
-            _, ids = index.search(q, K, nprobe=nprobe, rerank=rerank)
-            wall = time.perf_counter() - t
-            row = {"nprobe": nprobe, "rerank": rerank, "recall@100": recall_at(ids, truth, K),
-                   "q/s": q.shape[0] / wall}
-            sweep.append(row)
-            print(json.dumps(row), flush=True)
+    for exact in a.exact:
+        for nprobe in a.nprobe:
+            for rerank in a.rerank:
+                if exact != "auto" and exact > rerank:
+                    continue
+                t = time.perf_counter()
+                _, ids = index.search(q, K, nprobe=nprobe, rerank=rerank, exact=exact)
+                wall = time.perf_counter() - t
+                row = {"nprobe": nprobe, "rerank": rerank, "exact": exact, "recall@100": recall_at(ids, truth, K),
+                       "q/s": q.shape[0] / wall}
+                sweep.append(row)
+                print(json.dumps(row), flush=True)
     ok = [r for r in sweep if r["recall@100"] >= TARGET]
     best = max(ok, key=lambda r: r["q/s"]) if ok else None
+    params = (lambda r: {"nprobe": r["nprobe"], "rerank": r["rerank"], "exact": r["exact"]})  # noqa: E731
     result = {"n": n, "open_s": open_s, "rss_before_open_mib": before, "rss_after_open_mib": after_open,
               "sweep": sweep}
     if best:
         t = time.perf_counter()
-        _, ids = index.search(q, K, nprobe=best["nprobe"], rerank=best["rerank"])
+        _, ids = index.search(q, K, **params(best))
         warm = {"recall@100": recall_at(ids, truth, K), "q/s": q.shape[0] / (time.perf_counter() - t)}
         one = min(a.single, q.shape[0])
         found = np.empty((one, K), np.int64)
         t = time.perf_counter()
         for i in range(one):
-            found[i] = index.search(q[i:i + 1], K, nprobe=best["nprobe"], rerank=best["rerank"])[1][0]
+            found[i] = index.search(q[i:i + 1], K, **params(best))[1][0]
         single = {"queries": one, "recall@100": recall_at(found, truth[:one], K),
                   "q/s": one / (time.perf_counter() - t)}
         result.update(best=best, best_warm=warm, best_one_per_call=single)
     result["rss_after_search_mib"] = rss_mib()
-    result["exact"] = exact_from_mapping(index, q[:a.exact_queries], truth[:a.exact_queries])
+    result["exact"] = exact_from_mapping(index_path(a), n, q[:a.exact_queries], truth[:a.exact_queries])
     result["rss_after_exact_mib"] = rss_mib()
     return result
 
 
-def exact_from_mapping(index, q: np.ndarray, truth: np.ndarray) -> dict:
-    """Exact top-100 of a batch from the index's mapped fp16 rows, block by block."""
-    rows = index.stored_vectors()
+def exact_from_mapping(path: Path, n: int, q: np.ndarray, truth: np.ndarray) -> dict:
+    """Exact top-100 of a batch from the index file's fp16 rows, mapped (np.memmap), block by block."""
+    from fastdpr.index import fileformat
+
+    offset, length = fileformat.PyReader(path, verify=False).span("vectors")
+    rows = np.memmap(path, dtype=np.float16, mode="r", offset=offset, shape=(n, length // (2 * n)))
     scores = np.full((q.shape[0], K), -np.inf, np.float32)
     ids = np.full((q.shape[0], K), -1, np.int64)
     t = time.perf_counter()
@@ -234,6 +241,11 @@ def report(a) -> None:
             "rows in memory while adding).  \nEach stage ran in its own process; peak RSS is its `ru_maxrss`. "
             "Stages that were resumed report the time of their last run only (`resumed_at`).\n\n"
             "### Stages\n\n" + markdown_table(rows) + "\n")
+    built = [stages[s] for s in ("train", "add", "finish") if s in stages]
+    if len(built) == 3:
+        body += (f"Build (train + add + finish, the rows already on disk): {sum(v['wall_s'] for v in built) / 60:.1f} "
+                 f"min, peak RSS {max(v['peak_rss_mib'] for v in built) / 1024:.1f} GiB; writing the rows "
+                 f"(generation included): {stages['data']['wall_s'] / 60:.1f} min.\n\n")
     path = index_path(a)
     if path.exists():
         n = a.n
@@ -247,11 +259,14 @@ def report(a) -> None:
                  f"({res(s['rss_after_open_mib']) * 2**20 / n:.1f} bytes/vector; before open "
                  f"{res(s['rss_before_open_mib']):.0f} MiB), after the search "
                  f"{res(s['rss_after_search_mib']):.0f} MiB ({res(s['rss_after_search_mib']) * 2**20 / n:.1f} "
-                 f"bytes/vector, file pages included: {s['rss_after_search_mib']})\n")
+                 f"bytes/vector, file pages included: {s['rss_after_search_mib']}); the process's own memory "
+                 f"(RssAnon, what the index costs in RAM; the rest are file pages, reclaimable page cache): "
+                 f"{s['rss_after_open_mib']['RssAnon'] * 2**20 / n:.1f} bytes/vector after the open, "
+                 f"{s['rss_after_search_mib']['RssAnon'] * 2**20 / n:.1f} after the search\n")
         if "best" in s:
             b, w, o = s["best"], s["best_warm"], s["best_one_per_call"]
             body += (f"- cheapest swept setting with recall@100 >= {TARGET}: nprobe={b['nprobe']}, "
-                     f"rerank={b['rerank']}: recall@100 {w['recall@100']:.4f}, {w['q/s']:.0f} q/s in one call of "
+                     f"rerank={b['rerank']}, exact={b.get('exact', 'auto')}: recall@100 {w['recall@100']:.4f}, {w['q/s']:.0f} q/s in one call of "
                      f"{a.queries} (first run {b['q/s']:.0f} q/s); one query per call ({o['queries']} queries): "
                      f"{o['q/s']:.0f} q/s, recall@100 {o['recall@100']:.4f}\n")
         else:
@@ -260,6 +275,10 @@ def report(a) -> None:
         body += (f"- exact search from the mapped fp16 rows, one call of {e['queries']} queries: {e['q/s']:.2f} q/s, "
                  f"recall@100 {e['recall@100']:.4f}\n\n### Sweep (one call of {a.queries} queries, first run)\n\n"
                  + markdown_table(s["sweep"]))
+    for extra in sorted(work.glob("sweep_*.jsonl")):  # sweeps of earlier search runs, kept by hand
+        rows = [json.loads(line) for line in extra.read_text().splitlines() if line.strip()]
+        body += (f"\n### Earlier sweep `{extra.stem}` (same index and queries, exact = auto: 3 k = 300)\n\n"
+                 + markdown_table(rows))
     write_results("ann_scale", a.out, {"n": a.n, "dim": a.dim, "spec": a.spec, "stages": stages}, body)
 
 
@@ -274,6 +293,14 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=4_000_000)
     ap.add_argument("--single", type=int, default=200, help="queries searched one per call")
     ap.add_argument("--exact-queries", type=int, default=100)
+    ap.add_argument("--nprobe", type=lambda v: [int(x) for x in v.split(",")], default=list(NPROBE),
+                    help="search sweep: lists probed")
+    ap.add_argument("--rerank", type=lambda v: [int(x) for x in v.split(",")], default=list(RERANK),
+                    help="search sweep: candidates ranked by their 4-bit rows")
+    ap.add_argument("--exact", type=lambda v: [x if x == "auto" else int(x) for x in v.split(",")],
+                    default=["auto"],
+                    help="search sweep: of those, re-scored from the fp16 rows (auto: 3 k)")
+    ap.add_argument("--redo", default="", help="comma-separated stages to run again (e.g. search)")
     ap.add_argument("--stages", default=",".join(STAGES))
     ap.add_argument("--stage", help=argparse.SUPPRESS)  # the child process's stage
     ap.add_argument("--report", action="store_true", help="only write the result files from the recorded stages")
@@ -287,6 +314,8 @@ def main() -> None:
         for name in a.stages.split(","):
             if name not in STAGES:
                 ap.error(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
+            if name in a.redo.split(",") and (Path(a.work) / f"stage_{name}.json").exists():
+                (Path(a.work) / f"stage_{name}.json").unlink()
             if (Path(a.work) / f"stage_{name}.json").exists():
                 print(f"{name}: done earlier", flush=True)
                 continue

@@ -435,7 +435,8 @@ class IVFPQIndex(Index):
         return self._impl.search(q, k, int(nprobe), rerank, threads, spread, exact)
 
     def stored_vectors(self) -> np.ndarray | None:
-        """The fp16/fp32 rows kept for the re-rank (a view; None with store=none)."""
+        """A copy of the fp16/fp32 rows kept for the re-rank (None with store=none); of a mapped index too, so
+        read a large one's rows from its file instead."""
         if self._impl is None or self.store == "none":
             return None
         vec = self._impl.vectors()
