@@ -90,6 +90,15 @@ def stage_data(a) -> dict:
     return {"rows": b.rows, "resumed_at": start, "bytes": b.rows * b.row_bytes}
 
 
+def merge_block(scores: np.ndarray, ids: np.ndarray, q: np.ndarray, block: np.ndarray, start: int):
+    """The exact top-K so far merged with the scores of ``block`` (rows ``start`` ...), unsorted."""
+    s = np.concatenate([scores, q @ block.astype(np.float32).T], axis=1)
+    i = np.concatenate([ids, np.arange(start, start + block.shape[0], dtype=np.int64)[None].repeat(q.shape[0], 0)],
+                       axis=1)
+    top = np.argpartition(-s, K - 1, axis=1)[:, :K]
+    return np.take_along_axis(s, top, 1), np.take_along_axis(i, top, 1)
+
+
 def stage_truth(a) -> dict:
     from fastdpr.progress import progress
 
@@ -108,11 +117,7 @@ def stage_truth(a) -> dict:
         bar.update(start)
         while start < b.rows:
             stop = min(start + TRUTH_BLOCK, b.rows)
-            s = q @ b.read_rows(start, stop).astype(np.float32).T
-            s = np.concatenate([scores, s], axis=1)
-            i = np.concatenate([ids, np.arange(start, stop, dtype=np.int64)[None].repeat(q.shape[0], 0)], axis=1)
-            top = np.argpartition(-s, K - 1, axis=1)[:, :K]
-            scores, ids = np.take_along_axis(s, top, 1), np.take_along_axis(i, top, 1)
+            scores, ids = merge_block(scores, ids, q, b.read_rows(start, stop), start)
             bar.update(stop - start)
             start = stop
             tmp = state.with_suffix(".tmp.npz")
@@ -201,11 +206,7 @@ def exact_from_mapping(path: Path, n: int, q: np.ndarray, truth: np.ndarray) -> 
     ids = np.full((q.shape[0], K), -1, np.int64)
     t = time.perf_counter()
     for start in range(0, rows.shape[0], TRUTH_BLOCK):
-        block = rows[start:start + TRUTH_BLOCK]
-        s = np.concatenate([scores, q @ block.astype(np.float32).T], axis=1)
-        i = np.concatenate([ids, np.arange(start, start + block.shape[0])[None].repeat(q.shape[0], 0)], axis=1)
-        top = np.argpartition(-s, K - 1, axis=1)[:, :K]
-        scores, ids = np.take_along_axis(s, top, 1), np.take_along_axis(i, top, 1)
+        scores, ids = merge_block(scores, ids, q, rows[start:start + TRUTH_BLOCK], start)
     wall = time.perf_counter() - t
     from fastdpr.index.synthetic import recall_at
 

@@ -34,6 +34,7 @@ page cache, not in the process's resident memory.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import zlib
@@ -73,8 +74,6 @@ class IVFPQDiskBuilder:
         self.spec = spec
         state_path = self.dir / STATE
         if state_path.exists():
-            import json
-
             try:
                 self.state = json.loads(state_path.read_text())
             except ValueError:
