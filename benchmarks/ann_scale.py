@@ -278,7 +278,8 @@ def report(a) -> None:
                  + markdown_table(s["sweep"]))
     for extra in sorted(work.glob("sweep_*.jsonl")):  # sweeps of earlier search runs, kept by hand
         rows = [json.loads(line) for line in extra.read_text().splitlines() if line.strip()]
-        body += (f"\n### Earlier sweep `{extra.stem}` (same index and queries, exact = auto: 3 k = 300)\n\n"
+        auto = "" if "exact" in rows[0] else ", exact = auto: 3 k = 300"
+        body += (f"\n### Earlier sweep `{extra.stem}` (same index and queries{auto})\n\n"
                  + markdown_table(rows))
     write_results("ann_scale", a.out, {"n": a.n, "dim": a.dim, "spec": a.spec, "stages": stages}, body)
 

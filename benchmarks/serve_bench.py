@@ -29,7 +29,7 @@ Measured, in this order:
 5. overload at 3x saturation: every request must get an answer or a 503 within its timeout, and the server must
    answer normally afterwards.
 
-The load generator (aiohttp, asyncio) runs in this process, on the same cores as the server: loopback only, every
+The load generator (asyncio, a minimal keep-alive HTTP/1.1 client) runs in this process, on the same cores as the server: loopback only, every
 phase bounded in requests and in time. On a shared machine absolute numbers move with the neighbours' load; the
 ratios of phases measured minutes apart in one run are what to read.
 """
@@ -219,76 +219,159 @@ def _summary(latencies: list[float], statuses: Counter, elapsed: float, **extra)
             "seconds": elapsed}
 
 
-async def _one(http, mode: str, question: str, latencies: list, statuses: Counter) -> None:
-    import aiohttp
+class _Connection:
+    """One keep-alive HTTP/1.1 connection of the load generator.
 
-    start = time.perf_counter()
-    try:
-        async with http.post("/search", json={"question": question, "k": K, "mode": mode}) as r:
-            await r.read()
-            statuses[r.status] += 1
-            if r.status == 200:
-                latencies.append(time.perf_counter() - start)
-    except asyncio.TimeoutError:
-        statuses["timeout"] += 1
-    except aiohttp.ClientError as err:
-        statuses[type(err).__name__] += 1
+    Written by hand rather than with aiohttp or httpx because the load generator shares the machine's two cores
+    with the server: aiohttp spends about 150 us of CPU a request (and httpx more as concurrency grows, httpx issue
+    3215), which the server would lose. This client sends prepared bytes and reads one response (status line,
+    headers, a body of Content-Length bytes): all the benchmark needs, and several times cheaper."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> "_Connection":
+        return cls(*await asyncio.open_connection(host, port))
+
+    async def post(self, request: bytes) -> tuple[int, bool]:
+        """Send ``request`` and read the whole response: (status, whether the connection stays open)."""
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        lower = head.lower()
+        at = lower.find(b"\r\ncontent-length:")
+        if at < 0:
+            raise ConnectionError("a response without Content-Length")
+        length = int(lower[at + 17:lower.index(b"\r\n", at + 2)])
+        await self.reader.readexactly(length)
+        return status, b"\r\nconnection: close" not in lower
+
+    def close(self) -> None:
+        self.writer.close()
 
 
-def _session(url: str, connections: int, timeout: float):
-    """The load generator's HTTP client. aiohttp rather than httpx: the client shares the machine's cores with the
-    server, and httpx's AsyncClient spends more CPU per request as concurrency grows (httpx issue 3215), which
-    would measure the client rather than the server."""
-    import aiohttp
+class _Load:
+    """Prepared requests and a pool of connections (at most ``connections`` open; a request that finds none free
+    waits for one, as an HTTP client's connection limit does)."""
 
-    return aiohttp.ClientSession(base_url=url, connector=aiohttp.TCPConnector(limit=connections),
-                                 timeout=aiohttp.ClientTimeout(total=timeout))
+    def __init__(self, url: str, mode: str, questions: list[str], connections: int, timeout: float):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.host, self.port = host, int(port)
+        self.requests = []
+        for q in questions:
+            body = json.dumps({"question": q, "k": K, "mode": mode}).encode()
+            self.requests.append(b"POST /search HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: %d\r\n\r\n%s" % (f"{host}:{port}".encode(), len(body), body))
+        self.limit, self.timeout = connections, timeout
+        self.free: list[_Connection] = []
+        self.opened = 0
+        self.waiting: list[asyncio.Future] = []
+        self.latencies: list[float] = []
+        self.statuses: Counter = Counter()
+
+    async def _acquire(self) -> _Connection | None:
+        while self.free:
+            conn = self.free.pop()
+            if not conn.reader.at_eof():
+                return conn
+            conn.close()  # closed by the server while idle (keep-alive timeout)
+            self.opened -= 1
+        if self.opened >= self.limit:
+            wait = asyncio.get_running_loop().create_future()
+            self.waiting.append(wait)
+            conn = await wait
+            if conn is not None:
+                return conn
+        self.opened += 1
+        return None  # the caller opens one (inside its timeout)
+
+    def _release(self, conn: _Connection | None) -> None:
+        if conn is None:  # closed: its place may be taken by a new one
+            self.opened -= 1
+            if self.waiting:
+                self.opened += 1
+                self.waiting.pop(0).set_result(None)
+        elif self.waiting:
+            self.waiting.pop(0).set_result(conn)
+        else:
+            self.free.append(conn)
+
+    async def one(self, i: int) -> None:
+        """Request ``i`` (questions in turn): its status, and its latency when answered 200."""
+        start = time.perf_counter()
+        conn = None
+        try:
+            async with asyncio.timeout(self.timeout):
+                conn = await self._acquire()
+                if conn is None:
+                    conn = await _Connection.open(self.host, self.port)
+                status, keep = await conn.post(self.requests[i % len(self.requests)])
+        except TimeoutError:
+            self.statuses["timeout"] += 1
+            self._release(self._closed(conn))
+            return
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as err:
+            self.statuses[type(err).__name__] += 1
+            self._release(self._closed(conn))
+            return
+        self.statuses[status] += 1
+        if status == 200:
+            self.latencies.append(time.perf_counter() - start)
+        self._release(conn if keep else self._closed(conn))
+
+    @staticmethod
+    def _closed(conn: _Connection | None) -> None:
+        if conn is not None:
+            conn.close()
+        return None
+
+    def close(self) -> None:
+        for conn in self.free:
+            conn.close()
 
 
 async def closed_loop(url: str, mode: str, clients: int, seconds: float, max_requests: int,
                       questions: list[str], timeout: float) -> dict:
-    latencies: list[float] = []
-    statuses: Counter = Counter()
+    load = _Load(url, mode, questions, clients, timeout)
     sent = 0
-    async with _session(url, clients, timeout) as http:
-        stop_at = time.perf_counter() + seconds
+    stop_at = time.perf_counter() + seconds
 
-        async def client():
-            nonlocal sent
-            while time.perf_counter() < stop_at and sent < max_requests:
-                sent += 1
-                await _one(http, mode, questions[sent % len(questions)], latencies, statuses)
+    async def client():
+        nonlocal sent
+        while time.perf_counter() < stop_at and sent < max_requests:
+            sent += 1
+            await load.one(sent)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(clients)))
-        elapsed = time.perf_counter() - start
-    return _summary(latencies, statuses, elapsed, mode=mode, clients=clients)
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    elapsed = time.perf_counter() - start
+    load.close()
+    return _summary(load.latencies, load.statuses, elapsed, mode=mode, clients=clients)
 
 
 async def open_loop(url: str, mode: str, rate: float, seconds: float, questions: list[str], timeout: float,
                     on_tick=None) -> dict:
     """``rate`` requests a second for ``seconds``, sent on schedule whatever the answers (each on its own
     connection when needed, up to 1,024 at once)."""
-    latencies: list[float] = []
-    statuses: Counter = Counter()
+    load = _Load(url, mode, questions, 1024, timeout)
     n = max(1, int(rate * seconds))
-    async with _session(url, 1024, timeout) as http:
-        tasks = []
-        start = time.perf_counter()
-        next_tick = start
-        for i in range(n):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if on_tick is not None and time.perf_counter() >= next_tick:
-                on_tick()
-                next_tick += 10.0
-            tasks.append(asyncio.ensure_future(_one(http, mode, questions[i % len(questions)], latencies,
-                                                    statuses)))
-        sent_in = time.perf_counter() - start
-        await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - start
-    return {**_summary(latencies, statuses, elapsed, mode=mode), "rate": rate,
+    tasks = []
+    start = time.perf_counter()
+    next_tick = start
+    for i in range(n):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if on_tick is not None and time.perf_counter() >= next_tick:
+            on_tick()
+            next_tick += 10.0
+        tasks.append(asyncio.ensure_future(load.one(i)))
+    sent_in = time.perf_counter() - start
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - start
+    load.close()
+    return {**_summary(load.latencies, load.statuses, elapsed, mode=mode), "rate": rate,
             "offered_rate": n / sent_in if sent_in else rate}
 
 
@@ -383,7 +466,7 @@ def main() -> None:
     asked = "one NQ test question" if args.run else "one of the sample's SQuAD questions"
     md = (f"`fastdpr serve` with MiniLM ({files['which_model']}; bf16 questions), a flat index and BM25 over "
           f"5,000 passages (hybrid: k_union {files['k_union']}); {asked} per request, k={K}; "
-          "server and load generator (aiohttp) share the machine's cores over loopback. The machine is shared: "
+          "server and load generator (asyncio, a minimal HTTP/1.1 client) share the machine's cores over loopback. The machine is shared: "
           "read the ratios of rows measured in this one run rather than absolute numbers.\n\n"
           "In-process `retrieve` (questions/s):\n\n" + markdown_table([baseline], floatfmt=".1f") +
           "\nClosed loop (each client sends its next request when the last is answered):\n\n" +

@@ -2,6 +2,9 @@
 time (the batcher's worker thread)."""
 from __future__ import annotations
 
+import json
+import math
+from functools import lru_cache
 from typing import Any
 
 from fastdpr.serve.requests import MODES
@@ -12,9 +15,17 @@ class Backend:
     sides serve those modes); ``dense`` is needed for ``/encode``.
 
     ``run(key, questions)`` is the batcher's ``run_batch``: ``key`` is ``("search", mode, k)`` or
-    ``("encode",)``, and the result one entry per question (a passage list, or a vector as a list of floats)."""
+    ``("encode",)``, and the result one entry per question: the JSON text of its passage list (``[{"id", "title",
+    "text", "score"}, ...]``, what ``retrieve`` returns), or its vector as a list of floats.
 
-    def __init__(self, *, dense=None, sparse=None, hybrid=None, description: dict | None = None):
+    A retriever with ``search`` and a ``corpus`` (every fastdpr retriever) is asked for rows and scores only; the
+    JSON text of each passage is kept by row (the last ``cached_passages`` rows used), so that the passages a
+    server answers with again and again are read from the corpus and encoded once, not on every request (parsing
+    ten passages costs about as much as a fifth of encoding the question). Anything else with ``retrieve(questions,
+    k)`` is served through it."""
+
+    def __init__(self, *, dense=None, sparse=None, hybrid=None, description: dict | None = None,
+                 cached_passages: int = 1 << 16):
         if hybrid is not None:
             dense = dense if dense is not None else hybrid.dense
             sparse = sparse if sparse is not None else hybrid.sparse
@@ -25,6 +36,11 @@ class Backend:
         self.modes = tuple(m for m in MODES if m in self.retrievers)
         self.default_mode = "hybrid" if "hybrid" in self.retrievers else self.modes[0]
         self.description = dict(description or {})
+        self._texts = {}  # id(corpus) -> row -> JSON text of the passage, without its score
+        for r in self.retrievers.values():
+            corpus = getattr(r, "corpus", None)
+            if corpus is not None and hasattr(r, "search") and id(corpus) not in self._texts:
+                self._texts[id(corpus)] = lru_cache(maxsize=cached_passages)(_passage_text(corpus))
 
     @property
     def can_encode(self) -> bool:
@@ -33,7 +49,13 @@ class Backend:
     def run(self, key: tuple, questions: list[str]) -> list[Any]:
         if key[0] == "search":
             _, mode, k = key
-            return self.retrievers[mode].retrieve(questions, k)
+            retriever = self.retrievers[mode]
+            text = self._texts.get(id(getattr(retriever, "corpus", None)))
+            if text is None:
+                return [json.dumps(passages, ensure_ascii=False, allow_nan=False)
+                        for passages in retriever.retrieve(questions, k)]
+            scores, rows = retriever.search(questions, k)
+            return [_passages_json(text, srow, rrow) for srow, rrow in zip(scores.tolist(), rows.tolist())]
         if key[0] == "encode":
             return [row.tolist() for row in self.encode(questions)]
         raise ValueError(f"unknown batch key {key!r}")
@@ -56,3 +78,23 @@ class Backend:
     def passages(self) -> int | None:
         corpus = next(iter(self.retrievers.values())).corpus
         return len(corpus) if corpus is not None else None
+
+
+def _passage_text(corpus):
+    def text(row: int) -> str:
+        p = corpus[row]
+        fields = {"id": p["id"], "title": p.get("title", ""), "text": p.get("text", "")}
+        return json.dumps(fields, ensure_ascii=False)[:-1] + ', "score": '  # the score closes it
+    return text
+
+
+def _passages_json(text, scores: list[float], rows: list[int]) -> str:
+    """``json.dumps(passages_from_rows(...)[i])`` of one question, from the cached passage texts."""
+    parts = []
+    for s, r in zip(scores, rows):
+        if r < 0:  # fewer than k found
+            continue
+        if not math.isfinite(s):
+            raise ValueError(f"score {s} of corpus row {r} is not a finite number")
+        parts.append(text(r) + repr(s) + "}")
+    return "[" + ", ".join(parts) + "]"

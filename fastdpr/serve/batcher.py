@@ -82,6 +82,16 @@ class Batcher:
 
     async def submit(self, key: Hashable, questions: list[str]) -> list[Any]:
         """The results of ``questions`` (one per question, in order), once their batch has run."""
+        future = self.enqueue(key, questions)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.discard(future)  # the caller gave up (its client went away)
+            raise
+
+    def enqueue(self, key: Hashable, questions: list[str]) -> asyncio.Future:
+        """Queue ``questions`` now (or raise :class:`QueueFull` / :class:`Closed`); the future gets their results.
+        A future cancelled while queued (:meth:`discard`) leaves the queue uncomputed."""
         if self._closing or self._task is None:
             raise Closed("the server is shutting down")
         if self.depth > 0:  # an idle queue takes any request, so a single large one is never refused forever
@@ -98,12 +108,15 @@ class Batcher:
         self._counts[key] = self._counts.get(key, 0) + len(job.questions)
         self.depth += len(job.questions)
         self._wake.set()
-        try:
-            return await job.future
-        except asyncio.CancelledError:
-            # the caller gave up (its client went away): a job still queued leaves the queue, uncomputed
-            self._discard(job)
-            raise
+        return job.future
+
+    def discard(self, future: asyncio.Future) -> None:
+        """Cancel the job of ``future`` (from :meth:`enqueue`); still queued, it leaves the queue."""
+        future.cancel()
+        for job in self._jobs:
+            if job.future is future:
+                self._discard(job)
+                return
 
     def _discard(self, job: _Job) -> None:
         try:
