@@ -15,7 +15,7 @@ from tiny_models import tiny_biencoder
 import fastdpr.models.inference as inference
 from fastdpr.errors import InputError
 from fastdpr.models import BiEncoder
-from fastdpr.models.batching import pad_batch, token_runs
+from fastdpr.models.batching import bucket_padding, pad_batch, token_runs
 from fastdpr.models.fused_linear import ACTIVATIONS
 
 DATA = Path(__file__).parent / "data"
@@ -81,6 +81,30 @@ def test_token_budgeted_passes_give_the_same_vectors(tmp_path, monkeypatch):
     split = model.encode_passages(passages, batch_size=16, precision="fp32")
     assert len(passes) > 3 and sum(passes) == len(passages)
     np.testing.assert_allclose(split, whole, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("tokens", [65, 100, 127, 300, 1000, 2049, 4095, 5000])
+def test_bucket_padding_rounds_up_to_an_eighth_of_the_power_of_two(tokens):
+    step = max(16, (1 << (tokens.bit_length() - 1)) // 8)
+    pad = bucket_padding(tokens, 64)
+    assert (tokens + sum(pad)) % step == 0 and sum(pad) < step and all(0 < n <= 128 for n in pad)
+    assert bucket_padding(64, 64) == [] and bucket_padding(10, 64) == []
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_padding_sequences_leave_the_vectors_unchanged(tmp_path, monkeypatch, precision):
+    import fastdpr.models.biencoder as biencoder
+
+    model = tiny_biencoder(tmp_path, pooling="mean").eval()
+    passages = mixed_passages(37, seed=5)
+    added = []
+    real = biencoder.bucket_padding
+    monkeypatch.setattr(biencoder, "bucket_padding", lambda t, above: added.append(real(t, above)) or added[-1])
+    padded = model.encode_passages(passages, batch_size=16, precision=precision)
+    assert any(added[i] for i in range(len(added)))  # some batches were padded
+    monkeypatch.setattr(biencoder, "bucket_padding", lambda t, above: [])
+    plain = model.encode_passages(passages, batch_size=16, precision=precision)
+    np.testing.assert_allclose(padded, plain, rtol=0, atol=2e-6 if precision == "fp32" else 1e-2)
 
 
 def test_other_encoders_run_padded_with_the_same_result(tmp_path, monkeypatch):

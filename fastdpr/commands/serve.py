@@ -53,7 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rrf-k", type=float, default=60.0, help="reciprocal-rank fusion constant")
     g.add_argument("--k-union", type=int, default=1000, help="hybrid: passages taken from each side before fusing")
     g.add_argument("--device", help="torch device for question encoding (default: cuda when available)")
-    g.add_argument("--threads", type=int, default=0, help="BM25 search threads (0 = all cores)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="threads of the worker that runs each batch: question encoder, index search, BM25 "
+                        "(default: all cores but one, which the HTTP event loop keeps; 0 = all cores)")
     g.add_argument("--search-param", action="append", default=[], metavar="KEY=VALUE",
                    help="dense index search parameter, e.g. ef=256 or nprobe=32 (repeatable)")
     g.add_argument("--no-mmap", dest="mmap", action="store_false",
@@ -74,6 +76,8 @@ def _check(args) -> None:
     if args.max_questions > args.max_queue:
         raise InputError(f"--max-queue ({args.max_queue}) must hold one full request (--max-questions "
                          f"{args.max_questions})")
+    if args.threads is not None and args.threads < 0:
+        raise InputError(f"--threads must be >= 0 (0: all cores), got {args.threads}")
     if not 0 <= args.port <= 65535:
         raise InputError(f"--port must be 0..65535, got {args.port}")
     if bool(args.model) != bool(args.index):
@@ -92,19 +96,33 @@ def build_backend(args):
     alpha, fusion = _fusion(args)
     # one encoder call per batch: the encoder's batch is the server's batch
     args.batch_size = max(args.max_batch, 1)
+    threads = worker_threads(args.threads)
+    args.threads = threads  # BM25's
     retriever = build_retriever(args, mode, alpha=alpha, method=fusion, rrf_k=args.rrf_k)
     parts = {"hybrid": {"hybrid": retriever}, "dense": {"dense": retriever}, "bm25": {"sparse": retriever}}[mode]
     dense = retriever.dense if mode == "hybrid" else (retriever if mode == "dense" else None)
     description = {"corpus": args.corpus}
     if dense is not None:
         dense.precision = args.precision
+        dense.search_params.setdefault("threads", threads)
         description.update(model=args.model, index=args.index, index_type=repr(dense.index),
                            precision=args.precision, search_params=dense.search_params)
     if args.bm25:
         description["bm25"] = args.bm25
     if mode == "hybrid":
         description.update(fusion=fusion, alpha=alpha, k_union=args.k_union)
-    return Backend(**parts, description=description)
+    description["threads"] = threads
+    return Backend(**parts, description=description, threads=threads)
+
+
+def worker_threads(requested: int | None) -> int:
+    """The batch worker's thread count: ``requested``, all cores for 0, or by default all cores but one."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if requested is None:
+        return max(1, cores - 1)
+    return requested or cores
 
 
 def run(args: argparse.Namespace) -> int:

@@ -49,6 +49,26 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[np.nd
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+# Padding sequences are at most this long: far inside any BERT's position table.
+_PAD_SEQUENCE = 128
+
+
+def bucket_padding(tokens: int, above: int) -> list[int]:
+    """Lengths of padding sequences that bring a packed batch of ``tokens`` tokens (when more than ``above``) to
+    the next multiple of an eighth of its power of two (at least 16): at most 12.5% more rows.
+
+    oneDNN compiles a kernel for every new number of rows of a linear layer and keeps the last 1,024 it made; a
+    server's or an encoder's batches have any total length, so nearly every batch paid a compilation (the first
+    pass over 150 batches of 20-64 questions ran at 0.7x the speed of the next pass over the same batches). With
+    buckets a tower sees about 8 row counts per doubling, compiled once. A padding sequence only attends to
+    itself, so the real sequences' results are those of their own rows."""
+    if tokens <= above:
+        return []
+    step = max(16, (1 << (tokens.bit_length() - 1)) // 8)
+    pad = -tokens % step
+    return [_PAD_SEQUENCE] * (pad // _PAD_SEQUENCE) + ([pad % _PAD_SEQUENCE] if pad % _PAD_SEQUENCE else [])
+
+
 def token_runs(lengths: Sequence[int], budget: int | None) -> list[slice]:
     """Consecutive runs of sequences with at most ``budget`` tokens each (a longer sequence runs alone); one run
     of everything when ``budget`` is None."""

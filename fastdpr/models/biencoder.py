@@ -13,7 +13,9 @@ import torch
 from torch import nn
 
 from fastdpr.errors import InputError
-from fastdpr.models.batching import TokenLists, TokenSeq, length_sorted_batches, pad_batch, token_runs
+from fastdpr.models.batching import (TokenLists, TokenSeq, bucket_padding, length_sorted_batches, pad_batch,
+                                     token_runs)
+from fastdpr.models import compiled
 from fastdpr.models.config import CONFIG_NAME, BiEncoderConfig
 from fastdpr.models.inference import build_tower, pack, pool_packed, resolve_precision, weights_state
 from fastdpr.models.loading import (
@@ -526,8 +528,12 @@ class BiEncoder(nn.Module):
             vec = engine.one_vector(seqs[0], self.config.pooling, self.config.normalize)
             if vec is not None:
                 return vec
-        batch = pack(seqs, device)
-        vec = pool_packed(engine(batch), batch.groups, self.config.pooling)
+        padding = []
+        if getattr(engine, "token_budget", None) is not None:  # the CPU packed tower: oneDNN's linear layers
+            padding = bucket_padding(sum(len(ids) for ids, _ in seqs), compiled.FEW_ROWS)
+        with_types = seqs[0][1] is not None
+        batch = pack([*seqs, *(([0] * n, [0] * n if with_types else None) for n in padding)], device)
+        vec = pool_packed(engine(batch), batch.groups, self.config.pooling)[:len(seqs)]
         if projection is not None:
             vec = projection(vec.to(projection.weight.dtype))
         if self.config.normalize:

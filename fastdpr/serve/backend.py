@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from functools import lru_cache
 from typing import Any
 
@@ -22,10 +23,15 @@ class Backend:
     JSON text of each passage is kept by row (the last ``cached_passages`` rows used), so that the passages a
     server answers with again and again are read from the corpus and encoded once, not on every request (parsing
     ten passages costs about as much as a fifth of encoding the question). Anything else with ``retrieve(questions,
-    k)`` is served through it."""
+    k)`` is served through it.
+
+    ``threads``: torch's thread count while a batch runs (set again at each batch, in the worker thread: libraries
+    that run OpenMP loops there, numba's BM25 among them, may change the thread's own count). A server leaves a
+    core to its event loop: one more OpenMP thread than the cores left over spins at the end of every parallel
+    region and takes the loop's core (serve_bench measured it)."""
 
     def __init__(self, *, dense=None, sparse=None, hybrid=None, description: dict | None = None,
-                 cached_passages: int = 1 << 16):
+                 cached_passages: int = 1 << 16, threads: int | None = None):
         if hybrid is not None:
             dense = dense if dense is not None else hybrid.dense
             sparse = sparse if sparse is not None else hybrid.sparse
@@ -36,6 +42,9 @@ class Backend:
         self.modes = tuple(m for m in MODES if m in self.retrievers)
         self.default_mode = "hybrid" if "hybrid" in self.retrievers else self.modes[0]
         self.description = dict(description or {})
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive integer, got {threads!r}")
+        self.threads = threads
         self._texts = {}  # id(corpus) -> row -> JSON text of the passage, without its score
         for r in self.retrievers.values():
             corpus = getattr(r, "corpus", None)
@@ -47,6 +56,8 @@ class Backend:
         return "dense" in self.retrievers
 
     def run(self, key: tuple, questions: list[str]) -> list[Any]:
+        if self.threads is not None and "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(self.threads)
         if key[0] == "search":
             _, mode, k = key
             retriever = self.retrievers[mode]
