@@ -287,6 +287,8 @@ class _Load:
         return None  # the caller opens one (inside its timeout)
 
     def _release(self, conn: _Connection | None) -> None:
+        while self.waiting and self.waiting[0].done():  # its request timed out while waiting
+            self.waiting.pop(0)
         if conn is None:  # closed: its place may be taken by a new one
             self.opened -= 1
             if self.waiting:
