@@ -29,8 +29,8 @@ Measured, in this order:
 5. overload at 3x saturation: every request must get an answer or a 503 within its timeout, and the server must
    answer normally afterwards.
 
-The load generator (asyncio, a minimal keep-alive HTTP/1.1 client) runs in this process, on the same cores as the server: loopback only, every
-phase bounded in requests and in time. On a shared machine absolute numbers move with the neighbours' load; the
+The load generator (asyncio, a minimal keep-alive HTTP/1.1 client) runs in this process, on the same cores as the
+server: loopback only, every phase bounded in requests and in time. On a shared machine absolute numbers move with the neighbours' load; the
 ratios of phases measured minutes apart in one run are what to read.
 """
 from __future__ import annotations
@@ -223,9 +223,9 @@ class _Connection:
     """One keep-alive HTTP/1.1 connection of the load generator.
 
     Written by hand rather than with aiohttp or httpx because the load generator shares the machine's two cores
-    with the server: aiohttp spends about 150 us of CPU a request (and httpx more as concurrency grows, httpx issue
-    3215), which the server would lose. This client sends prepared bytes and reads one response (status line,
-    headers, a body of Content-Length bytes): all the benchmark needs, and several times cheaper."""
+    with the server, and the CPU a general client spends on each request (aiohttp's pool and response objects;
+    httpx more as concurrency grows, httpx issue 3215) is taken from the server. This client sends prepared bytes
+    and reads one response (status line, headers, a body of Content-Length bytes): all the benchmark needs."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
@@ -468,7 +468,8 @@ def main() -> None:
     asked = "one NQ test question" if args.run else "one of the sample's SQuAD questions"
     md = (f"`fastdpr serve` with MiniLM ({files['which_model']}; bf16 questions), a flat index and BM25 over "
           f"5,000 passages (hybrid: k_union {files['k_union']}); {asked} per request, k={K}; "
-          "server and load generator (asyncio, a minimal HTTP/1.1 client) share the machine's cores over loopback. The machine is shared: "
+          "server and load generator (asyncio, a minimal HTTP/1.1 client) share the machine's cores over loopback. "
+          "The machine is shared: "
           "read the ratios of rows measured in this one run rather than absolute numbers.\n\n"
           "In-process `retrieve` (questions/s):\n\n" + markdown_table([baseline], floatfmt=".1f") +
           "\nClosed loop (each client sends its next request when the last is answered):\n\n" +

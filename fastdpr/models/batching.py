@@ -58,8 +58,7 @@ def bucket_padding(tokens: int, above: int) -> list[int]:
     the next multiple of an eighth of its power of two (at least 16): at most 12.5% more rows.
 
     oneDNN compiles a kernel for every new number of rows of a linear layer and keeps the last 1,024 it made; a
-    server's or an encoder's batches have any total length, so nearly every batch paid a compilation (the first
-    pass over 150 batches of 20-64 questions ran at 0.7x the speed of the next pass over the same batches). With
+    server's or an encoder's batches have any total length, so nearly every batch paid a compilation. With
     buckets a tower sees about 8 row counts per doubling, compiled once. A padding sequence only attends to
     itself, so the real sequences' results are those of their own rows."""
     if tokens <= above:

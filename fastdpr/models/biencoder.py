@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from fastdpr.errors import InputError
+from fastdpr.models import compiled
 from fastdpr.models.batching import (TokenLists, TokenSeq, bucket_padding, length_sorted_batches, pad_batch,
                                      token_runs)
-from fastdpr.models import compiled
 from fastdpr.models.config import CONFIG_NAME, BiEncoderConfig
 from fastdpr.models.inference import build_tower, pack, pool_packed, resolve_precision, weights_state
 from fastdpr.models.loading import (

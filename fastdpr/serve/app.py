@@ -2,9 +2,9 @@
 
 The batched endpoints (``POST /search``, ``POST /encode``) are plain ASGI handlers in front of FastAPI, which
 answers the rest (``/``, ``/healthz``, ``/readyz``, ``/metrics``, unknown paths). Every request of the hot path
-would otherwise cross FastAPI's and Starlette's middleware, routing, request and response objects: about 40% of
-the event loop's time a search request (measured with py-spy under load), time the loop holds the GIL the model's
-worker thread needs. Bodies are read and checked by hand (``fastdpr.serve.requests``) rather than through pydantic
+would otherwise cross FastAPI's and Starlette's middleware, routing, request and response objects, which under
+load were a large share of the event loop's work for each search request, on cores the model's worker shares.
+Bodies are read and checked by hand (``fastdpr.serve.requests``) rather than through pydantic
 models, so that each refusal is one line naming the field and the configured limits apply."""
 
 import asyncio

@@ -22,13 +22,13 @@ class Backend:
     A retriever with ``search`` and a ``corpus`` (every fastdpr retriever) is asked for rows and scores only; the
     JSON text of each passage is kept by row (the last ``cached_passages`` rows used), so that the passages a
     server answers with again and again are read from the corpus and encoded once, not on every request (parsing
-    ten passages costs about as much as a fifth of encoding the question). Anything else with ``retrieve(questions,
+    them on the worker thread delayed every batch). Anything else with ``retrieve(questions,
     k)`` is served through it.
 
     ``threads``: torch's thread count while a batch runs (set again at each batch, in the worker thread: libraries
     that run OpenMP loops there, numba's BM25 among them, may change the thread's own count). A server leaves a
     core to its event loop: one more OpenMP thread than the cores left over spins at the end of every parallel
-    region and takes the loop's core (serve_bench measured it)."""
+    region and takes the loop's core."""
 
     def __init__(self, *, dense=None, sparse=None, hybrid=None, description: dict | None = None,
                  cached_passages: int = 1 << 16, threads: int | None = None):
