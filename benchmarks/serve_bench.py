@@ -266,6 +266,8 @@ class _Load:
         self.limit, self.timeout = connections, timeout
         self.free: list[_Connection] = []
         self.opened = 0
+        self.peak = 0  # connections open at once, at most
+        self.waited = 0  # requests that found none free and waited for one
         self.waiting: list[asyncio.Future] = []
         self.latencies: list[float] = []
         self.statuses: Counter = Counter()
@@ -278,12 +280,14 @@ class _Load:
             conn.close()  # closed by the server while idle (keep-alive timeout)
             self.opened -= 1
         if self.opened >= self.limit:
+            self.waited += 1
             wait = asyncio.get_running_loop().create_future()
             self.waiting.append(wait)
             conn = await wait
             if conn is not None:
                 return conn
         self.opened += 1
+        self.peak = max(self.peak, self.opened)
         return None  # the caller opens one (inside its timeout)
 
     def _release(self, conn: _Connection | None) -> None:
@@ -353,10 +357,13 @@ async def closed_loop(url: str, mode: str, clients: int, seconds: float, max_req
 
 
 async def open_loop(url: str, mode: str, rate: float, seconds: float, questions: list[str], timeout: float,
-                    on_tick=None) -> dict:
-    """``rate`` requests a second for ``seconds``, sent on schedule whatever the answers (each on its own
-    connection when needed, up to 1,024 at once)."""
-    load = _Load(url, mode, questions, 1024, timeout)
+                    connections: int, on_tick=None) -> dict:
+    """``rate`` requests a second for ``seconds``, sent on schedule whatever the answers: each on a new connection
+    when none is free, up to ``connections`` at once. The cap must not be what limits the load: a server answering
+    in ``t`` seconds keeps ``rate * t`` connections busy (Little's law), and requests beyond the cap wait in this
+    process, for a free connection, inside their timeout, so the load generator, not the server, would time them
+    out (3x saturation with the server's queue bounded at 2 s needs thousands)."""
+    load = _Load(url, mode, questions, connections, timeout)
     n = max(1, int(rate * seconds))
     tasks = []
     start = time.perf_counter()
@@ -374,7 +381,21 @@ async def open_loop(url: str, mode: str, rate: float, seconds: float, questions:
     elapsed = time.perf_counter() - start
     load.close()
     return {**_summary(load.latencies, load.statuses, elapsed, mode=mode), "rate": rate,
-            "offered_rate": n / sent_in if sent_in else rate}
+            "offered_rate": n / sent_in if sent_in else rate, "connections_peak": load.peak,
+            "waited_for_connection": load.waited}
+
+
+def _allow_connections(connections: int) -> None:
+    """Raise this process's open-file limit (the server's, started from it, inherits it) to hold ``connections``
+    sockets at each end, or stop with the reason."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = connections + 256
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise SystemExit(f"--connections {connections}: the open-file limit is {hard}; lower --connections")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -390,12 +411,15 @@ def main() -> None:
     ap.add_argument("--soak-seconds", type=float, default=600.0)
     ap.add_argument("--overload-seconds", type=float, default=30.0)
     ap.add_argument("--timeout", type=float, default=10.0, help="client timeout of one request (s)")
+    ap.add_argument("--connections", type=int, default=8192,
+                    help="open-loop phases: connections open at once at most (open_loop: why so many)")
     ap.add_argument("--quick", action="store_true", help="5 s levels, a 60 s soak, 10 s overload: a smoke run")
     ap.add_argument("--out", default=None, help="results directory (default benchmarks/results)")
     ap.add_argument("--name", default="serve")
     args = ap.parse_args()
     # a benchmark stopped by SIGTERM (e.g. a timeout) still stops the servers it started
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    _allow_connections(args.connections)
     if args.quick:
         args.level_seconds, args.soak_seconds, args.overload_seconds = 5.0, 60.0, 10.0
     files = run_files(args.run) if args.run is not None else standin_files(args.standin)
@@ -420,17 +444,18 @@ def main() -> None:
     try:
         sweep(server, "batched", levels)
         saturation = max(r["qps"] for r in levels if r["mode"] == "dense")
-        half = asyncio.run(open_loop(server.url, "dense", saturation / 2, 2 * args.level_seconds, qs, args.timeout))
+        half = asyncio.run(open_loop(server.url, "dense", saturation / 2, 2 * args.level_seconds, qs, args.timeout,
+                                     args.connections))
         print(f"half saturation ({saturation / 2:.0f}/s): p99 {half['p99_ms']:.1f} ms {half['statuses']}", flush=True)
         rss = [(0.0, server.rss_mib())]
         soak_start = time.perf_counter()
         soak = asyncio.run(open_loop(server.url, "dense", 0.7 * saturation, args.soak_seconds, qs, args.timeout,
-                                     on_tick=lambda: rss.append((time.perf_counter() - soak_start,
+                                     args.connections, on_tick=lambda: rss.append((time.perf_counter() - soak_start,
                                                                  server.rss_mib()))))
         rss.append((time.perf_counter() - soak_start, server.rss_mib()))
         print(f"soak: {soak['ok']}/{soak['requests']} ok, RSS {rss[0][1]:.0f} -> {rss[-1][1]:.0f} MiB", flush=True)
         overload = asyncio.run(open_loop(server.url, "dense", 3 * saturation, args.overload_seconds, qs,
-                                         args.timeout))
+                                         args.timeout, args.connections))
         print(f"overload: {overload['statuses']}", flush=True)
         after = asyncio.run(closed_loop(server.url, "dense", 8, min(5.0, args.level_seconds), 10_000, qs,
                                         args.timeout))
@@ -483,7 +508,9 @@ def main() -> None:
           f"{soak['statuses']}; p99 {soak['p99_ms']:.1f} ms; server RSS {rss[0][1]:.0f} MiB at the start, "
           f"{rss[-1][1]:.0f} MiB at the end (max {max(r for _, r in rss):.0f}, {len(rss)} samples).\n\n"
           f"Overload, {args.overload_seconds:.0f} s at 3x saturation ({overload['rate']:.0f}/s offered, "
-          f"{overload['offered_rate']:.0f}/s sent, timeout {args.timeout:.0f} s): statuses {overload['statuses']}; "
+          f"{overload['offered_rate']:.0f}/s sent, timeout {args.timeout:.0f} s, {overload['connections_peak']} "
+          f"connections open at most, {overload['waited_for_connection']} requests waited for one): statuses "
+          f"{overload['statuses']}; "
           f"then 8 clients for {after['seconds']:.0f} s: statuses {after['statuses']}.\n\n"
           "Checks:\n\n" + "\n".join(f"- {k}: {json.dumps(v) if not isinstance(v, float) else f'{v:.2f}'}"
                                      for k, v in checks.items()) + "\n")

@@ -113,6 +113,13 @@ def test_the_backend_holds_what_the_arguments_name(files):
     assert sparse_only.modes == ("sparse",) and not sparse_only.can_encode
 
 
+def test_the_worker_takes_every_core_unless_told(monkeypatch):
+    from fastdpr.commands.serve import worker_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert worker_threads(None) == 3 and worker_threads(0) == 3 and worker_threads(1) == 1 and worker_threads(5) == 5
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--corpus", "x.tsv"], "nothing to serve"),
     (["--corpus", "x.tsv", "--model", "m"], "--model and --index go together"),

@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", help="torch device for question encoding (default: cuda when available)")
     g.add_argument("--threads", type=int, default=None,
                    help="threads of the worker that runs each batch: question encoder, index search, BM25 "
-                        "(default: all cores but one, which the HTTP event loop keeps; 0 = all cores)")
+                        "(default and 0: all cores)")
     g.add_argument("--search-param", action="append", default=[], metavar="KEY=VALUE",
                    help="dense index search parameter, e.g. ef=256 or nprobe=32 (repeatable)")
     g.add_argument("--no-mmap", dest="mmap", action="store_false",
@@ -116,12 +116,13 @@ def build_backend(args):
 
 
 def worker_threads(requested: int | None) -> int:
-    """The batch worker's thread count: ``requested``, all cores for 0, or by default all cores but one."""
+    """The batch worker's thread count: ``requested``, else all cores. Leaving a core to the event loop cost more
+    than it gave: on 2 cores, 32 clients got 0.52x the in-process batched throughput with one worker thread and
+    0.8x with two (``benchmarks/results/serve.md``): the loop needs a core only in short bursts, and torch's OpenMP
+    threads, idle between parallel regions, spin only briefly before they sleep and give the core back."""
     import os
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if requested is None:
-        return max(1, cores - 1)
     return requested or cores
 
 

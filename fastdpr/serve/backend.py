@@ -26,9 +26,8 @@ class Backend:
     k)`` is served through it.
 
     ``threads``: torch's thread count while a batch runs (set again at each batch, in the worker thread: libraries
-    that run OpenMP loops there, numba's BM25 among them, may change the thread's own count). A server leaves a
-    core to its event loop: one more OpenMP thread than the cores left over spins at the end of every parallel
-    region and takes the loop's core."""
+    that run OpenMP loops there, numba's BM25 among them, may change the thread's own count); ``fastdpr serve``
+    gives it every core (``fastdpr.commands.serve.worker_threads``: why)."""
 
     def __init__(self, *, dense=None, sparse=None, hybrid=None, description: dict | None = None,
                  cached_passages: int = 1 << 16, threads: int | None = None):
