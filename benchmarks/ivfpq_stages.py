@@ -11,6 +11,10 @@ recall@k against exact search, and the median over rounds of the per-round q/s r
 
     python benchmarks/ivfpq_stages.py --base-python ../main/.venv/bin/python --new-python .venv/bin/python
         # benchmarks/results/ivfpq_stages.{json,md}
+
+``--preset compressed`` times ``ann_compressed.py``'s index instead, on a reduced sweep: vectors calibrated to
+MiniLM mean pooling (``--n`` x 768), ``ivfpq,nbits=4,m=96,store=fp16,aniso=0.2,sq=4`` with the index's own number of
+lists, opened memory-mapped, recall@100 (results in ``ivfpq_stages_compressed.{json,md}``).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ sys.path.insert(0, str(HERE))
 from _common import markdown_table, write_results  # noqa: E402
 
 K = 10
-# name: (index parameters, search parameters); nprobe and threads are the same for all
+# name: index parameters
 INDEXES = {
     "pq8": dict(nbits=8, store="none"),
     "pq8-fp32": dict(nbits=8, store="fp32"),
@@ -37,20 +41,29 @@ INDEXES = {
     "pq4-fp16": dict(nbits=4, store="fp16"),
     "pq4-sq4-fp16": dict(nbits=4, store="fp16", sq=4),
 }
-SETTINGS = [  # (index, rerank, exact, spread)
+SETTINGS = [  # (index, rerank, exact, spread); nprobe: --nprobe
     ("pq8", 0, 0, 0.0),
     ("pq8-fp32", 100, 0, 0.0),
     ("pq4", 0, 0, 0.5),
     ("pq4-fp16", 200, 0, 0.5),
     ("pq4-sq4-fp16", 400, 40, 0.5),
 ]
+# ann_compressed.py's index and the corner of its sweep around recall@100 = 0.95: (index, rerank, exact, spread,
+# nprobe)
+COMPRESSED_INDEXES = {"pq4-sq4-fp16-aniso": "ivfpq,nbits=4,m=96,store=fp16,aniso=0.2,sq=4"}  # build_index spec
+COMPRESSED_SETTINGS = [
+    ("pq4-sq4-fp16-aniso", 1000, 0, 0.5, 64),
+    ("pq4-sq4-fp16-aniso", 1000, 200, 0.5, 64),
+    ("pq4-sq4-fp16-aniso", 2000, 300, 0.5, 128),
+    ("pq4-sq4-fp16-aniso", 2000, 300, 0.0, 128),
+]
 
 WORKER = r"""
 import json, sys, time
 import numpy as np
 from fastdpr.index.base import load_index
-path, queries, out, rerank, exact, spread, nprobe, batch, k, reps = sys.argv[1:11]
-index = load_index(path)
+path, queries, out, rerank, exact, spread, nprobe, batch, k, reps, mmap = sys.argv[1:12]
+index = load_index(path, mmap=bool(int(mmap)))
 q = np.load(queries)
 params = dict(nprobe=int(nprobe), rerank=int(rerank), threads=1, spread=float(spread))
 if int(exact):
@@ -74,44 +87,54 @@ def clustered(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
     return x
 
 
-def build(work: Path, n: int, d: int, nlist: int, nq: int) -> tuple[np.ndarray, np.ndarray]:
+def build(work: Path, x: np.ndarray, q: np.ndarray, indexes: dict, nlist: int) -> None:
+    """Every index of ``indexes`` (IVFPQIndex parameters with ``nlist``, or a ``build_index`` spec), saved."""
+    from fastdpr.index import build_index
     from fastdpr.index.ivfpq import IVFPQIndex
 
-    rng = np.random.default_rng(2024)
-    x, q = clustered(rng, n, d), clustered(rng, nq, d)
     np.save(work / "queries.npy", q)
-    for name, params in INDEXES.items():
-        index = IVFPQIndex(d, nlist=nlist, **params)
-        index.train(x[: min(n, 64 * nlist)])
-        index.add(x)
+    for name, params in indexes.items():
+        if isinstance(params, str):
+            index = build_index(x, params)
+        else:
+            index = IVFPQIndex(x.shape[1], nlist=nlist, **params)
+            index.train(x[: min(len(x), 64 * nlist)])
+            index.add(x)
         index.save(work / f"{name}.fdpr")
         print(f"built {name}", flush=True)
+
+
+def top_k(x: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
     scores = q @ x.T
-    return np.argsort(-scores, axis=1, kind="stable")[:, :K], q
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k]
 
 
-def time_one(python: str, work: Path, setting: tuple, nprobe: int, batch: int, reps: int, tag: str) -> tuple:
-    name, rerank, exact, spread = setting
-    out = work / f"ids-{tag}-{name}-{rerank}-{batch}.npy"
+def time_one(python: str, work: Path, setting: tuple, batch: int, reps: int, tag: str, k: int,
+             mmap: bool) -> tuple:
+    name, rerank, exact, spread, nprobe = setting
+    out = work / f"ids-{tag}-{name}-{rerank}-{exact}-{spread}-{nprobe}-{batch}.npy"
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     queries = work / ("queries.npy" if batch > 1 else "queries1.npy")
     proc = subprocess.run([python, "-c", WORKER, str(work / f"{name}.fdpr"), str(queries), str(out), str(rerank),
-                           str(exact), str(spread), str(nprobe), str(batch), str(K), str(reps)],
+                           str(exact), str(spread), str(nprobe), str(batch), str(k), str(reps), str(int(mmap))],
                           env=env, capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])["qps"], np.load(out)
 
 
 def recall(ids: np.ndarray, gt: np.ndarray) -> float:
-    return float(np.mean([len(np.intersect1d(a, b)) / K for a, b in zip(ids, gt[: len(ids)])]))
+    k = gt.shape[1]
+    return float(np.mean([len(np.intersect1d(a, b)) / k for a, b in zip(ids, gt[: len(ids)])]))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-python", default=sys.executable)
     ap.add_argument("--new-python", default=sys.executable)
-    ap.add_argument("--n", type=int, default=50_000)
-    ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--nlist", type=int, default=256)
+    ap.add_argument("--preset", choices=("synthetic", "compressed"), default="synthetic",
+                    help="synthetic: clustered rows, every code type; compressed: ann_compressed.py's index (above)")
+    ap.add_argument("--n", type=int, default=None, help="vectors (default 50,000; compressed: 100,000)")
+    ap.add_argument("--dim", type=int, default=128, help="synthetic preset only (compressed: 768)")
+    ap.add_argument("--nlist", type=int, default=256, help="synthetic preset only (compressed: the index's own)")
     ap.add_argument("--nprobe", type=int, default=16)
     ap.add_argument("--queries", type=int, default=1000, help="searched in one batch")
     ap.add_argument("--single", type=int, default=1000, help="of them searched one at a time (batch 1)")
@@ -120,40 +143,60 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     pythons = {"base": args.base_python, "new": args.new_python}
+    compressed = args.preset == "compressed"
+    if compressed:
+        from datasets import calibrated_synthetic
+
+        args.n, args.dim, args.nlist = args.n or 100_000, 768, 0
+        data = calibrated_synthetic(args.n, args.dim, "minilm-mean", args.queries)
+        x, q, k = np.asarray(data.base, dtype=np.float32), np.asarray(data.queries, dtype=np.float32), 100
+        indexes, settings = COMPRESSED_INDEXES, COMPRESSED_SETTINGS
+    else:
+        args.n = args.n or 50_000
+        rng = np.random.default_rng(2024)
+        x, q, k = clustered(rng, args.n, args.dim), clustered(rng, args.queries, args.dim), K
+        indexes, settings = INDEXES, [(*s, args.nprobe) for s in SETTINGS]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        gt, q = build(work, args.n, args.dim, args.nlist, args.queries)
+        build(work, x, q, indexes, args.nlist)
+        gt = top_k(x, q, k)
+        del x
         np.save(work / "queries1.npy", q[: args.single])
-        runs = [(s, b) for s in SETTINGS for b in (1, args.queries)]
+        runs = [(s, b) for s in settings for b in (1, args.queries)]
         qps = {(s, b, side): [] for s, b in runs for side in pythons}
         ids = {}
         for r in range(args.rounds):
             order = ["base", "new"] if r % 2 == 0 else ["new", "base"]
             for s, b in runs:
                 for side in order:
-                    v, found = time_one(pythons[side], work, s, args.nprobe, b, args.reps, side)
+                    v, found = time_one(pythons[side], work, s, b, args.reps, side, k, compressed)
                     qps[(s, b, side)].append(v)
                     ids[(s, b, side)] = found
             print(f"round {r + 1} of {args.rounds} done", flush=True)
     rows = []
     for s, b in runs:
         ratio = np.array(qps[(s, b, "new")]) / np.array(qps[(s, b, "base")])
-        rows.append({"index": s[0], "rerank": s[1], "exact": s[2], "spread": s[3], "batch": b,
+        rows.append({"index": s[0], "nprobe": s[4], "rerank": s[1], "exact": s[2], "spread": s[3], "batch": b,
                      "same ids": bool(np.array_equal(ids[(s, b, "base")], ids[(s, b, "new")])),
-                     "recall@10 base": recall(ids[(s, b, "base")], gt), "recall@10 new": recall(ids[(s, b, "new")], gt),
+                     f"recall@{k} base": recall(ids[(s, b, "base")], gt),
+                     f"recall@{k} new": recall(ids[(s, b, "new")], gt),
                      "q/s base (median)": float(np.median(qps[(s, b, "base")])),
                      "q/s new (median)": float(np.median(qps[(s, b, "new")])),
                      "ratio median": float(np.median(ratio)), "ratio min": float(ratio.min()),
                      "ratio max": float(ratio.max())})
-    payload = {"settings": vars(args) | {"k": K, "threads": 1}, "rows": rows,
-               "qps": {f"{s[0]}/rerank{s[1]}/batch{b}/{side}": v for (s, b, side), v in qps.items()}}
-    body = (f"{args.n:,} x {args.dim} synthetic clustered rows, {args.nlist} lists, nprobe {args.nprobe}, k {K}, "
+    payload = {"settings": vars(args) | {"k": k, "threads": 1}, "rows": rows,
+               "qps": {f"{s[0]}/nprobe{s[4]}/rerank{s[1]}/exact{s[2]}/spread{s[3]}/batch{b}/{side}": v
+                       for (s, b, side), v in qps.items()}}
+    what = (f"{args.n:,} x 768 vectors calibrated to MiniLM mean pooling, `ivfpq,nbits=4,m=96,store=fp16,aniso=0.2,"
+            f"sq=4` with the index's own lists, opened memory-mapped" if compressed else
+            f"{args.n:,} x {args.dim} synthetic clustered rows, {args.nlist} lists, nprobe {args.nprobe}")
+    body = (f"{what}, k {k}, "
             f"1 thread, {args.rounds} rounds alternating which build goes first, each build in a fresh process per "
             f"setting and round, q/s of its fastest of {args.reps} passes over the queries; batch 1: the first "
             f"{args.single} queries one per call, batch {args.queries}: all in one call. Ratio: new q/s over base q/s "
             f"in the same round (median, min, max over rounds).\n\n" + markdown_table(rows))
     print(body)
-    write_results("ivfpq_stages", args.out, payload, body)
+    write_results("ivfpq_stages_compressed" if compressed else "ivfpq_stages", args.out, payload, body)
     return 0
 
 
