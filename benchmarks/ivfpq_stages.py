@@ -61,6 +61,7 @@ COMPRESSED_SETTINGS = [
 WORKER = r"""
 import json, sys, time
 import numpy as np
+import fastdpr
 from fastdpr.index.base import load_index
 path, queries, out, rerank, exact, spread, nprobe, batch, k, reps, mmap = sys.argv[1:12]
 index = load_index(path, mmap=bool(int(mmap)))
@@ -76,7 +77,8 @@ for _ in range(int(reps)):  # the fastest pass: the one the machine's other load
     ids = [index.search(q[i:i + batch], int(k), **params)[1] for i in range(0, len(q), batch)]
     best = min(best, time.perf_counter() - t0)
 np.save(out, np.concatenate(ids))
-print(json.dumps({"qps": len(q) / best}))
+impl = getattr(index, "_impl", None)
+print(json.dumps({"qps": len(q) / best, "fastdpr": fastdpr.__file__, "impl": type(impl).__module__ + "." + type(impl).__name__}))
 """
 
 
@@ -115,10 +117,17 @@ def time_one(python: str, work: Path, setting: tuple, batch: int, reps: int, tag
     out = work / f"ids-{tag}-{name}-{rerank}-{exact}-{spread}-{nprobe}-{batch}.npy"
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     queries = work / ("queries.npy" if batch > 1 else "queries1.npy")
+    # run from the work folder: ``python -c`` puts the current folder first on sys.path, and from a checkout the
+    # base build would import the checkout's sources (without their compiled module: the numpy fallback) instead
+    # of its own
     proc = subprocess.run([python, "-c", WORKER, str(work / f"{name}.fdpr"), str(queries), str(out), str(rerank),
                            str(exact), str(spread), str(nprobe), str(batch), str(k), str(reps), str(int(mmap))],
-                          env=env, capture_output=True, text=True, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])["qps"], np.load(out)
+                          env=env, capture_output=True, text=True, check=True, cwd=work)
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not report["impl"].startswith("fastdpr._C."):
+        raise SystemExit(f"{python} searched with {report['impl']} (fastdpr from {report['fastdpr']}), not the "
+                         "compiled index: check that build's install")
+    return report["qps"], np.load(out)
 
 
 def recall(ids: np.ndarray, gt: np.ndarray) -> float:
@@ -142,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    pythons = {"base": args.base_python, "new": args.new_python}
+    # absolute (the workers run in the work folder), but not through the symlink: a venv's python finds its
+    # environment by the path it was started from
+    pythons = {side: os.path.abspath(p) if os.sep in p else p
+               for side, p in (("base", args.base_python), ("new", args.new_python))}
     compressed = args.preset == "compressed"
     if compressed:
         from datasets import calibrated_synthetic
