@@ -83,20 +83,39 @@ def test_max_batch_one_runs_every_question_alone():
     assert [len(qs) for _, qs in rec.calls] == [1] * 6
 
 
-def test_an_idle_batcher_adds_at_most_max_wait():
+def test_arrivals_together_wait_for_company_at_most_max_wait():
     rec = Recorder()
 
     async def main():
-        b = Batcher(rec, max_batch=64, max_wait_ms=20)
+        b = Batcher(rec, max_batch=64, max_wait_ms=150)
         await b.start()
         start = time.perf_counter()
-        await b.submit("a", ["alone"])
+        answers = await asyncio.gather(*(b.submit("a", [f"q{i}"]) for i in range(3)))
         took = time.perf_counter() - start
+        await b.close()
+        return took, answers
+
+    took, answers = run(main())
+    assert 0.1 <= took < 0.5  # they waited for a fourth, up to the limit
+    assert answers == [[("a", f"q{i}")] for i in range(3)] and len(rec.calls) == 1
+
+
+def test_a_client_waiting_for_each_answer_is_never_kept_waiting_for_itself():
+    rec = Recorder(delay=0.01)
+
+    async def main():
+        b = Batcher(rec, max_batch=64, max_wait_ms=300)
+        await b.start()
+        took = []
+        for i in range(4):  # each request finds nothing else queued or running
+            start = time.perf_counter()
+            await b.submit("a", [f"q{i}"])
+            took.append(time.perf_counter() - start)
         await b.close()
         return took
 
     took = run(main())
-    assert 0.015 <= took < 0.5
+    assert max(took) < 0.15  # not the 0.3 s wait, not even for the first request
 
 
 def test_full_queue_refuses_with_a_retry_hint_and_recovers():

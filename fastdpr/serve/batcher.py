@@ -41,7 +41,10 @@ class Batcher:
     A batch leaves when the oldest waiting job has waited ``max_wait_ms``, or its key has ``max_batch`` questions
     waiting, or when the next arrival is not expected within what is left of the wait (by a running estimate of
     the gaps between arrivals), or at once when the worker was busy for longer than that (so under load a batch
-    is whatever arrived during the previous one, and an idle server adds at most ``max_wait_ms``). Jobs of other
+    is whatever arrived during the previous one, and an idle server adds at most ``max_wait_ms``). An arrival
+    that finds nothing else queued or running counts as a gap of at least ``max_wait_ms``: a client that waits
+    for each answer before it asks again (one client, or a quiet server) would otherwise be kept waiting for an
+    arrival its own answer holds back, every time. Jobs of other
     keys keep their place. A job larger than ``max_batch`` goes alone, whole. At most ``max_queue`` questions wait, and at most
     ``max_queue_ms`` of expected work (the questions waiting times a running estimate of the seconds per question
     of recent batches at least half full, the way a backlog is drained; none before the first such batch);
@@ -61,6 +64,7 @@ class Batcher:
         self.max_queue_s = None if max_queue_ms is None else float(max_queue_ms) / 1000.0
         self.on_batch = on_batch  # (questions, seconds) of every batch run, for the metrics
         self.depth = 0  # questions waiting
+        self._running = 0  # jobs in the batch the worker is running
         self._jobs: list[_Job] = []
         self._counts: dict[Hashable, int] = {}
         self._wake: asyncio.Event | None = None
@@ -100,8 +104,10 @@ class Batcher:
                                                                  and wait > self.max_queue_s):
                 raise QueueFull(self.depth, max(1, int(wait + 0.999)))
         job = _Job(key, list(questions), asyncio.get_running_loop().create_future())
-        if self._last_arrival is not None:
-            gap = job.arrived - self._last_arrival
+        gap = None if self._last_arrival is None else job.arrived - self._last_arrival
+        if not self._jobs and not self._running:  # alone: no company is known to be on its way
+            gap = max(gap or 0.0, self.max_wait)
+        if gap is not None:
             self._gap = gap if self._gap is None else 0.8 * self._gap + 0.2 * gap
         self._last_arrival = job.arrived
         self._jobs.append(job)
@@ -184,6 +190,7 @@ class Batcher:
             return
         questions = [q for job in live for q in job.questions]
         start = time.perf_counter()
+        self._running = len(live)
         try:
             results = await asyncio.get_running_loop().run_in_executor(self._executor, self.run_batch, key,
                                                                        questions)
@@ -194,6 +201,8 @@ class Batcher:
                 if not job.future.done():
                     job.future.set_exception(err)
             return
+        finally:
+            self._running = 0
         seconds = time.perf_counter() - start
         if 2 * len(questions) >= self.max_batch:
             # only batches at least half full: a backlog drains in full batches, and a question costs several
