@@ -13,7 +13,7 @@ from fastdpr.errors import InputError
 from fastdpr.index import build_index, load_index, make_index
 from fastdpr.index import fileformat
 from fastdpr.index.auto import COMPRESSED_MIN_N, FLAT_MAX_FLOATS, choose_index, parse_size
-from fastdpr.index.tune import recall_at, smallest
+from fastdpr.index.tune import lower_bound, recall_at, recall_per_query, smallest
 
 needs_c = pytest.mark.skipif(extension("IVFPQ") is None, reason="compiled extension not built")
 
@@ -114,6 +114,12 @@ def test_smallest_finds_the_threshold():
     assert smallest(lambda v: False, 1, 50) is None
 
 
+def test_the_lower_bound_is_the_mean_less_two_standard_errors():
+    assert lower_bound(np.array([1.0, 0.8])) == pytest.approx(0.9 - 2 * 0.1)  # std 0.1414, over sqrt(2)
+    assert lower_bound(np.array([0.7])) == 0.7  # one query: no spread to measure
+    assert lower_bound(np.full(50, 0.96)) == pytest.approx(0.96)
+
+
 def test_recall_at_counts_padding_as_nothing():
     truth = np.array([[1, 2, 3, 4], [5, 6, -1, -1]])
     found = np.array([[4, 3, 9, 8], [6, -1, -1, -1]])
@@ -132,12 +138,14 @@ def test_tune_reaches_the_target_on_held_out_queries(data, spec):
     assert result.recall >= target and result.queries == len(q_tune)
     assert set(result.params) >= {"nprobe", "rerank"} and 1 <= result.params["nprobe"] <= index.nlist
     assert ("exact" in result.params) == (",sq=4" in spec)
-    # the cheapest: one list fewer falls short on the sample
+    # the cheapest: with one list fewer the sample's recall no longer clears the target by its margin
+    tuned_low = lower_bound(recall_per_query(index.search(q_tune, k)[1], exact_ids(x, q_tune, k)))
+    assert result.recall > tuned_low >= target
     if result.params["nprobe"] > 1:
         fewer = dict(result.params, nprobe=result.params["nprobe"] - 1)
-        assert recall_at(index.search(q_tune, k, **fewer)[1], exact_ids(x, q_tune, k)) < target
+        assert lower_bound(recall_per_query(index.search(q_tune, k, **fewer)[1], exact_ids(x, q_tune, k))) < target
     held = recall_at(index.search(q_held, k)[1], exact_ids(x, q_held, k))
-    assert held >= target - 0.03, (held, before)
+    assert held >= target - 0.01, (held, before)
 
 
 @needs_c

@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "`fastdpr encode` output directory, or a number N (N of the indexed vectors); the "
                              "settings are saved in the index and used by every search that gives none")
     parser.add_argument("--target-recall", type=float, default=0.95,
-                        help="recall@k against exact search that --tune-queries must reach; default 0.95")
+                        help="recall@k against exact search that --tune-queries must reach, with a margin of two "
+                             "standard errors of its mean; default 0.95")
     parser.add_argument("--tune-k", type=int, default=100, help="the k of that recall; default 100")
     parser.add_argument("--train-size", type=int, default=100_000,
                         help="vectors sampled for training (IVF-PQ, FAISS IVF); default 100000")

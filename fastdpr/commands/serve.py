@@ -118,8 +118,8 @@ def build_backend(args):
 def worker_threads(requested: int | None) -> int:
     """The batch worker's thread count: ``requested``, else all cores. Leaving a core to the event loop cost more
     than it gave: on 2 cores, 32 clients got 0.52x the in-process batched throughput with one worker thread and
-    0.78x with two (``benchmarks/results/serve.md`` as of commit 790367d): the loop needs a core only in short bursts, and torch's OpenMP
-    threads, idle between parallel regions, spin only briefly before they sleep and give the core back."""
+    0.78x with two (``benchmarks/results/serve.md`` as of commit 790367d): the loop needs a core only in short
+    bursts, and torch's OpenMP threads, idle between parallel regions, spin only briefly, then sleep."""
     import os
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
