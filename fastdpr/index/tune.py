@@ -12,10 +12,11 @@ nprobe. Each depth's cheapest setting is timed (alternating rounds, the best of 
 allows. Recall grows with nprobe, R and exact, which is what makes doubling and bisection sound.
 
 A setting reaches the target when the sample's recall clears it by ``MARGIN_SE`` standard errors of its mean (the
-spread of the per-query recalls over the square root of the sample size): the cheapest setting that merely
-touches the target on the sample falls short on other queries about half the time (on vectors calibrated to
-MiniLM, 100k x 768: 0.9508 on the sample, 0.9478 on held-out queries, ``benchmarks/results/ann_auto_more.md`` of
-that commit). A small sample gets a wider margin, so settings that hold.
+spread of the per-query recalls over the square root of the sample size). A sample's recall is as likely to lie
+above the true one as below it, and the cheapest setting that merely touches the target is picked where it lies
+above, so it can fall short on other queries (on vectors calibrated to MiniLM, 100k x 768: 0.9508 on the sample,
+0.9478 on held-out queries, ``benchmarks/results/ann_auto_more.md`` at commit b3f1768). A smaller sample gets a
+wider margin.
 
 The result becomes the index's own search settings (``search`` uses them whenever the caller gives none; explicit
 parameters still win) and is kept, with what it was tuned for, in the index file by the next ``save``
