@@ -7,9 +7,9 @@ import torch
 
 from fastdpr.train import grad_cache as gc
 from fastdpr.train.data import examples_from_records
-from fastdpr.train.grad_cache import chunk_schedule, split_tokens
+from fastdpr.train.grad_cache import chunk_schedule, length_sorted_chunks, split_tokens, trim_padding
 from fastdpr.train.loss import batch_loss
-from fastdpr.train.trainer import Trainer, TrainingArguments, trim_padding
+from fastdpr.train.trainer import Trainer, TrainingArguments
 from tiny_models import tiny_biencoder
 
 
@@ -49,15 +49,16 @@ def _reference_grads(trainer, batch, seed, chunk_size):
     model.zero_grad(set_to_none=True)
     model.train()
     q_tok, p_tok = trainer._tokens(batch)
-    q_chunks = [trim_padding(t) for t in split_tokens(q_tok, chunk_size)]
-    p_chunks = [trim_padding(t) for t in split_tokens(p_tok, chunk_size)]
+    q_chunks, q_restore = length_sorted_chunks(q_tok, chunk_size)
+    p_chunks, p_restore = length_sorted_chunks(p_tok, chunk_size)
     torch.manual_seed(seed)
     qs, ps = [], []
     for qi, pi in chunk_schedule(len(q_chunks), len(p_chunks)):
         q, p = model(q_chunks[qi] if qi is not None else None, p_chunks[pi] if pi is not None else None)
         qs += [q] if q is not None else []
         ps += [p] if p is not None else []
-    loss = batch_loss(torch.cat(qs), torch.cat(ps), batch, batch, scale=model.scale, loss_fn=trainer.loss_fn)
+    loss = batch_loss(torch.cat(qs)[q_restore], torch.cat(ps)[p_restore], batch, batch, scale=model.scale,
+                      loss_fn=trainer.loss_fn)
     loss.backward()
     grads = _grads(model)
     model.zero_grad(set_to_none=True)
@@ -115,6 +116,25 @@ def test_grad_cache_equals_plain_trainer_step_without_dropout(tmp_path, examples
     loss_a, a = _grad_cache_grads(plain, batch, seed=0)
     loss_b, b = _grad_cache_grads(cached, batch, seed=0)
     assert abs(loss_a - loss_b) < 1e-5 and _max_diff(a, b) < 1e-5
+
+
+def test_length_sorted_chunks_restore_the_batch_order():
+    torch.manual_seed(4)
+    lengths = torch.tensor([3, 9, 1, 9, 5, 2, 7, 4, 8, 6, 2])
+    width = 12
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    ids = torch.randint(5, 100, (len(lengths), width)) * mask
+    tokens = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    chunks, restore = length_sorted_chunks(tokens, 4)
+    assert [c["input_ids"].shape for c in chunks] == [(4, 9), (4, 6), (3, 2)]  # each trimmed to its longest row
+    assert [int(c["attention_mask"].sum(1).max()) for c in chunks] == [9, 6, 2]
+    # a row-wise function of the chunks, concatenated and restored, equals it applied to the batch in order
+    def rowwise(t):
+        return (t["input_ids"] * t["attention_mask"]).sum(1) * 1000 + t["attention_mask"].sum(1)
+    assert torch.equal(torch.cat([rowwise(c) for c in chunks])[restore], rowwise(tokens))
+    # unsorted chunks of the same batch cost more positions
+    unsorted = [trim_padding(t) for t in split_tokens(tokens, 4)]
+    assert sum(c["input_ids"].numel() for c in chunks) < sum(c["input_ids"].numel() for c in unsorted)
 
 
 def test_chunk_schedule_ends_with_both_towers():

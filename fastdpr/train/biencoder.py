@@ -13,7 +13,7 @@ import torch
 from fastdpr.errors import InputError
 from fastdpr.train import distributed
 from fastdpr.train.data import Batch, BatchBuilder, Example
-from fastdpr.train.grad_cache import GradCacheStep, split_tokens
+from fastdpr.train.grad_cache import GradCacheStep, length_sorted_chunks
 from fastdpr.train.loss import LossFn, batch_loss, fused_inbatch_nll, place_columns
 from fastdpr.train.task import Task
 
@@ -26,15 +26,6 @@ def topk_of(metric: str) -> int | None:
     if metric.startswith("top") and metric[3:].isdigit():
         return int(metric[3:])
     return None
-
-
-def trim_padding(tokens: dict) -> dict:
-    """Drop trailing columns that are padding in every row (right-padded input), so a chunk costs its own length."""
-    mask = tokens["attention_mask"]
-    width = int(mask.sum(dim=1).max()) if mask.numel() else 0
-    if width == mask.shape[1]:
-        return tokens
-    return {k: (v[:, :width] if v.dim() == 2 and v.shape[1] == mask.shape[1] else v) for k, v in tokens.items()}
 
 
 class BiEncoderTask(Task):
@@ -157,10 +148,11 @@ class BiEncoderTask(Task):
         if self.args.freeze_passages:
             return self._question_side_step(trainer, local, batch, q_tokens, p_tokens, scale)
         if self.args.grad_cache:
-            c = self.args.chunk_size
-            q_chunks = [trim_padding(t) for t in split_tokens(q_tokens, c)]
-            p_chunks = [trim_padding(t) for t in split_tokens(p_tokens, c)]
-            loss = self.grad_cache(trainer)(q_chunks, p_chunks, loss_from_reps, trainer.backward)
+            q_chunks, q_restore = length_sorted_chunks(q_tokens, self.args.chunk_size)
+            p_chunks, p_restore = length_sorted_chunks(p_tokens, self.args.chunk_size)
+            q_restore, p_restore = q_restore.to(self.device), p_restore.to(self.device)
+            loss = self.grad_cache(trainer)(
+                q_chunks, p_chunks, lambda q, p: loss_from_reps(q[q_restore], p[p_restore]), trainer.backward)
         else:
             with trainer.autocast():
                 q, p = trainer.encoder(q_tokens, p_tokens)
@@ -175,8 +167,9 @@ class BiEncoderTask(Task):
         mode, so exactly as the corpus was), the pool joins them as columns, and only questions get gradients."""
         self.model.passage_encoder.eval()
         chunk = self.args.chunk_size if self.args.grad_cache else max(1, p_tokens["input_ids"].shape[0])
+        p_chunks, p_restore = length_sorted_chunks(p_tokens, chunk)
         with torch.no_grad(), trainer.autocast():
-            p_real = torch.cat([self.model(None, trim_padding(t))[1] for t in split_tokens(p_tokens, chunk)])
+            p_real = torch.cat([self.model(None, t)[1] for t in p_chunks])[p_restore.to(self.device)]
 
         def loss_from_reps(q, _p=None):
             p = place_columns(p_real.to(q.dtype), local.passage_columns, local.n_columns)
@@ -191,8 +184,10 @@ class BiEncoderTask(Task):
                                 bidirectional=self.args.bidirectional, **kwargs)
 
         if self.args.grad_cache:
-            q_chunks = [trim_padding(t) for t in split_tokens(q_tokens, self.args.chunk_size)]
-            return self.grad_cache(trainer)(q_chunks, [], loss_from_reps, trainer.backward)
+            q_chunks, q_restore = length_sorted_chunks(q_tokens, self.args.chunk_size)
+            q_restore = q_restore.to(self.device)
+            return self.grad_cache(trainer)(q_chunks, [], lambda q, _p: loss_from_reps(q[q_restore]),
+                                            trainer.backward)
         with trainer.autocast():
             q = trainer.encoder(q_tokens, None)[0]
         loss = loss_from_reps(q)
@@ -246,10 +241,12 @@ class BiEncoderTask(Task):
 
     def _encode_chunked(self, q_tokens: dict, p_tokens: dict) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.args.chunk_size if self.args.grad_cache else max(q_tokens["input_ids"].shape[0], 1)
-        qs = [self.model(trim_padding(t), None)[0].float() for t in split_tokens(q_tokens, c)]
+        q_chunks, q_restore = length_sorted_chunks(q_tokens, c)
+        qs = torch.cat([self.model(t, None)[0].float() for t in q_chunks])[q_restore.to(self.device)]
         c = self.args.chunk_size if self.args.grad_cache else max(p_tokens["input_ids"].shape[0], 1)
-        ps = [self.model(None, trim_padding(t))[1].float() for t in split_tokens(p_tokens, c)]
-        return torch.cat(qs), torch.cat(ps)
+        p_chunks, p_restore = length_sorted_chunks(p_tokens, c)
+        ps = torch.cat([self.model(None, t)[1].float() for t in p_chunks])[p_restore.to(self.device)]
+        return qs, ps
 
     def _average_rank(self, q_pool, p_pool, key_pool, pos_cols) -> float:
         q, p = torch.cat(q_pool), torch.cat(p_pool)

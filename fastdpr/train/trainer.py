@@ -33,7 +33,7 @@ import torch
 from fastdpr.errors import InputError
 from fastdpr.train import checkpoint as ckpt
 from fastdpr.train import distributed
-from fastdpr.train.biencoder import BiEncoderTask, topk_of, trim_padding  # noqa: F401 - trim_padding re-exported
+from fastdpr.train.biencoder import BiEncoderTask, topk_of
 from fastdpr.train.data import Batch, BatchBuilder, Example
 from fastdpr.train.loss import LossFn
 from fastdpr.train.schedule import linear_schedule, run_fraction
