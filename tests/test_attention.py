@@ -128,6 +128,38 @@ def test_seeded_dropout_attention_forward_and_gradients_in_float64():
                                                                                            1234), (q, k, v))
 
 
+@pytest.mark.parametrize("block_elements", [1, 150, 10**9])  # 2 rows a block (75 scores a row: odd), 2, one block
+@pytest.mark.parametrize("mask_shape", [(5, 1, 1, 5), (1, 1, 5, 5), None])
+def test_blocked_attention_draws_the_unblocked_mask(monkeypatch, block_elements, mask_shape):
+    # blocks of batch rows keep the scores in cache; each block's seed must continue the whole tensor's mask
+    monkeypatch.setattr(attention, "_BLOCK_ELEMENTS", block_elements)
+    q, k, v = _qkv(torch.float64, seed=21, batch=5, heads=3, length=5, dim=4)
+    mask = None
+    if mask_shape is not None:
+        mask = torch.zeros(mask_shape, dtype=torch.float64)
+        mask[..., -1, 3:] = torch.finfo(torch.float64).min
+        if mask_shape[0] == 5:
+            mask[2] = 0.0
+    seed = -8_123_456_789_012_345
+    by_hand = _attention_by_hand(q, k, v, 0.0 if mask is None else mask, 0.4, seed)
+    out = attention.SeededDropoutAttention.apply(q, k, v, mask, 0.4, 0.5, seed)
+    torch.testing.assert_close(out, by_hand, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda a, b, c: attention.SeededDropoutAttention.apply(a, b, c, mask, 0.4, 0.5,
+                                                                                           seed), (q, k, v))
+    # fp32 through the compiled mask kernel (when built): the same as one block
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    m32 = None if mask is None else mask.float().clamp_min(torch.finfo(torch.float32).min)
+    out32 = attention.SeededDropoutAttention.apply(q32, k32, v32, m32, 0.4, 0.5, seed)
+    out32.backward(torch.ones_like(out32))
+    monkeypatch.setattr(attention, "_BLOCK_ELEMENTS", 10**9)
+    q1, k1, v1 = (t.detach().clone().requires_grad_() for t in (q32, k32, v32))
+    whole = attention.SeededDropoutAttention.apply(q1, k1, v1, m32, 0.4, 0.5, seed)
+    whole.backward(torch.ones_like(whole))
+    torch.testing.assert_close(out32, whole, rtol=1e-6, atol=1e-6)
+    for a, b in ((q32, q1), (k32, k1), (v32, v1)):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_dropout_path_replays_with_the_generator_state_and_matches_fp32_by_hand():
     q, k, v = _qkv(torch.float32, seed=8, length=9)
     mask = torch.ones(3, 1, 9, 9, dtype=torch.bool)
