@@ -154,11 +154,12 @@ def run_set(ds, args) -> dict:
     t0 = time.perf_counter()
     tuned = index.tune(q_tune, target_recall=TARGET, k=K, truth=gt_tune, threads=THREADS)
     tune_s = time.perf_counter() - t0
-    print(f"  tuned in {tune_s:.1f} s: {tuned.params} recall {tuned.recall:.4f}", flush=True)
+    print(f"  tuned in {tune_s:.1f} s: {tuned.params} (chosen {tuned.chosen}) recall {tuned.recall:.4f}", flush=True)
     held_ids = index.search(q_held, K, threads=THREADS)[1]
     out = {"set": ds.name, "n": ds.n, "dim": ds.dim, "description": ds.description, "auto_spec": choice.spec,
            "build_s": build_s, "tune_s": tune_s, "tuned": tuned.params, "tune_evaluations": tuned.evaluations,
-           "tune_recall": tuned.recall, "held_recall": recall(held_ids, gt_held), "tune_candidates": tuned.candidates}
+           "tune_recall": tuned.recall, "tune_chosen": tuned.chosen, "held_recall": recall(held_ids, gt_held),
+           "tune_candidates": tuned.candidates}
     contenders = {"auto+tune": lambda: index.search(q_held, K, threads=THREADS)}
     sweep = sweep_fastdpr(index, q_held, gt_held)
     best = fastest(sweep)

@@ -135,20 +135,51 @@ def test_tune_reaches_the_target_on_held_out_queries(data, spec):
     k, target = 50, 0.9
     before = recall_at(index.search(q_held, k)[1], exact_ids(x, q_held, k))
     result = index.tune(q_tune, target_recall=target, k=k)
-    assert result.recall >= target and result.queries == len(q_tune)
+    assert result.recall >= target and result.queries == len(q_tune) and result.confirmed_on == len(q_tune) // 2
     assert set(result.params) >= {"nprobe", "rerank"} and 1 <= result.params["nprobe"] <= index.nlist
     assert ("exact" in result.params) == (",sq=4" in spec)
-    # the cheapest: with one list fewer the sample's recall no longer clears the target by its margin
-    tuned_low = lower_bound(recall_per_query(index.search(q_tune, k)[1], exact_ids(x, q_tune, k)))
-    assert result.recall > tuned_low >= target
-    if result.params["nprobe"] > 1:
-        fewer = dict(result.params, nprobe=result.params["nprobe"] - 1)
-        assert lower_bound(recall_per_query(index.search(q_tune, k, **fewer)[1], exact_ids(x, q_tune, k))) < target
+    choose, confirm = q_tune[0::2], q_tune[1::2]  # the two halves of the sample
+
+    def low(queries, **params):
+        return lower_bound(recall_per_query(index.search(queries, k, **params)[1], exact_ids(x, queries, k)))
+
+    # the choosing half's pick is its cheapest: with one list fewer its recall no longer clears the target
+    chosen = result.chosen
+    assert low(choose, **chosen) >= target
+    if chosen["nprobe"] > 1:
+        assert low(choose, **dict(chosen, nprobe=chosen["nprobe"] - 1)) < target
+    # the confirming half passes what search now uses by default, and reports its own recall
+    assert low(confirm) >= target
+    # (tune's exact ids come from the index's fp16 rows: a near tie may fall the other way)
+    assert result.recall == pytest.approx(recall_at(index.search(confirm, k)[1], exact_ids(x, confirm, k)), abs=2e-3)
     held = recall_at(index.search(q_held, k)[1], exact_ids(x, q_held, k))
     assert held >= target - 0.01, (held, before)
 
 
 @needs_c
+@needs_c
+def test_a_confirming_half_that_falls_short_raises_the_settings(data):
+    # easy queries in the rows that choose, far harder ones in the rows that confirm: the choice must grow
+    x, q_tune, _ = data
+    rng = np.random.default_rng(7)
+    hard = (q_tune + rng.normal(0, 1.5, q_tune.shape)).astype(np.float32)
+    mixed = np.empty_like(q_tune)
+    mixed[0::2], mixed[1::2] = q_tune[0::2], hard[1::2]
+    index = build_index(x, "ivfpq,nbits=4,nlist=64,store=fp16")
+    k, target = 50, 0.9
+    result = index.tune(mixed, target_recall=target, k=k)
+    assert result.params["nprobe"] > result.chosen["nprobe"]
+    assert index.nprobe == result.params["nprobe"]
+    confirm = mixed[1::2]
+    assert lower_bound(recall_per_query(index.search(confirm, k)[1], exact_ids(x, confirm, k))) >= target
+    assert result.recall == pytest.approx(recall_at(index.search(confirm, k)[1], exact_ids(x, confirm, k)), abs=2e-3)
+    # a confirming half that no setting satisfies (its exact ids are another query's) is refused by name
+    truth = exact_ids(x, mixed, k)
+    truth[1::2] = truth[1::2][::-1]
+    with pytest.raises(InputError, match="confirming half"):
+        index.tune(mixed, target_recall=target, k=k, truth=truth)
+
+
 def test_tuned_settings_are_saved_loaded_and_used(tmp_path, data):
     x, q_tune, q_held = data
     index = build_index(x, "ivfpq,nbits=4,nlist=64,store=fp16")

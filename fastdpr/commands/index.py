@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     if queries is not None:
         result = index.tune(queries, target_recall=args.target_recall, k=args.tune_k)
         settings = ", ".join(f"{key}={value}" for key, value in result.params.items()) or "exact search"
-        print(f"tuned on {result.queries} queries: {settings}, recall@{args.tune_k} {result.recall:.4f} "
+        confirmed = f" (confirmed on {result.confirmed_on} of them)" if result.confirmed_on else ""
+        print(f"tuned on {result.queries} queries{confirmed}: {settings}, recall@{args.tune_k} {result.recall:.4f} "
               f"(target {args.target_recall})")
     path = index.save(args.output)
     elapsed = time.perf_counter() - start
