@@ -126,8 +126,8 @@ def test_length_sorted_chunks_restore_the_batch_order():
     ids = torch.randint(5, 100, (len(lengths), width)) * mask
     tokens = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
     chunks, restore = length_sorted_chunks(tokens, 4)
-    assert [c["input_ids"].shape for c in chunks] == [(4, 9), (4, 6), (3, 2)]  # each trimmed to its longest row
-    assert [int(c["attention_mask"].sum(1).max()) for c in chunks] == [9, 6, 2]
+    assert [c["input_ids"].shape for c in chunks] == [(4, 3), (4, 7), (3, 9)]  # each trimmed to its longest row
+    assert [int(c["attention_mask"].sum(1).max()) for c in chunks] == [3, 7, 9]
     # a row-wise function of the chunks, concatenated and restored, equals it applied to the batch in order
     def rowwise(t):
         return (t["input_ids"] * t["attention_mask"]).sum(1) * 1000 + t["attention_mask"].sum(1)
@@ -135,6 +135,48 @@ def test_length_sorted_chunks_restore_the_batch_order():
     # unsorted chunks of the same batch cost more positions
     unsorted = [trim_padding(t) for t in split_tokens(tokens, 4)]
     assert sum(c["input_ids"].numel() for c in chunks) < sum(c["input_ids"].numel() for c in unsorted)
+
+
+class _CountingEncoder(torch.nn.Module):
+    """Two linear towers with dropout, called like BiEncoder.forward(q_tokens, p_tokens); counts its calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.p, self.drop, self.calls = torch.nn.Linear(6, 4), torch.nn.Linear(6, 4), torch.nn.Dropout(0.3), 0
+
+    def forward(self, q_tokens, p_tokens):
+        self.calls += 1
+        q = self.drop(self.q(q_tokens["x"])) if q_tokens is not None else None
+        p = self.drop(self.p(p_tokens["x"])) if p_tokens is not None else None
+        return q, p
+
+
+@pytest.mark.parametrize("n_q,n_p,chunk", [(7, 14, 3), (4, 4, 4), (5, 9, 2)])
+def test_the_last_call_keeps_its_graph_and_gradients_stay_exact(n_q, n_p, chunk):
+    torch.manual_seed(0)
+    enc = _CountingEncoder().double()
+    xq, xp = torch.randn(n_q, 6, dtype=torch.float64), torch.randn(n_p, 6, dtype=torch.float64)
+    targets = torch.arange(n_q) % n_p
+
+    def loss_fn(q, p):
+        return torch.nn.functional.cross_entropy(q @ p.t(), targets)
+
+    q_chunks = split_tokens({"x": xq}, chunk)
+    p_chunks = split_tokens({"x": xp}, chunk)
+    calls = chunk_schedule(len(q_chunks), len(p_chunks))
+    torch.manual_seed(5)
+    loss = gc.GradCacheStep(enc)(q_chunks, p_chunks, loss_fn, lambda t: t.backward())
+    assert enc.calls == 2 * len(calls) - 1 + sum(q is not None and p is not None for q, p in calls[:-1])
+    got = {n: t.grad.clone() for n, t in enc.named_parameters()}
+    # the reference: the same calls from the same generator state, one graph, one backward
+    enc.zero_grad(set_to_none=True)
+    torch.manual_seed(5)
+    outs = [enc(q_chunks[qi] if qi is not None else None, p_chunks[pi] if pi is not None else None) for qi, pi in calls]
+    ref_loss = loss_fn(torch.cat([q for q, _ in outs if q is not None]), torch.cat([p for _, p in outs if p is not None]))
+    ref_loss.backward()
+    assert float(loss) == pytest.approx(float(ref_loss), abs=1e-12)
+    for n, t in enc.named_parameters():
+        torch.testing.assert_close(got[n], t.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_chunk_schedule_ends_with_both_towers():

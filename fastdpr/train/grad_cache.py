@@ -3,7 +3,8 @@
 The loss couples every question with every passage, so plain gradient accumulation would shrink the negatives
 pool. GradCache splits the step in three (Gao et al., 2021):
 
-1. encode every chunk without a graph, saving the RNG state before each chunk;
+1. encode every chunk without a graph, saving the RNG state before each chunk (outside DDP the last call keeps its
+   graph, and step 3 backpropagates it instead of encoding it again);
 2. compute the loss on the detached representations (the fused loss: no B×N buffer) and backpropagate to them,
    which gives dL/d(representation) for every question and passage (scaled when a grad scaler is used);
 3. re-encode each chunk with its RNG state restored (so dropout draws the same masks) and backpropagate the
@@ -75,9 +76,10 @@ def trim_padding(tokens: Tokens) -> Tokens:
 
 
 def length_sorted_chunks(tokens: Tokens, chunk_size: int) -> tuple[list[Tokens], torch.Tensor]:
-    """Split a right-padded batch into chunks of rows of similar length, longest first, each trimmed to its own
+    """Split a right-padded batch into chunks of rows of similar length, shortest first, each trimmed to its own
     longest row; returns the chunks and ``restore``, the index that puts the chunks' concatenated outputs back in
-    the batch's order (``torch.cat(outputs)[restore]``).
+    the batch's order (``torch.cat(outputs)[restore]``). Shortest first puts the longest chunk last, where
+    :class:`GradCacheStep` keeps the graph of the first pass instead of encoding it twice.
 
     A batch is padded to its longest text, and a chunk of rows taken in batch order almost always holds one such
     row, so every chunk would cost the full width. Sorted, the chunks of short texts are short: on SQuAD triples cut
@@ -86,7 +88,7 @@ def length_sorted_chunks(tokens: Tokens, chunk_size: int) -> tuple[list[Tokens],
     The loss sees the rows in batch order, so the gradient is the same; only which dropout draws fall on which row
     changes. ``BiEncoder.encode`` sorts the same way at inference."""
     lengths = tokens["attention_mask"].sum(dim=1)
-    order = torch.argsort(lengths, descending=True, stable=True)
+    order = torch.argsort(lengths, stable=True)
     n = lengths.shape[0]
     ordered = {k: (v.index_select(0, order) if v.dim() >= 1 and v.shape[0] == n else v) for k, v in tokens.items()}
     return [trim_padding(t) for t in split_tokens(ordered, chunk_size)], torch.argsort(order)
@@ -118,19 +120,27 @@ class GradCacheStep:
         precision, in chunk order) to the loss to differentiate; ``backward(loss)`` runs its backward pass (e.g. through a grad
         scaler). Returns the loss, detached."""
         calls = chunk_schedule(len(q_chunks), len(p_chunks))
+        no_sync = getattr(self.encoder, "no_sync", None)
+        # Outside DDP the last call keeps its graph from the first pass and is backpropagated first in the third,
+        # which spares re-encoding one chunk; its graph is alive while the loss is computed, which costs no more
+        # than the re-encoded chunk would. DDP must see the last call's backward last, so there it is re-encoded.
+        keep_last = no_sync is None
 
-        # 1. representations without a graph; remember each call's RNG state
-        states, q_reps, p_reps = [], [], []
-        with torch.no_grad():
-            for qi, pi in calls:
-                states.append(RandomState(self.cuda_devices))
-                with self.autocast():
-                    q, p = self.encoder(q_chunks[qi] if qi is not None else None, p_chunks[pi] if pi is not None else None)
-                # the encoder's own precision goes into the loss (which accumulates in fp32), as without GradCache
-                if q is not None:
-                    q_reps.append(q)
-                if p is not None:
-                    p_reps.append(p)
+        # 1. representations without a graph (but the kept call's); remember each call's RNG state
+        states, q_reps, p_reps, kept = [], [], [], []
+        for k, (qi, pi) in enumerate(calls):
+            states.append(RandomState(self.cuda_devices))
+            keep = keep_last and k == len(calls) - 1
+            with (contextlib.nullcontext() if keep else torch.no_grad()), self.autocast():
+                q, p = self.encoder(q_chunks[qi] if qi is not None else None, p_chunks[pi] if pi is not None else None)
+            if keep:
+                kept = [out for out in (q, p) if out is not None]
+                q, p = (q.detach() if q is not None else None), (p.detach() if p is not None else None)
+            # the encoder's own precision goes into the loss (which accumulates in fp32), as without GradCache
+            if q is not None:
+                q_reps.append(q)
+            if p is not None:
+                p_reps.append(p)
         after_encoding = RandomState(self.cuda_devices)
 
         # 2. loss and its gradient with respect to the representations (a side without chunks, e.g. a frozen
@@ -144,7 +154,12 @@ class GradCacheStep:
         del q_all, p_all, q_reps, p_reps
 
         # 3. re-encode chunk by chunk with the same random draws and push the cached gradients into the encoder
-        no_sync = getattr(self.encoder, "no_sync", None)
+        if kept:
+            qi, pi = calls[-1]
+            torch.autograd.backward(kept, [g for g in ((q_grads[qi] if qi is not None else None),
+                                                       (p_grads[pi] if pi is not None else None)) if g is not None])
+            del kept
+            calls, states = calls[:-1], states[:-1]
         for k, ((qi, pi), state) in enumerate(zip(calls, states)):
             last = k == len(calls) - 1
             context = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
