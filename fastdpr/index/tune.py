@@ -20,7 +20,7 @@ wider margin.
 
 The margin alone does not undo that choice: bisection over nprobe and then over ``exact`` tests dozens of settings
 near the target and keeps the cheapest one whose sample recall happens to clear it (1M x 768 calibrated: 0.9530 on
-the sample, 0.9483 held out, ``ann_auto_1m768.md`` at commit 91f46b0's code). So a sample of at least
+the sample, 0.9483 held out, ``ann_auto_1m768.md`` at commit 106ed59). So a sample of at least
 ``2 * CONFIRM_MIN`` queries is split in two, alternate rows: the settings are chosen on one half, and the other half,
 which took no part in the choice, must confirm the winner with the same margin; where it does not, nprobe grows
 by an eighth at a time (then the re-rank depth doubles, then every candidate is read in full) until it does. The
