@@ -157,7 +157,6 @@ def test_tune_reaches_the_target_on_held_out_queries(data, spec):
 
 
 @needs_c
-@needs_c
 def test_a_confirming_half_that_falls_short_raises_the_settings(data):
     # easy queries in the rows that choose, far harder ones in the rows that confirm: the choice must grow
     x, q_tune, _ = data
@@ -180,6 +179,7 @@ def test_a_confirming_half_that_falls_short_raises_the_settings(data):
         index.tune(mixed, target_recall=target, k=k, truth=truth)
 
 
+@needs_c
 def test_tuned_settings_are_saved_loaded_and_used(tmp_path, data):
     x, q_tune, q_held = data
     index = build_index(x, "ivfpq,nbits=4,nlist=64,store=fp16")

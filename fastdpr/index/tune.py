@@ -241,8 +241,8 @@ def _tune_ivfpq(index, q, k, target_recall, truth, threads) -> TuneResult:
             params["exact"] = 0
         else:
             raise InputError(f"tune: recall@{k} {target_recall} is out of reach of this index: the chosen settings "
-                             f"{result.chosen} and every larger nprobe give {check.recall(**params):.4f} on the "
-                             "confirming half of the sample")
+                             f"{result.chosen} and every larger setting tried (up to {params}) give "
+                             f"{check.recall(**params):.4f} on the confirming half of the sample")
     if params != result.chosen:
         index.nprobe, index.rerank = int(params["nprobe"]), int(params["rerank"])
         if "exact" in params:

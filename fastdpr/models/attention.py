@@ -119,8 +119,8 @@ def _probabilities(q, k, mask, scaling):
 
 
 # Scores of this many elements (512 KiB in fp32) stay in a core's L2 cache between the products, the softmax and the
-# mask. The whole (B, H, L, L) scores of a training chunk (32 × 12 × 128², 25 MB) would go to memory and back
-# five times: one 1-thread MiniLM attention forward took 26 ms at that size and 17 ms in blocks (probe, AMD EPYC).
+# mask; the whole (B, H, L, L) scores of a training chunk (32 × 12 × 128², 25 MB) would go to memory and back
+# between each of those steps.
 _BLOCK_ELEMENTS = 1 << 17
 
 

@@ -28,6 +28,12 @@ def topk_of(metric: str) -> int | None:
     return None
 
 
+def encode_length_sorted(tokens: dict, chunk_size: int, encode) -> torch.Tensor:
+    """``encode`` over length-sorted chunks of ``tokens``, its rows back in batch order."""
+    chunks, restore = length_sorted_chunks(tokens, chunk_size)
+    return torch.cat([encode(t) for t in chunks])[restore]
+
+
 class BiEncoderTask(Task):
     """Trains a ``BiEncoder`` on :class:`~fastdpr.train.data.Example` lists. ``loss_fn`` defaults to the fused
     ``fastdpr.kernels.inbatch_nll``; ``corpus`` (a ``fastdpr.data.Corpus`` or a path) turns on top-k accuracy
@@ -150,7 +156,6 @@ class BiEncoderTask(Task):
         if self.args.grad_cache:
             q_chunks, q_restore = length_sorted_chunks(q_tokens, self.args.chunk_size)
             p_chunks, p_restore = length_sorted_chunks(p_tokens, self.args.chunk_size)
-            q_restore, p_restore = q_restore.to(self.device), p_restore.to(self.device)
             loss = self.grad_cache(trainer)(
                 q_chunks, p_chunks, lambda q, p: loss_from_reps(q[q_restore], p[p_restore]), trainer.backward)
         else:
@@ -167,9 +172,8 @@ class BiEncoderTask(Task):
         mode, so exactly as the corpus was), the pool joins them as columns, and only questions get gradients."""
         self.model.passage_encoder.eval()
         chunk = self.args.chunk_size if self.args.grad_cache else max(1, p_tokens["input_ids"].shape[0])
-        p_chunks, p_restore = length_sorted_chunks(p_tokens, chunk)
         with torch.no_grad(), trainer.autocast():
-            p_real = torch.cat([self.model(None, t)[1] for t in p_chunks])[p_restore.to(self.device)]
+            p_real = encode_length_sorted(p_tokens, chunk, lambda t: self.model(None, t)[1])
 
         def loss_from_reps(q, _p=None):
             p = place_columns(p_real.to(q.dtype), local.passage_columns, local.n_columns)
@@ -185,7 +189,6 @@ class BiEncoderTask(Task):
 
         if self.args.grad_cache:
             q_chunks, q_restore = length_sorted_chunks(q_tokens, self.args.chunk_size)
-            q_restore = q_restore.to(self.device)
             return self.grad_cache(trainer)(q_chunks, [], lambda q, _p: loss_from_reps(q[q_restore]),
                                             trainer.backward)
         with trainer.autocast():
@@ -241,11 +244,9 @@ class BiEncoderTask(Task):
 
     def _encode_chunked(self, q_tokens: dict, p_tokens: dict) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.args.chunk_size if self.args.grad_cache else max(q_tokens["input_ids"].shape[0], 1)
-        q_chunks, q_restore = length_sorted_chunks(q_tokens, c)
-        qs = torch.cat([self.model(t, None)[0].float() for t in q_chunks])[q_restore.to(self.device)]
+        qs = encode_length_sorted(q_tokens, c, lambda t: self.model(t, None)[0].float())
         c = self.args.chunk_size if self.args.grad_cache else max(p_tokens["input_ids"].shape[0], 1)
-        p_chunks, p_restore = length_sorted_chunks(p_tokens, c)
-        ps = torch.cat([self.model(None, t)[1].float() for t in p_chunks])[p_restore.to(self.device)]
+        ps = encode_length_sorted(p_tokens, c, lambda t: self.model(None, t)[1].float())
         return qs, ps
 
     def _average_rank(self, q_pool, p_pool, key_pool, pos_cols) -> float:

@@ -83,10 +83,10 @@ def length_sorted_chunks(tokens: Tokens, chunk_size: int) -> tuple[list[Tokens],
 
     A batch is padded to its longest text, and a chunk of rows taken in batch order almost always holds one such
     row, so every chunk would cost the full width. Sorted, the chunks of short texts are short: on SQuAD triples cut
-    at 128 tokens this removes about two thirds of the padded positions (32,768 → 30,080 passage positions at batch 128, 28,642
-    of them tokens).
-    The loss sees the rows in batch order, so the gradient is the same; only which dropout draws fall on which row
-    changes. ``BiEncoder.encode`` sorts the same way at inference."""
+    at 128 tokens this removes about two thirds of the padded positions (32,768 → 30,080 passage positions at batch
+    128, 28,642 of them tokens). The loss sees the rows in batch order, so the gradient is the same; only which
+    dropout draws fall on which row changes. ``BiEncoder.encode`` sorts by length too, at inference. ``restore`` is
+    on the tokens' device."""
     lengths = tokens["attention_mask"].sum(dim=1)
     order = torch.argsort(lengths, stable=True)
     n = lengths.shape[0]
@@ -156,8 +156,8 @@ class GradCacheStep:
         # 3. re-encode chunk by chunk with the same random draws and push the cached gradients into the encoder
         if kept:
             qi, pi = calls[-1]
-            torch.autograd.backward(kept, [g for g in ((q_grads[qi] if qi is not None else None),
-                                                       (p_grads[pi] if pi is not None else None)) if g is not None])
+            grads = ([q_grads[qi]] if qi is not None else []) + ([p_grads[pi]] if pi is not None else [])
+            torch.autograd.backward(kept, grads)
             del kept
             calls, states = calls[:-1], states[:-1]
         for k, ((qi, pi), state) in enumerate(zip(calls, states)):
