@@ -1,24 +1,35 @@
-"""Real question-answering data that ships inside packages on PyPI: download once, check, extract, load.
+"""Real question-answering data, byte for byte as its authors publish it: fetch once, check, load, split.
 
-Nothing here comes from a dataset hub. Two archives carry everything:
-
-* ``bigbench==1.0.0`` (a 358 MB sdist, never installed) holds
-  ``contextual_parametric_knowledge_conflicts/task.json`` — 17,528 Natural Questions questions, each with its gold
-  Wikipedia paragraph in which the answer entity was swapped for another one — plus SQuAD v1.1 dev and the
-  SQuADShifts sets under ``squad_shifts/``.
-* ``pyserini==0.19.2`` (a wheel) holds the official DPR test/dev question files inside its Anserini jar under
-  ``topics-and-qrels/topics.dpr.*``.
+Every file comes from a public repository at a pinned commit and must hash to a pinned sha256 (``FILES``); a file
+that differs is refused by name. Where the machine reaches no network, a folder holding the same files stands in
+(``fastdpr data fetch --from DIR``, or ``$FASTDPR_DATA_DIR``); after one fetch the files live in the cache and
+nothing else is needed.
 
 Usage::
 
     from fastdpr.data import sources
-    cache = sources.fetch()                      # downloads, sha256-checks and extracts into the cache, once
-    passages, questions = sources.load_nq(sources.member_path(cache, "nq"))
-    splits = sources.split_by_question(questions)   # {"train": [...], "dev": [...], "test": [...]}
+    cache = sources.fetch()                          # the cache (~/.cache/fastdpr), every file checked
+    passages, questions = sources.load(cache, "qed")
+    prepared = sources.prepare(cache)                # {name: {"passages", "train", "dev", "test", "counts"}}
 
-Every loader returns passages as ``{"id", "title", "text"}`` dicts with stable ids (a hash of the text, so the same
-paragraph gets the same id whichever subset is loaded) and questions as ``{"qid", "question", "answers",
-"gold_ids"}`` records, ``gold_ids`` being the ids of the passages the question was written about.
+Loaders return passages as ``{"id", "title", "text"}`` dicts with stable ids (a hash of title and text, so the same
+paragraph gets the same id in every subset and on every machine) and questions as ``{"qid", "question",
+"answers", "gold_ids"}`` records, ``gold_ids`` naming the passages (paragraphs) a question was written about.
+
+Which set plays which part (docs/architecture.md, "Real data"):
+
+* ``qed``: 1,355 Natural Questions questions with the Wikipedia paragraph each was answered from (QED's dev set,
+  a subset of NQ dev). Split by article: half the articles are the **NQ test set** (NQ is what DPR and the starting
+  model were trained on, so it is the set readers compare with), a tenth validation, the rest training.
+* ``new_wiki``: SQuADShifts' new Wikipedia articles, SQuAD-style questions written on paragraphs. Split by article
+  (48 articles): 80% training, 10% validation, 10% an in-domain test set. It is the only large set of SQuAD-style
+  questions here, and SQuAD-style questions are where a retriever still has to learn lexical precision.
+* ``xquad``: the 240 paragraphs / 1,190 questions of SQuAD v1.1 dev in XQuAD, the **SQuAD test set**; never
+  trained on.
+* ``reddit``, ``amazon``: SQuADShifts' Reddit posts and Amazon reviews, the **unseen domains**: no training,
+  validation or choice of a setting ever reads them.
+* ``nq_open_dev``, ``efficientqa_dev``, ``efficientqa_test`` and ``dpr:<set>``: real questions with answers and no
+  passages (a realistic query stream for speed and index benchmarks).
 """
 from __future__ import annotations
 
@@ -28,12 +39,8 @@ import json
 import os
 import shutil
 import ssl
-import tarfile
-import urllib.parse
 import urllib.request
-import zipfile
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -41,48 +48,87 @@ from fastdpr.atomic import atomic_open, write_json
 from fastdpr.errors import DataUnavailable, FastDPRError, InputError
 
 CACHE_ENV = "FASTDPR_CACHE"
-DEFAULT_INDEX = "https://pypi.org/simple/"
+#: a folder holding the published files (as under ``FILES``), taken instead of the network
+DATA_DIR_ENV = "FASTDPR_DATA_DIR"
 
 
 @dataclass(frozen=True)
-class Archive:
-    """One file on a package index, pinned by its sha256."""
+class QAFile:
+    """One published file, pinned by repository, commit and sha256."""
 
-    project: str
-    filename: str
+    name: str
+    repo: str
+    commit: str
+    path: str
     sha256: str
-    size: int
+    licence: str
+
+    @property
+    def url(self) -> str:
+        return f"https://raw.githubusercontent.com/{self.repo}/{self.commit}/{self.path}"
+
+    @property
+    def origin(self) -> str:
+        return f"github.com/{self.repo} at {self.commit[:12]}, {self.path}"
 
 
-ARCHIVES = {
-    "bigbench": Archive(
-        "bigbench",
-        "bigbench-1.0.0.tar.gz",
-        "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2",
-        358249635,
-    ),
-    "pyserini": Archive(
-        "pyserini",
-        "pyserini-0.19.2-py3-none-any.whl",
-        "43b883942bf4001dd1664b868bcf80b85940440f6f91161ccae8f6692cbda677",
-        0,  # not checked; the sha256 is
-    ),
+_QED = "google-research-datasets/QED", "2492920337122918bbfc7d12c1268b9af796c6cf"
+_XQUAD = "deepmind/xquad", "60cac411649156efb6aab9dd4c9cde787a2c0345"
+_SHIFTS = "modestyachts/squadshifts-website", "b7cc4d50af791c36c49417fb94dd739d6a9e7bef"
+_NQ = "google-research-datasets/natural-questions", "fb26a3073b1fe636c97302890a27b491d6530130"
+_ANSERINI = "castorini/anserini-tools", "5b819c1a45c8a0a3ec9426f476694f44a29dfaf3"
+
+
+_ROWS = [
+    ("qed-dev.jsonlines", _QED, "qed-dev.jsonlines",
+     "2ea322b71a333023380c3954083b81af2d5670c8ac47ddec58c843233895c429", "CC BY-SA 3.0"),
+    ("xquad.en.json", _XQUAD, "xquad.en.json",
+     "e4c57d1c9143aaa1c5d265ba5987a65f4e69528d2a98f29d6e75019b10344f29", "CC BY-SA 4.0"),
+    ("squadshifts_new_wiki_v1.0.json", _SHIFTS, "datasets/new_wiki_v1.0.json",
+     "1d50a0ca4cdab88d038b52ea8a2d0510af6038d7f41a0a256b9659237769d0ee", "CC BY 4.0"),
+    ("squadshifts_reddit_v1.0.json", _SHIFTS, "datasets/reddit_v1.0.json",
+     "b4ac346dbf1816fdec80fdcf91d06a4b754fa51e47960fa8614a94f37ea42a4b", "CC BY 4.0"),
+    ("squadshifts_amazon_reviews_v1.0.json", _SHIFTS, "datasets/amazon_reviews_v1.0.json",
+     "9db7bdee84a91f0fb80b9e74f365042fbbb217cb8e0a7e73bb071245472589b6", "CC BY 4.0"),
+    ("NQ-open.dev.jsonl", _NQ, "nq_open/NQ-open.dev.jsonl",
+     "f15567f38099f3615f5b8a685c0aef449c11ad90d3da3735e8d1b98115b40616", "CC BY-SA 3.0"),
+    ("NQ-open.efficientqa.dev.1.1.jsonl", _NQ, "nq_open/NQ-open.efficientqa.dev.1.1.jsonl",
+     "0ad45e2fa9fd32d10b3cf08c63e6d22f97ba1a0ce44ea98040f4c18bce7e268d", "CC BY-SA 3.0"),
+    ("NQ-open.efficientqa.test.1.1.jsonl", _NQ, "nq_open/NQ-open.efficientqa.test.1.1.jsonl",
+     "c37b3cb2069632dfef219fa770d7910ac77ff6d12a08e8f3d5f058b388aca8a6", "CC BY-SA 3.0"),
+    ("topics.dpr.nq.test.txt", _ANSERINI, "topics/topics.dpr.nq.test.txt",
+     "480cfe1d5b81bedd879ffe7c6a9ec294d317811e71c44daabfe242ca9d719d46", "CC BY-SA 3.0 (NQ)"),
+    ("topics.dpr.nq.dev.txt", _ANSERINI, "topics/topics.dpr.nq.dev.txt",
+     "95ab55300a28f079302502da5fe48b0e4ced4b25e111fa03d08cb1ba361834c1", "CC BY-SA 3.0 (NQ)"),
+    ("topics.dpr.squad.test.txt", _ANSERINI, "topics/topics.dpr.squad.test.txt",
+     "380c71fadfe5230412b170d87e2373f3bb90027b6121afd21be92a60cf7b2af8", "CC BY-SA 4.0 (SQuAD)"),
+    ("topics.dpr.trivia.dev.txt", _ANSERINI, "topics/topics.dpr.trivia.dev.txt",
+     "79e7ea851bb5ca6ebbfd6c760d032064d324166d46b8ffaf70e0fb733186ed2a", "Apache-2.0 (TriviaQA)"),
+    ("topics.dpr.curated.test.txt", _ANSERINI, "topics/topics.dpr.curated.test.txt",
+     "0545ad16b1ddc5379e3938a3bfd3237c02f0bfe05ef4a2a227957f65c963592b", "as DPR's data (CuratedTREC)"),
+]
+
+
+FILES = {name: QAFile(name, repo, commit, path, digest, licence)
+         for name, (repo, commit), path, digest, licence in _ROWS}
+
+# dataset name -> (file, loader kind, passage-id prefix)
+DATASETS = {
+    "qed": ("qed-dev.jsonlines", "qed", "nq"),
+    "xquad": ("xquad.en.json", "squad", "squad"),
+    "new_wiki": ("squadshifts_new_wiki_v1.0.json", "squad", "newwiki"),
+    "reddit": ("squadshifts_reddit_v1.0.json", "squad", "reddit"),
+    "amazon": ("squadshifts_amazon_reviews_v1.0.json", "squad", "amazon"),
+    "nq_open_dev": ("NQ-open.dev.jsonl", "nq_open", ""),
+    "efficientqa_dev": ("NQ-open.efficientqa.dev.1.1.jsonl", "nq_open", ""),
+    "efficientqa_test": ("NQ-open.efficientqa.test.1.1.jsonl", "nq_open", ""),
 }
+DPR_TOPICS = ("nq.test", "nq.dev", "squad.test", "trivia.dev", "curated.test")
 
-_BIGBENCH_ROOT = "bigbench-1.0.0/bigbench/benchmark_tasks/"
-# dataset name -> member of the bigbench sdist (relative to benchmark_tasks/)
-BIGBENCH_MEMBERS = {
-    "nq": "contextual_parametric_knowledge_conflicts/task.json",
-    "squad_dev": "squad_shifts/squaddev_v1.1.json",
-    "new_wiki": "squad_shifts/new_wiki_v1.0.json",
-    "nyt": "squad_shifts/nyt_v1.0.json",
-    "reddit": "squad_shifts/reddit_v1.0.json",
-    "amazon_reviews": "squad_shifts/amazon_reviews_v1.0.json",
-}
-_ANSERINI_JAR = "pyserini/resources/jars/anserini-0.16.2-fatjar.jar"
-_TOPICS_PREFIX = "topics-and-qrels/topics.dpr."
-# DPR question sets in the Anserini jar
-DPR_TOPICS = ("nq.test", "nq.dev", "trivia.test", "trivia.dev", "squad.test", "wq.test", "curated.test")
+#: (dev, test) shares of each set with passages, split by article; a set not named is a test set only
+SPLITS = {"qed": (0.1, 0.5), "new_wiki": (0.1, 0.1)}
+#: the sets :func:`prepare` writes by default: every set with passages
+PASSAGE_SETS = ("qed", "xquad", "new_wiki", "reddit", "amazon")
 
 
 def default_cache() -> Path:
@@ -91,68 +137,13 @@ def default_cache() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "fastdpr"
 
 
-# --------------------------------------------------------------------------------------------------------- download
+def default_source_dir() -> Path | None:
+    """``$FASTDPR_DATA_DIR`` if set: a local copy of the published files."""
+    env = os.environ.get(DATA_DIR_ENV)
+    return Path(env).expanduser() if env else None
 
 
-class _LinkParser(HTMLParser):
-    """Collects ``<a href>`` links of a PEP 503 simple-index page."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "a":
-            href = dict(attrs).get("href")
-            if href:
-                self.links.append(href)
-
-
-def _ssl_context() -> ssl.SSLContext:
-    # honour the same CA bundle pip is told to use, so a machine behind a TLS-inspecting proxy works the same
-    cafile = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or None
-    if cafile and not Path(cafile).is_file():
-        cafile = None
-    return ssl.create_default_context(cafile=cafile)
-
-
-def _open_url(url: str, timeout: float = 60.0):
-    request = urllib.request.Request(url, headers={"User-Agent": "fastdpr-data-fetch"})
-    return urllib.request.urlopen(request, timeout=timeout, context=_ssl_context())
-
-
-def resolve_url(archive: Archive, index_url: str | None = None) -> str:
-    """The download URL of ``archive`` as listed on the simple index page of its project.
-
-    ``pip download bigbench==1.0.0`` fails with pip >= 24 (the package metadata declares a direct-URL dependency),
-    so the file is taken from the index page directly; the page's ``#sha256=`` fragment must agree with our pin."""
-    index_url = index_url or os.environ.get("PIP_INDEX_URL") or DEFAULT_INDEX
-    page_url = urllib.parse.urljoin(index_url.rstrip("/") + "/", archive.project + "/")
-    try:
-        with _open_url(page_url) as response:
-            page = response.read().decode("utf-8", "replace")
-    except OSError as err:
-        raise DataUnavailable(f"cannot read the package index page {page_url}: {err}") from err
-    parser = _LinkParser()
-    parser.feed(page)
-    for href in parser.links:
-        url, _, fragment = href.partition("#")
-        if urllib.parse.unquote(url.rsplit("/", 1)[-1]) != archive.filename:
-            continue
-        if fragment.startswith("sha256=") and fragment[len("sha256="):] != archive.sha256:
-            raise FastDPRError(
-                f"{page_url} lists {archive.filename} with sha256 {fragment[7:]}, expected {archive.sha256}"
-            )
-        return urllib.parse.urljoin(page_url, url)
-    listed = sorted({urllib.parse.unquote(h.partition("#")[0].rsplit("/", 1)[-1]) for h in parser.links})
-    # a release can disappear from an index (removed upstream, or hidden by a mirror): say what is there and how
-    # to hand the pinned file over instead, rather than only that it is missing
-    raise DataUnavailable(
-        f"{archive.filename} is not listed on {page_url} (it lists: {', '.join(listed) or 'nothing'}); "
-        f"put a copy of {archive.filename} (sha256 {archive.sha256[:12]}...) into the cache's downloads/ folder "
-        f"({default_cache() / 'downloads'} by default), pass a folder holding every archive as --from DIR, "
-        f"or set PIP_INDEX_URL to an index that has it"
-    )
+# ------------------------------------------------------------------------------------------------------------ fetch
 
 
 def sha256_of(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -163,136 +154,97 @@ def sha256_of(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def _copy_checked(source, destination: Path, archive: Archive, total: int | None, show_progress: bool) -> None:
-    """Stream ``source`` (a binary file object) into ``destination`` atomically, refusing a sha256 mismatch."""
-    from fastdpr.progress import progress
+def _ssl_context() -> ssl.SSLContext:
+    # the CA bundle pip is told to use, so a machine behind a TLS-inspecting proxy works the same
+    cafile = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or None
+    if cafile and not Path(cafile).is_file():
+        cafile = None
+    return ssl.create_default_context(cafile=cafile)
 
+
+def _copy_checked(source, destination: Path, file: QAFile) -> None:
+    """Stream ``source`` (a binary file object) into ``destination`` atomically, refusing a sha256 mismatch."""
     digest = hashlib.sha256()
-    with atomic_open(destination, "wb") as out, progress(
-        total=total or None, unit="B", desc=archive.filename, enabled=show_progress
-    ) as bar:
+    with atomic_open(destination, "wb") as out:
         while block := source.read(1 << 20):
             digest.update(block)
             out.write(block)
-            bar.update(len(block))
-        if digest.hexdigest() != archive.sha256:
-            # raising inside atomic_open discards the temporary file: a bad download never lands in the cache
+        if digest.hexdigest() != file.sha256:
+            # raising inside atomic_open discards the temporary file: a wrong file never lands in the cache
             raise FastDPRError(
-                f"{archive.filename}: sha256 {digest.hexdigest()} does not match the pinned {archive.sha256}"
+                f"{file.name}: sha256 {digest.hexdigest()} differs from the pinned {file.sha256} "
+                f"(the published file is {file.origin}); refused"
             )
 
 
-def download(
-    name: str,
-    cache: str | os.PathLike | None = None,
-    source_dir: str | os.PathLike | None = None,
-    index_url: str | None = None,
-    show_progress: bool = True,
-) -> Path:
-    """Put archive ``name`` (``"bigbench"`` or ``"pyserini"``) into ``cache/downloads/``, once.
+def _hand_over(file: QAFile, cache: Path) -> str:
+    return (f"it is published at {file.origin}: run `fastdpr data fetch` where that is reachable, or put a copy "
+            f"in a folder and run `fastdpr data fetch --from DIR` (or set ${DATA_DIR_ENV}=DIR); "
+            f"the cache is {cache}")
 
-    A file already there with the right sha256 is kept. ``source_dir`` takes the file from a local directory (an
-    offline mirror) instead of the index. The file appears only complete and verified."""
-    archive = ARCHIVES[name]
+
+def cached_path(name: str, cache: str | os.PathLike | None = None) -> Path:
+    """Where file ``name`` lies once fetched (``cache/qa/<name>``)."""
+    return (Path(cache) if cache is not None else default_cache()) / "qa" / name
+
+
+def fetch_file(name: str, cache: str | os.PathLike | None = None, source_dir: str | os.PathLike | None = None,
+               timeout: float = 120.0) -> Path:
+    """Put file ``name`` into ``cache/qa/`` once, checked against its sha256, and return its path.
+
+    A file already there that was checked (a ``.sha256`` stamp beside it) is kept. Otherwise it is copied from
+    ``source_dir`` (default ``$FASTDPR_DATA_DIR``) when given, else downloaded from its repository."""
+    if name not in FILES:
+        raise KeyError(f"unknown data file {name!r}; known: {sorted(FILES)}")
+    file = FILES[name]
     cache = Path(cache) if cache is not None else default_cache()
-    target = cache / "downloads" / archive.filename
+    target = cached_path(name, cache)
     stamp = target.with_name(target.name + ".sha256")
-    if target.is_file() and stamp.is_file() and stamp.read_text().strip() == archive.sha256:
+    if target.is_file() and stamp.is_file() and stamp.read_text().strip() == file.sha256:
         return target
-    if target.is_file() and sha256_of(target) == archive.sha256:
-        stamp.write_text(archive.sha256 + "\n")
-        return target
+    source_dir = Path(source_dir) if source_dir is not None else default_source_dir()
     if source_dir is not None:
-        local = Path(source_dir) / archive.filename
+        local = source_dir / name
         if not local.is_file():
-            raise InputError(f"{archive.filename} not found in {source_dir}", path=str(source_dir))
+            raise DataUnavailable(f"{name}: not found in {source_dir}; {_hand_over(file, cache)}")
         with open(local, "rb") as fh:
-            _copy_checked(fh, target, archive, local.stat().st_size, show_progress)
+            _copy_checked(fh, target, file)
     else:
-        url = resolve_url(archive, index_url)
+        request = urllib.request.Request(file.url, headers={"User-Agent": "fastdpr-data-fetch"})
         try:
-            with _open_url(url, timeout=180) as response:
-                total = int(response.headers.get("Content-Length") or 0)
-                _copy_checked(response, target, archive, total, show_progress)
+            with urllib.request.urlopen(request, timeout=timeout, context=_ssl_context()) as response:
+                _copy_checked(response, target, file)
         except OSError as err:
-            raise FastDPRError(f"download of {url} failed: {err}") from err
+            raise DataUnavailable(f"{name}: cannot download {file.url} ({err}); {_hand_over(file, cache)}") from err
     with atomic_open(stamp, "w") as fh:
-        fh.write(archive.sha256 + "\n")
+        fh.write(file.sha256 + "\n")
     return target
 
 
-# ---------------------------------------------------------------------------------------------------------- extract
+def fetch(cache: str | os.PathLike | None = None, source_dir: str | os.PathLike | None = None,
+          names: Iterable[str] | None = None, show_progress: bool = True) -> Path:
+    """Fetch every file (or ``names``) into the cache, each checked; return the cache. Safe to call again."""
+    from fastdpr.progress import progress
 
-
-def member_path(cache: str | os.PathLike, dataset: str) -> Path:
-    """Where the extracted file of ``dataset`` lies in the cache: a key of ``BIGBENCH_MEMBERS`` or ``"dpr:<set>"``
-    (e.g. ``"dpr:nq.test"``)."""
-    cache = Path(cache)
-    if dataset.startswith("dpr:"):
-        return cache / "dpr_topics" / f"topics.dpr.{dataset[4:]}.txt"
-    if dataset not in BIGBENCH_MEMBERS:
-        raise KeyError(f"unknown dataset {dataset!r}; known: {sorted(BIGBENCH_MEMBERS)} and dpr:<set>")
-    return cache / "bigbench" / BIGBENCH_MEMBERS[dataset]
-
-
-def extract_bigbench(tarball: str | os.PathLike, cache: str | os.PathLike) -> dict[str, Path]:
-    """Extract the few needed members of the bigbench sdist in one pass over the tarball (≈6 s), once."""
-    cache = Path(cache)
-    wanted = {_BIGBENCH_ROOT + member: name for name, member in BIGBENCH_MEMBERS.items()}
-    paths = {name: member_path(cache, name) for name in BIGBENCH_MEMBERS}
-    if all(p.is_file() for p in paths.values()):
-        return paths
-    found = set()
-    with tarfile.open(tarball, "r:gz") as tar:
-        for info in tar:
-            name = wanted.get(info.name)
-            if name is None or not info.isfile():
-                continue
-            source = tar.extractfile(info)
-            with atomic_open(paths[name], "wb") as out:
-                shutil.copyfileobj(source, out, 1 << 20)
-            found.add(name)
-            if len(found) == len(wanted):
-                break
-    missing = sorted(set(wanted.values()) - found)
-    if missing:
-        raise InputError(f"members missing from the archive: {missing}", path=str(tarball))
-    return paths
-
-
-def extract_dpr_topics(wheel: str | os.PathLike, cache: str | os.PathLike) -> dict[str, Path]:
-    """Extract ``topics.dpr.*`` from the Anserini jar nested in the pyserini wheel, once."""
-    cache = Path(cache)
-    paths = {s: member_path(cache, f"dpr:{s}") for s in DPR_TOPICS}
-    if all(p.is_file() for p in paths.values()):
-        return paths
-    with zipfile.ZipFile(wheel) as whl, whl.open(_ANSERINI_JAR) as jar_file:
-        # ZipFile needs a seekable file; members of a deflated zip are not, so the jar (135 MB) is read to memory
-        import io
-
-        with zipfile.ZipFile(io.BytesIO(jar_file.read())) as jar:
-            for split, path in paths.items():
-                with atomic_open(path, "wb") as out:
-                    out.write(jar.read(f"{_TOPICS_PREFIX}{split}.txt"))
-    return paths
-
-
-def fetch(
-    cache: str | os.PathLike | None = None,
-    source_dir: str | os.PathLike | None = None,
-    index_url: str | None = None,
-    show_progress: bool = True,
-    with_topics: bool = True,
-) -> Path:
-    """Download, verify and extract everything; return the cache directory. Safe to call again: finished steps
-    are skipped."""
     cache = Path(cache) if cache is not None else default_cache()
-    tarball = download("bigbench", cache, source_dir, index_url, show_progress)
-    extract_bigbench(tarball, cache)
-    if with_topics:
-        wheel = download("pyserini", cache, source_dir, index_url, show_progress)
-        extract_dpr_topics(wheel, cache)
+    names = list(names) if names is not None else list(FILES)
+    with progress(total=len(names), unit="file", desc="data", enabled=show_progress) as bar:
+        for name in names:
+            fetch_file(name, cache, source_dir)
+            bar.update(1)
     return cache
+
+
+def dataset_path(cache: str | os.PathLike, dataset: str) -> Path:
+    """The fetched file of ``dataset`` (a key of ``DATASETS`` or ``"dpr:<set>"``), checked to be there."""
+    name = f"topics.dpr.{dataset[4:]}.txt" if dataset.startswith("dpr:") else DATASETS[dataset][0] \
+        if dataset in DATASETS else None
+    if name is None or name not in FILES:
+        raise KeyError(f"unknown dataset {dataset!r}; known: {sorted(DATASETS)} and dpr:<{'|'.join(DPR_TOPICS)}>")
+    path = cached_path(name, cache)
+    if not path.is_file():
+        raise DataUnavailable(f"{name} is not in the cache; {_hand_over(FILES[name], Path(cache))}")
+    return path
 
 
 # ---------------------------------------------------------------------------------------------------------- loaders
@@ -314,42 +266,42 @@ def _load_json(path: str | os.PathLike) -> dict:
         raise InputError("file not found (run `fastdpr data fetch` first)", path=str(path)) from err
 
 
-_Q_PREFIX = "\nQuestion: "
-_C_SEP = "\nContext: "
+def load_qed(path: str | os.PathLike, prefix: str = "nq") -> tuple[list[dict], list[dict]]:
+    """QED's jsonlines: each line a Natural Questions question with its Wikipedia paragraph (``paragraph_text``,
+    title ``title_text``) and NQ's short answers (``original_nq_answers``: one list of spans per annotator, with
+    character offsets into the paragraph, checked here).
 
-
-def load_nq(path: str | os.PathLike) -> tuple[list[dict], list[dict]]:
-    """Natural Questions from bigbench's ``contextual_parametric_knowledge_conflicts/task.json``.
-
-    Each example's context had its answer entity replaced by a substitute (``target``, scored 1); the original
-    answer is the key of ``target_scores`` scored 0. Putting the original back restores the real Wikipedia
-    paragraph and the real answer, which is then checked to occur in the paragraph. Paragraphs carry no title.
-    Returns (unique passages in first-seen order, questions)."""
-    data = _load_json(path)
-    examples = data.get("examples") if isinstance(data, dict) else None
-    if not isinstance(examples, list):
-        raise InputError("expected a bigbench task with an 'examples' list", path=str(path))
+    Answers are the distinct strings of the single-span annotations, as NQ-open keeps them (a multi-span
+    annotation, a list of several names, is no one answer string); a question whose annotators all gave several
+    spans keeps every span, so that no question loses its answers. Returns (unique paragraphs, questions)."""
     passages: dict[str, dict] = {}
     questions = []
-    for i, ex in enumerate(examples):
-        try:
-            text_in, target, scores = ex["input"], ex["target"], ex["target_scores"]
-        except (KeyError, TypeError) as err:
-            raise InputError(f"example {i}: missing field {err}", path=str(path)) from err
-        head, sep, context = text_in.partition(_C_SEP)
-        if not sep or not head.startswith(_Q_PREFIX):
-            raise InputError(f"example {i}: input is not '\\nQuestion: ...\\nContext: ...'", path=str(path))
-        question = head[len(_Q_PREFIX):].strip()
-        originals = [answer for answer, score in scores.items() if score == 0]
-        if len(originals) != 1:
-            raise InputError(f"example {i}: expected one answer scored 0, got {originals}", path=str(path))
-        answer = originals[0]
-        text = context.replace(target, answer).strip()
-        if answer not in text:
-            raise InputError(f"example {i}: restored answer {answer!r} not in its passage", path=str(path))
-        pid = passage_id("nq", "", text)
-        passages.setdefault(pid, {"id": pid, "title": "", "text": text})
-        questions.append({"qid": f"nq-{i}", "question": question, "answers": [answer], "gold_ids": [pid]})
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                title, text = str(record["title_text"]), record["paragraph_text"]
+                question, annotations = record["question_text"], record["original_nq_answers"]
+                example = record["example_id"]
+            except json.JSONDecodeError as err:
+                raise InputError(f"bad JSON: {err.msg}", path=str(path), line=number) from err
+            except (KeyError, TypeError) as err:
+                raise InputError(f"missing field {err}", path=str(path), line=number) from err
+            for span in (s for annotation in annotations for s in annotation):
+                if text[span["start"]:span["end"]] != span["string"]:
+                    raise InputError(f"answer {span['string']!r} is not at {span['start']}:{span['end']} of its "
+                                     "paragraph", path=str(path), line=number)
+            single = [a[0]["string"] for a in annotations if len(a) == 1]
+            answers = single or [s["string"] for a in annotations for s in a]
+            answers = [a for a in dict.fromkeys(a.strip() for a in answers) if a]
+            if not answers:
+                raise InputError("a question without an answer", path=str(path), line=number)
+            pid = passage_id(prefix, title, text.strip())
+            passages.setdefault(pid, {"id": pid, "title": title, "text": text.strip()})
+            questions.append({"qid": f"{prefix}-{example}", "question": question.strip(), "answers": answers,
+                              "gold_ids": [pid]})
     return list(passages.values()), questions
 
 
@@ -418,14 +370,33 @@ def load_dpr_topics(path: str | os.PathLike) -> list[dict]:
     return questions
 
 
+def load_nq_open(path: str | os.PathLike, prefix: str = "nqopen") -> list[dict]:
+    """NQ-open / EfficientQA jsonl: ``{"question", "answer": [...]}`` a line, no passages (``gold_ids`` empty).
+    qids are line numbers."""
+    questions = []
+    for number, record in _jsonl(path):
+        question, answers = record.get("question"), record.get("answer")
+        if not isinstance(question, str) or not question.strip():
+            raise InputError("expected a non-empty 'question' string", path=str(path), line=number)
+        if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+            raise InputError("expected 'answer' as a list of strings", path=str(path), line=number)
+        questions.append({"qid": f"{prefix}-{number}", "question": question.strip(), "answers": answers,
+                          "gold_ids": []})
+    return questions
+
+
 def load(cache: str | os.PathLike, dataset: str) -> tuple[list[dict], list[dict]]:
-    """Load one dataset from the cache by name: ``nq``, ``squad_dev``, a SQuADShifts domain, or ``dpr:<set>``."""
-    path = member_path(cache, dataset)
+    """Load one fetched dataset by name (a key of ``DATASETS`` or ``dpr:<set>``): (passages, questions); sets
+    without passages give an empty passage list."""
+    path = dataset_path(cache, dataset)
     if dataset.startswith("dpr:"):
         return [], load_dpr_topics(path)
-    if dataset == "nq":
-        return load_nq(path)
-    return load_squad(path, prefix=dataset.replace("_", ""))
+    _, kind, prefix = DATASETS[dataset]
+    if kind == "qed":
+        return load_qed(path, prefix)
+    if kind == "nq_open":
+        return [], load_nq_open(path, prefix=dataset.replace("_", ""))
+    return load_squad(path, prefix=prefix)
 
 
 # ----------------------------------------------------------------------------------------------------------- splits
@@ -503,40 +474,50 @@ def write_qa_jsonl(path: str | os.PathLike, questions: Iterable[dict]) -> None:
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+    for _, record in _jsonl(path):
+        yield record
+
+
+def _jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
     with open(path, encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
             if line.strip():
                 try:
-                    yield json.loads(line)
+                    yield number, json.loads(line)
                 except json.JSONDecodeError as err:
                     raise InputError(f"bad JSON: {err.msg}", path=str(path), line=number) from err
 
 
-# 2: split by source document (article, or paragraph where there is no title), so no test passage is ever a
-# training positive; 1 (no "split" field): split by question text
-SPLIT_VERSION = 2
+# 3: the published QA files (QED, XQuAD, SQuADShifts), split by article
+SPLIT_VERSION = 3
 
 
-def prepare(cache: str | os.PathLike, datasets: Iterable[str] = ("nq", "squad_dev", "nyt")) -> dict[str, dict]:
-    """Write each dataset in the project's formats under ``cache/prepared/<name>/``: ``passages.jsonl`` and
-    ``{train,dev,test}.jsonl`` (SQuAD dev, an evaluation set, keeps all its questions in ``test.jsonl``).
-    Returns {name: {"passages": path, "train": path, ...}}; existing complete outputs are kept."""
+def prepare(cache: str | os.PathLike, datasets: Iterable[str] = PASSAGE_SETS) -> dict[str, dict]:
+    """Write each fetched set with passages in the project's formats under ``cache/prepared/<name>/``:
+    ``passages.jsonl`` and ``{train,dev,test}.jsonl`` for the sets of ``SPLITS`` (split by article, so no
+    article's questions straddle two splits), ``test.jsonl`` alone for the others. Returns {name: {"passages":
+    path, "test": path, ..., "counts": {...}}}; complete outputs of the same split are kept."""
     cache = Path(cache)
     out = {}
     for name in datasets:
+        if name not in PASSAGE_SETS:
+            raise KeyError(f"{name!r} has no passages to prepare; sets with passages: {PASSAGE_SETS}")
         folder = cache / "prepared" / name
-        names = ["passages", "test"] if name == "squad_dev" else ["passages", "train", "dev", "test"]
-        paths = {n: folder / f"{n}.jsonl" for n in names}
         done = folder / "counts.json"
         if not done.is_file() or json.loads(done.read_text()).get("split") != SPLIT_VERSION:
             passages, questions = load(cache, name)
-            splits = ({"test": questions} if name == "squad_dev"
-                      else split_by_question(questions, group=document_group(passages)))
-            write_passages_jsonl(paths["passages"], passages)
+            if name in SPLITS:
+                dev, test = SPLITS[name]
+                splits = split_by_question(questions, dev=dev, test=test, group=document_group(passages))
+            else:
+                splits = {"test": questions}
+            write_passages_jsonl(folder / "passages.jsonl", passages)
             for split, records in splits.items():
-                write_qa_jsonl(paths[split], records)
+                write_qa_jsonl(folder / f"{split}.jsonl", records)
             # written last: its presence says the folder is complete
             write_json(done, {"passages": len(passages), **{s: len(r) for s, r in splits.items()},
                               "split": SPLIT_VERSION})
-        out[name] = {**{n: str(p) for n, p in paths.items()}, "counts": json.loads(done.read_text())}
+        counts = json.loads(done.read_text())
+        names = ["passages"] + [s for s in ("train", "dev", "test") if s in counts]
+        out[name] = {**{n: str(folder / f"{n}.jsonl") for n in names}, "counts": counts}
     return out

@@ -15,31 +15,28 @@ class QuickstartConfig:
     cache: str | None = None
     fast: bool = False
     force: bool = False
-    source_dir: str | None = None  # take the archives from a local directory instead of the package index
+    source_dir: str | None = None  # take the published files from a local folder instead of the network
     threads: int | None = None  # torch threads for encoding and training (None: all cores); speed is 1 thread
     show_progress: bool = True
     seed: int = 0
-    # held-out questions
-    nq_test: int = 1000
-    squad_test: int = 1000
-    nyt_test: int = 500
-    nq_dev: int = 200  # hybrid tuning (reported beside the untuned default)
-    nyt_dev: int = 100
-    # evaluation pool: gold paragraphs of the questions above plus distractors, cut into `passage_words`-word
-    # passages, up to `max_passages` (0 or None: every paragraph of every source)
-    max_passages: int | None = 5000
-    passage_words: int = 100
+    # questions a test set keeps (None: all), and validation questions for the hybrid weight reported beside
+    # the untuned default
+    test_questions: int | None = 1000
+    dev_questions: int | None = 200
+    # the corpus: every paragraph of every set, one passage each (None); a number caps it, the test questions'
+    # gold paragraphs always kept
+    max_passages: int | None = None
     # dual encoder (GTR-style, as the packaged model was trained)
     question_length: int = 32
-    passage_length: int = 192  # 100 words + title fit: the encoder reads what BM25 reads
+    # the packaged model's own limit; 1.3% of the paragraphs are longer (QED's longest has 1,835 words) and are
+    # cut, the count reported with the results
+    passage_length: int = 256
     temperature: float = 0.05
     # the recipe (fastdpr.train.recipe); examples seen = train_examples, steps = train_examples // batch_size
     train_mixture: dict = field(default_factory=lambda: dict(DEFAULT_MIXTURE))
-    # 2,048 examples at batch 128 (16 steps, GradCache in chunks of 32): on NQ test the batch of 128 kept what the
-    # starting model knew where batch 32 lost 0.004 at top-20, and the extra examples took NYT test top-20 from
-    # 0.890 to 0.904 (benchmarks/results/quickstart.md; the quality benchmark shows the same for batch 128)
+    # 2,048 examples at batch 128 (16 steps, GradCache in chunks of 32); benchmarks/results/quickstart.md
     train_examples: int = 2048
-    dev_examples: int = 128
+    dev_examples: int = 256  # validation records (the dev splits' own questions and paragraphs)
     batch_size: int = DEFAULT_BATCH
     chunk_size: int = 32  # GradCache sub-batch: larger batches cost the memory of this many
     lr: float = DEFAULT_LR
@@ -53,18 +50,18 @@ class QuickstartConfig:
     encode_precision: str = "fast"
     index_spec: str = "flat"
     k_union: int = 200  # hybrid: union of each side's top-K
-    # reader: the reader benchmark's, when cached (reader_from_cache); else one trained here from the packaged
-    # MiniLM for a fixed number of steps, so every machine gets the same reader however loaded it is (a time
-    # budget gave a busy machine a reader that answered worse from the top 5 passages than from the top 1)
-    reader_from_cache: bool = True
-    reader_train_questions: int = 2000
-    reader_steps: int = 300
+    # reader: trained here from the packaged MiniLM for a fixed number of steps on the training questions, so
+    # every machine gets the same reader however loaded it is (a time budget gave a busy machine a reader that
+    # answered worse from the top 5 passages than from the top 1)
+    reader_train_questions: int | None = None
+    reader_steps: int = 800
     reader_batch_size: int = 8  # questions a step
     reader_passages: int = 2  # passages a question in training: its positive and reader_passages - 1 negatives
     reader_lr: float = 1e-4
     reader_train_length: int = 192  # tokens of a training row (question + passage); reading uses 256
     reader_top_k: int = 5
-    reader_test_questions: int = 200
+    reader_test_questions: int | None = None  # NQ test questions read (None: all)
+    reader_squad_questions: int | None = 1000  # XQuAD questions read from their gold paragraph
     # speed
     speed_questions: int = 100
 
@@ -74,10 +71,10 @@ class QuickstartConfig:
         real data)."""
         if fast:
             base = dict(
-                fast=True, nq_test=200, squad_test=100, nyt_test=100, nq_dev=60, nyt_dev=40, max_passages=1200,
+                fast=True, test_questions=100, dev_questions=40, max_passages=1500,
                 train_examples=128, dev_examples=32, batch_size=32, eval_times=1,
                 reader_train_questions=200, reader_steps=30, reader_top_k=3, reader_test_questions=40,
-                speed_questions=40, k_union=100,
+                reader_squad_questions=40, speed_questions=40, k_union=100,
             )
         else:
             base = {}

@@ -1,24 +1,26 @@
-"""The quickstart's experiment: real questions and passages shipped in packages → 100-word passages → BM25 →
-hard negatives → the packaged MiniLM fine-tuned with the recipe of ``fastdpr.train.recipe`` → encode → index →
-search (BM25, starting model, fine-tuned, hybrid) → reader → speed. Each ``stage_*`` function is one resumable
-stage of :mod:`fastdpr.quickstart`; ``benchmarks/quality_bench.py`` builds on the same pieces.
+"""The quickstart's experiment: published QA sets → one corpus of every paragraph → BM25 → hard negatives → the
+packaged MiniLM fine-tuned with the recipe of ``fastdpr.train.recipe`` → encode → index → search (BM25, starting
+model, fine-tuned, hybrid) on five test sets → a reader trained here → speed. Each ``stage_*`` function is one
+resumable stage of :mod:`fastdpr.quickstart`; ``benchmarks/quality_bench.py`` builds on the same pieces.
 
-The corpus is built as DPR built its Wikipedia: every source paragraph is cut into 100-word passages (title kept
-apart) with :func:`fastdpr.data.split.split_documents`, the same passages for BM25 and the dense encoders, and a
-question's gold passages are those passages of its gold paragraph that contain an answer
-(:func:`fastdpr.data.split.gold_passages`).
+Why the data is laid out this way (docs/architecture.md, "Real data"):
 
-Two passage pools, never mixed:
-
-* the **evaluation pool**: the gold paragraphs of the test questions (NQ test, SQuAD v1.1 dev, NYT test) plus
-  distractor paragraphs, up to ``max_passages`` passages;
-* the **training pool**: the gold paragraphs of the training questions (NQ train and the SQuADShifts train
-  splits: NYT, new Wikipedia, Amazon reviews, Reddit), from which BM25 mines the hard negatives. The prepared
-  splits group questions by source article (:func:`fastdpr.data.sources.split_by_question`), so no test paragraph
-  is ever a training positive or negative.
+* **One corpus of every paragraph** (QED's NQ paragraphs, XQuAD, SQuADShifts new Wikipedia, Reddit and Amazon:
+  7,247 after removing repeats), **one passage per paragraph.** The questions of these sets were written on a
+  paragraph (SQuAD-style) or answered from one (QED), so the paragraph is the unit whose retrieval the question
+  tests; cutting it into 100-word blocks would leave an answer on a boundary and a question whose evidence is
+  split. Every test question searches the whole corpus, the other sets' paragraphs being its distractors.
+* **Splits by article** (:data:`fastdpr.data.sources.SPLITS`): no article's questions are on two sides, so no test
+  paragraph is ever a training positive or negative.
+* **Training** mixes new Wikipedia's and QED's training questions (``recipe.DEFAULT_MIXTURE``), each with an
+  answer-aware BM25 hard negative mined from the training articles' paragraphs only; **validation** uses the dev
+  articles' questions, mined from the dev articles' paragraphs only.
+* **Test sets**: NQ (QED's test articles), SQuAD (XQuAD en, never trained on), new Wikipedia's test articles (in
+  domain), and **Reddit and Amazon as unseen domains**: no training, validation or choice of a setting reads them.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -30,9 +32,16 @@ from fastdpr.quickstart.config import QuickstartConfig
 from fastdpr.quickstart.report import DATASETS, KS, RETRIEVERS
 from fastdpr.quickstart.runner import hash_order, take
 
-# prepared sources: evaluation sets, and the training sets of the dual encoder
-EVAL_SOURCES = ("nq", "squad_dev", "nyt")
-TRAIN_SOURCES = ("nq", "nyt", "new_wiki", "amazon_reviews", "reddit")
+#: test set -> (prepared set, split)
+EVAL_SETS = {
+    "nq_test": ("qed", "test"),
+    "squad": ("xquad", "test"),
+    "new_wiki_test": ("new_wiki", "test"),
+    "reddit": ("reddit", "test"),
+    "amazon": ("amazon", "test"),
+}
+#: the sets trained on (their train splits) and validated on (their dev splits)
+TRAIN_SOURCES = ("new_wiki", "qed")
 
 
 class Workspace:
@@ -85,129 +94,84 @@ def load_model(config: QuickstartConfig, path: str | None = None):
 
 
 def stage_data(ws: Workspace) -> dict:
-    names = sorted(set(EVAL_SOURCES) | set(TRAIN_SOURCES))
-    # the prepared files are all later stages read: with them in the cache no archive is needed (offline reruns)
+    """Fetch the sets with passages (each file sha256-checked) and write their splits."""
+    names = list(sources.PASSAGE_SETS)
     ready = all((ws.cache / "prepared" / n / "counts.json").is_file() for n in names)
     if not ready:
         sources.fetch(ws.cache, source_dir=ws.config.source_dir, show_progress=ws.config.show_progress,
-                      with_topics=False)
+                      names=[sources.DATASETS[n][0] for n in names])
     prepared = sources.prepare(ws.cache, names)
     return {name: info["counts"] for name, info in prepared.items()}
 
 
-def _documents(cache: Path) -> tuple[dict[str, dict], dict[str, str]]:
-    """Every source paragraph once (deduplicated by folded text; SQuAD dev's copy of a paragraph comes first), and
-    the alias of each dropped duplicate's id."""
-    import hashlib
+def _fold(text: str) -> str:
+    return hashlib.sha1(" ".join(text.split()).lower().encode("utf-8")).hexdigest()
 
+
+def _paragraphs(cache: Path) -> tuple[dict[str, dict], dict[str, str]]:
+    """Every paragraph once (a repeated text keeps its first copy, in ``PASSAGE_SETS`` order), and the id each
+    paragraph id stands for."""
     kept: dict[str, dict] = {}
     alias: dict[str, str] = {}
-    order = list(EVAL_SOURCES) + [n for n in TRAIN_SOURCES if n not in EVAL_SOURCES]
-    for name in order:
+    for name in sources.PASSAGE_SETS:
         for p in sources.read_jsonl(cache / "prepared" / name / "passages.jsonl"):
-            key = hashlib.sha1(" ".join(p["text"].split()).lower().encode("utf-8")).hexdigest()
-            first = kept.setdefault(key, p)
+            first = kept.setdefault(_fold(p["text"]), p)
             alias[p["id"]] = first["id"]
     return {p["id"]: p for p in kept.values()}, alias
 
 
-def _split_pool(documents: list[dict], words: int) -> tuple[list[dict], dict[str, list[str]]]:
-    """100-word passages of ``documents`` and the document → passage ids map (``split_documents`` names passages
-    ``<document id>#<block>``)."""
-    from fastdpr.data.split import split_documents
-
-    passages = list(split_documents(documents, words=words))
-    doc_map: dict[str, list[str]] = {}
-    for p in passages:
-        doc_map.setdefault(p["id"].rsplit("#", 1)[0], []).append(p["id"])
-    return passages, doc_map
-
-
-def _with_gold_passages(questions: list[dict], doc_map: dict, passages: dict) -> tuple[list[dict], int]:
-    """Questions with ``gold_ids`` mapped from paragraphs to their passages that contain an answer; a question
-    none of whose gold passages holds an answer (cut by a block boundary) keeps the paragraph's passages, so that
-    gold-passage recall still has a target. Returns the questions and how many fell back that way."""
-    from fastdpr.data.split import gold_passages
-
-    fallback = 0
-    out = []
-    for q in questions:
-        gold = gold_passages(q["gold_ids"], q["answers"], doc_map, passages)
-        if not gold:
-            fallback += 1
-            gold = [pid for g in q["gold_ids"] for pid in doc_map.get(g, [])]
-        out.append({**q, "gold_paragraph_ids": q["gold_ids"], "gold_ids": gold})
-    return out, fallback
-
-
 def stage_corpus(ws: Workspace) -> dict:
-    """The evaluation pool, the training pool and the question sets (see the module docstring)."""
+    """The corpus, the question sets, and the training and validation pools (see the module docstring)."""
     c = ws.config
     prepared = ws.cache / "prepared"
-    docs, alias = _documents(ws.cache)
+    paragraphs, alias = _paragraphs(ws.cache)
 
     def load(name: str, split: str) -> list[dict]:
-        records = list(sources.read_jsonl(prepared / name / f"{split}.jsonl"))
+        path = prepared / name / f"{split}.jsonl"
+        records = list(sources.read_jsonl(path)) if path.is_file() else []
         for q in records:
             q["gold_ids"] = [alias[g] for g in q["gold_ids"]]
         return records
 
-    evaluation = {
-        "nq_test": take(load("nq", "test"), c.nq_test, "nq_test"),
-        "squad_dev": take(load("squad_dev", "test"), c.squad_test, "squad"),
-        "nyt_test": take(load("nyt", "test"), c.nyt_test, "nyt_test"),
-        "nq_dev": take(load("nq", "dev"), c.nq_dev, "nq_dev"),
-        "nyt_dev": take(load("nyt", "dev"), c.nyt_dev, "nyt_dev"),
-    }
-    # paragraphs of every held-out question (dev and test splits, SQuAD dev): never in the training pool
-    held_out = {g for n in ("nq", "nyt") for s in ("dev", "test") for q in load(n, s) for g in q["gold_ids"]}
-    held_out |= {g for q in load("squad_dev", "test") for g in q["gold_ids"]}
+    evaluation = {test: take(load(name, split), c.test_questions, test) for test, (name, split) in EVAL_SETS.items()}
+    dev_questions = [q for name in TRAIN_SOURCES for q in load(name, "dev")]
+    evaluation["dev"] = take(dev_questions, c.dev_questions, "dev")
+    # paragraphs of every held-out question (every dev and test split): never in a training pool
+    held_out = {g for name in sources.PASSAGE_SETS for split in ("dev", "test")
+                for q in load(name, split) for g in q["gold_ids"]}
     training = {name: [q for q in load(name, "train") if not set(q["gold_ids"]) & held_out]
                 for name in TRAIN_SOURCES}
 
-    # evaluation pool: gold paragraphs of the selected questions, then distractors until max_passages
-    gold = sorted({g for qs in evaluation.values() for q in qs for g in q["gold_ids"]})
-    chosen = [docs[g] for g in gold]
-    passages, doc_map = _split_pool(chosen, c.passage_words)
-    if c.max_passages and len(passages) < c.max_passages:
-        others = hash_order([d for d in docs.values() if d["id"] not in set(gold)], "id", "distractors")
-        extra, extra_map = _split_pool(others, c.passage_words)
-        size = len(passages)
-        for doc in others:  # whole paragraphs only, in hash order, until the pool is full
-            ids = extra_map.get(doc["id"], [])
-            if size + len(ids) > c.max_passages:
-                break
-            doc_map[doc["id"]] = ids
-            size += len(ids)
-        keep = {pid for ids in doc_map.values() for pid in ids}
-        passages += [p for p in extra if p["id"] in keep]
-    elif not c.max_passages:
-        passages, doc_map = _split_pool(list(docs.values()), c.passage_words)
-    by_id = {p["id"]: p for p in passages}
-    fallbacks = {}
+    # the corpus: every paragraph, or (capped) the evaluated questions' gold paragraphs then others in hash order
+    if c.max_passages:
+        gold = {g for qs in evaluation.values() for q in qs for g in q["gold_ids"]}
+        others = hash_order([p for p in paragraphs.values() if p["id"] not in gold], "id", "distractors")
+        keep = gold | {p["id"] for p in others[: max(0, c.max_passages - len(gold))]}
+        corpus = [p for p in paragraphs.values() if p["id"] in keep]
+    else:
+        corpus = list(paragraphs.values())
+    sources.write_passages_jsonl(ws.out / "corpus.jsonl", corpus)
     for name, records in evaluation.items():
-        mapped, fallbacks[name] = _with_gold_passages(records, doc_map, by_id)
-        sources.write_qa_jsonl(ws.out / "questions" / f"{name}.jsonl", mapped)
-    sources.write_passages_jsonl(ws.out / "corpus.jsonl", passages)
+        sources.write_qa_jsonl(ws.out / "questions" / f"{name}.jsonl", records)
 
-    # training pool: gold paragraphs of every training question
-    train_docs = sorted({g for qs in training.values() for q in qs for g in q["gold_ids"]})
-    train_passages, train_map = _split_pool([docs[g] for g in train_docs], c.passage_words)
-    train_by_id = {p["id"]: p for p in train_passages}
-    for name, records in training.items():
-        mapped, _ = _with_gold_passages(records, train_map, train_by_id)
-        sources.write_qa_jsonl(ws.out / "questions" / f"train_{name}.jsonl", mapped)
-    sources.write_passages_jsonl(ws.out / "train_corpus.jsonl", train_passages)
+    # training and validation pools: the paragraphs of the training (validation) articles, apart
+    pools = {"train": training,
+             "dev": {name: [q for q in load(name, "dev") if q["gold_ids"]] for name in TRAIN_SOURCES}}
+    sizes = {}
+    for pool, by_source in pools.items():
+        ids = sorted({g for qs in by_source.values() for q in qs for g in q["gold_ids"]})
+        sources.write_passages_jsonl(ws.out / f"{pool}_corpus.jsonl", [paragraphs[g] for g in ids])
+        for name, records in by_source.items():
+            sources.write_qa_jsonl(ws.out / "questions" / f"{pool}_{name}.jsonl", records)
+        sizes[pool] = {"passages": len(ids), "questions": {k: len(v) for k, v in by_source.items()}}
 
     by_source: dict[str, int] = {}
-    for p in passages:
+    for p in corpus:
         prefix = p["id"].split("-", 1)[0]
         by_source[prefix] = by_source.get(prefix, 0) + 1
-    return {"passages": len(passages), "paragraphs": len(doc_map), "by_source": by_source,
+    return {"passages": len(corpus), "by_source": by_source,
             "questions": {k: len(v) for k, v in evaluation.items()},
-            "gold_fallback_to_paragraph": fallbacks,
-            "train_pool": {"passages": len(train_passages), "paragraphs": len(train_docs),
-                           "questions": {k: len(v) for k, v in training.items()}}}
+            "train_pool": sizes["train"], "dev_pool": sizes["dev"]}
 
 
 # ------------------------------------------------------------------------------------------------- sparse side
@@ -221,22 +185,19 @@ def stage_bm25(ws: Workspace) -> dict:
     return {"passages": len(bm25), "params": {k: v for k, v in bm25.params.items() if k in ("k1", "b")}}
 
 
-def stage_mine(ws: Workspace) -> dict:
-    """Training and validation records: the recipe's mixture of training questions, each with its gold passage
-    and BM25 hard negatives (passages without an answer) from the training pool."""
-    from fastdpr.data import Corpus, write_dpr_biencoder
+def _mine(ws: Workspace, pool: str, counts: dict[str, int]) -> tuple[list[dict], dict]:
+    """``counts[source]`` records of ``pool``'s questions, each with its gold paragraph as the positive and BM25's
+    best paragraph of the same pool without an answer as the hard negative."""
+    from fastdpr.data import Corpus
     from fastdpr.sparse import BM25
     from fastdpr.sparse.mining import mine_hard_negatives
-    from fastdpr.train import recipe
 
     c = ws.config
-    corpus = Corpus.from_passages(sources.read_jsonl(ws.out / "train_corpus.jsonl"))
+    corpus = Corpus.from_passages(sources.read_jsonl(ws.out / f"{pool}_corpus.jsonl"))
     bm25 = BM25.from_corpus(corpus, show_progress=False)
-    mix = recipe.mixture_counts(c.train_mixture, c.train_examples + c.dev_examples)
     records, stats = [], {}
-    for name, n in mix.items():
-        qa = [q for q in ws.questions(f"train_{name}") if q["gold_ids"]]
-        qa = take(qa, None, f"train_{name}")
+    for name, n in counts.items():
+        qa = take(ws.questions(f"{pool}_{name}"), None, f"{pool}_{name}")
         mined = mine_hard_negatives(qa[: int(n * 1.1) + 8], bm25, corpus, n_hard=c.mine_hard, depth=c.mine_depth,
                                     seed=c.seed, show_progress=c.show_progress)
         kept = [r for r in mined if r["positive_ctxs"] and r["hard_negative_ctxs"]][:n]
@@ -244,11 +205,20 @@ def stage_mine(ws: Workspace) -> dict:
             r["source"] = name
         records += kept
         stats[name] = {**mined.stats.as_dict(), "kept": len(kept)}
-    records = hash_order(records, "question", "train_order")
-    dev, train = records[: c.dev_examples], records[c.dev_examples:]
+    return hash_order(records, "question", f"{pool}_order"), stats
+
+
+def stage_mine(ws: Workspace) -> dict:
+    """Training records (the recipe's mixture of the training questions) and validation records."""
+    from fastdpr.data import write_dpr_biencoder
+    from fastdpr.train import recipe
+
+    c = ws.config
+    train, train_stats = _mine(ws, "train", recipe.mixture_counts(c.train_mixture, c.train_examples))
+    dev, dev_stats = _mine(ws, "dev", recipe.mixture_counts({n: 1 for n in TRAIN_SOURCES}, c.dev_examples))
     write_dpr_biencoder(ws.out / "train.dpr.json", train)
     write_dpr_biencoder(ws.out / "dev.dpr.json", dev)
-    return {"train_records": len(train), "dev_records": len(dev), "stats": stats}
+    return {"train_records": len(train), "dev_records": len(dev), "stats": {"train": train_stats, "dev": dev_stats}}
 
 
 # -------------------------------------------------------------------------------------------------- dense side
@@ -374,30 +344,35 @@ def retrievers(ws: Workspace, alpha: float | None = None, threads: int | None = 
 
 def evaluate_retriever(ws: Workspace, retriever, dataset: str, memo: list[dict] | None = None,
                        run_name: str | None = None) -> dict:
-    """DPR top-k accuracy of ``retriever`` on a question set, plus ``gold_top20`` (recall of the question's own
-    gold passages in the top 20, stricter than has_answer); writes the run when ``run_name`` is given."""
-    from fastdpr.eval import topk_accuracy
+    """DPR top-k accuracy and MRR@10 of ``retriever`` on a question set, ``gold_top20`` (recall of the
+    question's own gold paragraph in the top 20, stricter than has_answer) and ``ranks``: each question's 1-based
+    first-hit rank (0: none in the top 100), for paired comparisons. Writes the run when ``run_name`` is given."""
+    from fastdpr.eval import first_hit_ranks, topk_accuracy
+    from fastdpr.eval.compare import per_question, ranks_from_first_hits
     from fastdpr.eval.retrieval import ranking_hits
 
     qs = ws.questions(dataset)
     ranked = retriever.ranked_ids([q["question"] for q in qs], max(KS))
     hits = ranking_hits(ranked, [q["answers"] for q in qs], ws.corpus(), memo=memo)
     acc = topk_accuracy(hits, ks=KS)
+    ranks = ranks_from_first_hits(first_hit_ranks(hits))
+    acc["mrr10"] = float(per_question(ranks, "mrr10").mean())
     top20 = sum(bool(set(q["gold_ids"]) & {pid for pid, _ in r[:20]}) for r, q in zip(ranked, qs))
     acc["gold_top20"] = top20 / max(1, len(qs))
     if run_name:
         write_json(ws.out / "runs" / f"{dataset}.{run_name}.json",
                    {q["qid"]: [[pid, round(s, 5), h] for (pid, s), h in zip(r, hr)]
                     for q, r, hr in zip(qs, ranked, hits)}, indent=None)
-    return acc
+    return {**acc, "ranks": ranks.tolist()}
 
 
 def stage_search(ws: Workspace) -> dict:
     found = retrievers(ws)
     hybrid = found["hybrid"]
     default_alpha = hybrid.alpha
-    # the default fusion needs no tuning; tuning on NQ dev is reported beside it, not used for the test numbers
-    dev = ws.questions("nq_dev")
+    # the default fusion needs no tuning; the weight tuned on the validation questions is reported beside it and
+    # not used for the test numbers
+    dev = ws.questions("dev")
     tuned = hybrid.tune_alpha([q["question"] for q in dev], [q["answers"] for q in dev], k=20)
     hybrid.alpha = default_alpha
     metrics: dict[str, dict] = {}
@@ -408,51 +383,60 @@ def stage_search(ws: Workspace) -> dict:
             acc = evaluate_retriever(ws, found[name], dataset, memo, run_name=name)
             metrics[dataset]["retrieval"][name] = acc
             shown = " ".join(f"top{k}={acc[f'top{k}']:.3f}" for k in KS)
-            ws.log(f"  {dataset:<10} {name:<9} {shown}")
-    return {"alpha": default_alpha, "fusion": getattr(hybrid, "method", "linear"), "alpha_tuned_on_nq_dev": tuned,
+            ws.log(f"  {dataset:<13} {name:<9} {shown} mrr10={acc['mrr10']:.3f}")
+    return {"alpha": default_alpha, "fusion": getattr(hybrid, "method", "linear"), "alpha_tuned_on_dev": tuned,
             "alpha_table": hybrid.tuning_table, "metrics": metrics}
 
 
 def stage_reader(ws: Workspace) -> dict:
-    """The reader: the one ``benchmarks/reader_bench.py`` trained, when it is in the cache; otherwise one trained
-    here for ``reader_steps`` steps from the packaged MiniLM, on NQ training questions with passages BM25 finds in
-    the training pool. It reads the top passages of the hybrid retriever for held-out NQ test questions."""
+    """A reader trained here from the packaged MiniLM for ``reader_steps`` steps on the training questions (with
+    passages BM25 finds in the training pool), then read: NQ test questions from the hybrid retriever's top
+    passages (open domain), and XQuAD questions from their gold paragraph (reading comprehension)."""
     from fastdpr.data import Corpus
-    from fastdpr.reader import (bf16_supported, evaluate_answers, load_cached_reader, select_answer,
-                                train_reader_from_questions)
+    from fastdpr.reader import bf16_supported, evaluate_answers, select_answer, train_reader_from_questions
     from fastdpr.retrieve import SparseRetriever
     from fastdpr.sparse import BM25
 
     c = ws.config
-    reader = load_cached_reader() if c.reader_from_cache else None
-    if reader is not None:
-        source, stats = "the reader benchmark's reader, from the cache", None
-    else:
-        train_corpus = Corpus.from_passages(sources.read_jsonl(ws.out / "train_corpus.jsonl"))
-        retriever = SparseRetriever(BM25.from_corpus(train_corpus, show_progress=False), train_corpus)
-        train_qs = take(ws.questions("train_nq"), c.reader_train_questions, "reader")
-        reader, stats = train_reader_from_questions(
-            train_qs, retriever, ws.out / "reader", max_steps=c.reader_steps, batch_size=c.reader_batch_size,
-            n_passages=c.reader_passages, max_length=c.reader_train_length, lr=c.reader_lr,
-            freeze_word_embeddings=True, seed=c.seed, show_progress=c.show_progress)
-        source = (f"trained here: {stats['steps']} steps of {c.reader_batch_size} questions x "
-                  f"{c.reader_passages} passages, {stats['cpu_seconds']:.0f} CPU-s")
-    found = retrievers(ws)
+    train_corpus = Corpus.from_passages(sources.read_jsonl(ws.out / "train_corpus.jsonl"))
+    retriever = SparseRetriever(BM25.from_corpus(train_corpus, show_progress=False), train_corpus)
+    train_qs = take([q for name in TRAIN_SOURCES for q in ws.questions(f"train_{name}")],
+                    c.reader_train_questions, "reader")
+    cpu_start, start = time.process_time(), time.perf_counter()
+    reader, stats = train_reader_from_questions(
+        train_qs, retriever, ws.out / "reader", max_steps=c.reader_steps, batch_size=c.reader_batch_size,
+        n_passages=c.reader_passages, max_length=c.reader_train_length, lr=c.reader_lr,
+        freeze_word_embeddings=True, seed=c.seed, show_progress=c.show_progress)
+    train_time = {"wall_s": round(time.perf_counter() - start, 1), "cpu_s": round(time.process_time() - cpu_start, 1)}
+    precision = "bf16" if bf16_supported() else "fp32"
+
+    def read(questions: list[dict], passages: list[list[dict]], top_k: int, ks) -> tuple[dict, list[dict]]:
+        scored = reader.score_passages([q["question"] for q in questions], passages, top_k, precision=precision,
+                                       show_progress=c.show_progress)
+        by_k = {k: [select_answer(row, ctxs, k) for row, ctxs in zip(scored, passages)] for k in ks}
+        gold = [q["answers"] for q in questions]
+        return ({f"top{k}": evaluate_answers([p["answer"] for p in predicted], gold)
+                 for k, predicted in by_k.items()}, by_k[max(ks)])
+
+    start = time.perf_counter()
     test = take(ws.questions("nq_test"), c.reader_test_questions, "reader_test")
-    passages = found["hybrid"].retrieve([q["question"] for q in test], c.reader_top_k)
+    passages = retrievers(ws)["hybrid"].retrieve([q["question"] for q in test], c.reader_top_k)
     # read once; answers from the top 1 and from the top k are both chosen from the same scores
-    scored = reader.score_passages([q["question"] for q in test], passages, c.reader_top_k,
-                                   precision="bf16" if bf16_supported() else "fp32", show_progress=c.show_progress)
-    by_k = {k: [select_answer(row, ctxs, k) for row, ctxs in zip(scored, passages)]
-            for k in sorted({1, c.reader_top_k})}
-    gold = [q["answers"] for q in test]
-    at = {f"top{k}": evaluate_answers([p["answer"] for p in predicted], gold) for k, predicted in by_k.items()}
-    predictions = by_k[c.reader_top_k]
+    open_domain, predictions = read(test, passages, c.reader_top_k, sorted({1, c.reader_top_k}))
+    open_seconds = time.perf_counter() - start
     write_json(ws.out / "reader_predictions.json",
                [{"qid": q["qid"], "question": q["question"], "answers": q["answers"], **p}
                 for q, p in zip(test, predictions)])
-    return {**at[f"top{c.reader_top_k}"], "by_top_k": at, "top_k": c.reader_top_k, "retriever": "hybrid",
-            "source": source, "train": stats}
+    corpus = ws.corpus()
+    squad = take(ws.questions("squad"), c.reader_squad_questions, "reader_squad")
+    comprehension, _ = read(squad, [[corpus.get(q["gold_ids"][0])] for q in squad], 1, [1])
+    return {**open_domain[f"top{c.reader_top_k}"], "by_top_k": open_domain, "top_k": c.reader_top_k,
+            "retriever": "hybrid", "read_seconds": round(open_seconds, 1),
+            "squad_gold_paragraph": comprehension["top1"],
+            "source": (f"trained here: {stats['steps']} steps of {c.reader_batch_size} questions x "
+                       f"{c.reader_passages} passages in {train_time['wall_s']:.0f} s "
+                       f"({train_time['cpu_s']:.0f} CPU-s)"),
+            "train": {**stats, **train_time}}
 
 
 # ------------------------------------------------------------------------------------------------------- speed
