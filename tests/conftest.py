@@ -9,6 +9,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from pathlib import Path  # noqa: E402
 
+# the published QA files: the checkout's shared copy (as CI lays it beside the clone) when no other is named
+_SHARED_QA = Path(__file__).resolve().parents[2] / "shared" / "data" / "qa"
+if _SHARED_QA.is_dir():
+    os.environ.setdefault("FASTDPR_DATA_DIR", str(_SHARED_QA))
+
 import pytest  # noqa: E402
 
 DATA = Path(__file__).parent / "data"

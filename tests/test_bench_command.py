@@ -42,7 +42,7 @@ def test_a_benchmark_script_turns_data_unavailable_into_its_exit_status(monkeypa
     import _common
 
     def needs_data():
-        raise DataUnavailable("bigbench-1.0.0.tar.gz is not listed")
+        raise DataUnavailable("qed-dev.jsonlines is not in the cache")
 
     with pytest.raises(SystemExit) as stop:
         _common.exit_if_data_unavailable(needs_data)

@@ -1,5 +1,5 @@
-"""Reader training data keeps every test question and test paragraph out: SQuAD dev entirely, the test splits of
-the prepared sets, a training question about a test paragraph (even one stored under another id), and test
+"""Reader training data keeps every test question and test paragraph out: the test-only sets entirely, the test
+splits of the prepared sets, a training question about a test paragraph (even one stored under another id), and test
 paragraphs that BM25 would otherwise bring in as negatives."""
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def cache(tmp_path):
         _p("nq-4", "the river  thames flows through London to the north sea"),
         _p("nq-5", "the river seine flows through paris to the english channel"),
     ]
-    _write(prepared / "nq", nq_passages, {
+    _write(prepared / "qed", nq_passages, {
         "train": [
             _q("nq-a", "where is the eiffel tower", "paris", "nq-1"),
             _q("nq-b", "which sea does the thames reach", "north sea", "nq-4"),  # a test paragraph
@@ -51,7 +51,7 @@ def cache(tmp_path):
         _p("nyt-1", "the yankees won the world series in 2009 in new york"),
         _p("nyt-2", "the mets play their home games in queens new york"),
     ]
-    _write(prepared / "nyt", nyt_passages, {
+    _write(prepared / "new_wiki", nyt_passages, {
         "train": [_q("nyt-a", "who won the world series in 2009", "the yankees", "nyt-1"),
                   _q("nyt-b", "where do the mets play", "queens", "nyt-2")],
         "dev": [],
@@ -59,8 +59,12 @@ def cache(tmp_path):
     })
     squad_passages = [_p("squad-1", "the river seine flows through paris and rouen", "Seine"),
                       _p("squad-2", "everest is the highest mountain on earth", "Everest")]
-    _write(prepared / "squad_dev", squad_passages, {"test": [_q("squad-t", "where does the seine flow", "rouen",
-                                                                 "squad-1")]})
+    _write(prepared / "xquad", squad_passages, {"test": [_q("squad-t", "where does the seine flow", "rouen",
+                                                             "squad-1")]})
+    _write(prepared / "reddit", [_p("reddit-1", "my bike needs new mirrors")],
+           {"test": [_q("reddit-t", "what does the bike need", "mirrors", "reddit-1")]})
+    _write(prepared / "amazon", [_p("amazon-1", "the holder is not too big")],
+           {"test": [_q("amazon-t", "how big is the holder", "not too big", "amazon-1")]})
     return tmp_path
 
 
@@ -69,18 +73,19 @@ def test_held_out_paragraphs(cache):
     assert text_key("the river thames flows through london to the north sea") in keys
     assert text_key("THE RIVER THAMES  flows through london to the north sea") in keys  # folded text
     assert text_key("the mets play their home games in queens new york") in keys
-    assert text_key("the river seine flows through paris and rouen") in keys  # all of SQuAD dev
+    assert text_key("the river seine flows through paris and rouen") in keys  # a test-only set
+    assert text_key("my bike needs new mirrors") in keys
     assert text_key("the eiffel tower is in paris and was built in 1889 by gustave eiffel") not in keys
 
 
 def test_no_test_question_or_paragraph_in_training(cache):
-    examples, stats = build_training_examples(cache, train_sources=("nq", "nyt"), n_negatives=3,
+    examples, stats = build_training_examples(cache, n_negatives=3,
                                               bm25_backend="numpy")  # numba would spend its time compiling
     qids = {ex["qid"] for ex in examples}
     # the training questions about a test paragraph are gone, with their paragraphs
     assert qids == {"nq-a", "nq-c", "nyt-a"}
-    assert stats["sources"]["nq"]["dropped_test_paragraph"] == 1
-    assert stats["sources"]["nyt"]["dropped_test_paragraph"] == 1
+    assert stats["sources"]["qed"]["dropped_test_paragraph"] == 1
+    assert stats["sources"]["new_wiki"]["dropped_test_paragraph"] == 1
     held_out = held_out_paragraphs(cache)
     assert check_held_out(examples, held_out) == 0
     for ex in examples:
@@ -105,3 +110,10 @@ def test_missing_prepared_set_is_an_input_error(tmp_path):
 
     with pytest.raises(InputError, match="fastdpr data fetch"):
         held_out_paragraphs(tmp_path)
+
+
+def test_a_test_only_set_is_no_training_source(cache):
+    from fastdpr.errors import InputError
+
+    with pytest.raises(InputError, match="no training split"):
+        build_training_examples(cache, train_sources=("xquad",), bm25_backend="numpy")

@@ -1,4 +1,4 @@
-"""Answer-span location on real NQ paragraphs (the committed BIG-bench sample): answers that occur several times,
+"""Answer-span location on real NQ paragraphs (the committed sample, tests/data/README.md): answers that occur several times,
 answers written with other spacing or punctuation than the paragraph's, answers not there, and positives longer
 than a reader row."""
 from __future__ import annotations
@@ -15,14 +15,13 @@ from fastdpr.reader.features import answer_char_spans, locate_answer_spans
 from fastdpr.reader.training import _fit_positive, prepare_groups
 from tiny_models import tiny_bert_dir
 
-SAMPLE = Path(__file__).parent / "data" / "sources" / "nq_conflicts_sample.json"
+SAMPLE = Path(__file__).parent / "data" / "sources" / "nq_paragraphs_sample.jsonl"
 
 
 @pytest.fixture(scope="module")
 def nq():
-    passages, questions = sources.load_nq(SAMPLE)
-    by_id = {p["id"]: p for p in passages}
-    return [(q, by_id[q["gold_ids"][0]]) for q in questions]
+    return [({"question": r["question"], "answers": r["answers"]}, {"title": "", "text": r["paragraph"]})
+            for r in sources.read_jsonl(SAMPLE)]
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,7 @@ Which set plays which part (docs/architecture.md, "Real data"):
 from __future__ import annotations
 
 import ast
+import csv
 import hashlib
 import json
 import os
@@ -339,7 +340,8 @@ def load_squad(path: str | os.PathLike, prefix: str = "squad") -> tuple[list[dic
 
 
 def load_dpr_topics(path: str | os.PathLike) -> list[dict]:
-    """An official DPR question file from the Anserini jar: ``question \\t ['answer', ...]`` lines, or JSON lines
+    """A DPR question file as Anserini ships it: ``question \\t ['answer', ...]`` lines (CSV-quoted where a field
+    holds quotes), or JSON lines
     ``{"question", "answer": [...]}`` (CuratedTREC, whose answers are regular expressions). qids are line numbers.
     There is no corpus for these here, so ``gold_ids`` is empty."""
     questions = []
@@ -355,9 +357,11 @@ def load_dpr_topics(path: str | os.PathLike) -> list[dict]:
                 except (json.JSONDecodeError, KeyError) as err:
                     raise InputError(f"bad JSON question record: {err}", path=str(path), line=number) from err
             else:
-                question, sep, answers_text = line.partition("\t")
-                if not sep:
+                # DPR's files are CSV with tabs: a field holding quotes is quoted, its quotes doubled
+                fields = next(csv.reader([line], delimiter="\t"))
+                if len(fields) != 2:
                     raise InputError("expected 'question<TAB>[answers]'", path=str(path), line=number)
+                question, answers_text = fields
                 try:
                     answers = ast.literal_eval(answers_text.strip())
                 except (ValueError, SyntaxError) as err:

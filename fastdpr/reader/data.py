@@ -1,20 +1,14 @@
-"""Reader training data from the span data that ships offline, with every test question and paragraph held out.
+"""Reader training data from the published QA sets, with every test question and paragraph held out.
 
-Training questions come from SQuADShifts (new Wikipedia, NYT, Reddit, Amazon reviews: crowd-sourced questions
-with answers in the paragraph) and the Natural Questions paragraphs. Each becomes a DPR retriever-results record:
-its own paragraph as the positive and BM25 hits from the same source that do not contain an answer as negatives.
+Training questions are the ``train`` splits of new Wikipedia (SQuADShifts) and QED (Natural Questions with their
+paragraphs): crowd-sourced or annotated questions with the answer in the paragraph. Each becomes a DPR
+retriever-results record: its own paragraph as the positive and BM25 hits from the same source that do not
+contain an answer as negatives.
 
 Held out (never a question, a positive or a negative in training), compared by folded paragraph text so the same
-paragraph under another id is caught too:
-
-* SQuAD v1.1 dev, entirely;
-* the ``test`` split of every prepared set (NQ and NYT, which the quickstart evaluates on, and any other prepared
-  SQuADShifts set), and every paragraph a test question was written about: a training question about a test
-  paragraph is dropped with it. (A split by question alone put ~7% of NQ and ~35% of NYT training questions on a
-  test question's paragraph; the prepared splits now group by article, and this check stays as the guard.)
-
-Training questions are the prepared ``train`` split of each source (prepare it with
-``sources.prepare(cache, [name])``); a SQuADShifts set that is not prepared contributes all its questions.
+paragraph under another id is caught too: every paragraph a ``test`` question of any prepared set was written
+about. That is all of XQuAD (SQuAD dev), Reddit and Amazon (test-only sets), and the test articles of QED and new
+Wikipedia (their splits group questions by article; this check stays as the guard).
 
 Usage::
 
@@ -29,10 +23,10 @@ import os
 import random
 from pathlib import Path
 
-#: training sources, in the order their questions are interleaved
-TRAIN_SOURCES = ("new_wiki", "nq", "nyt", "reddit", "amazon_reviews")
-#: evaluation sets that must be prepared; the test split of any other prepared set is held out as well
-HELD_OUT = ("squad_dev", "nq", "nyt")
+#: training sources (their ``train`` splits)
+TRAIN_SOURCES = ("new_wiki", "qed")
+#: sets that must be prepared: the test split of each is held out (of any other prepared set as well)
+HELD_OUT = ("qed", "xquad", "new_wiki", "reddit", "amazon")
 
 
 def text_key(text: str) -> str:
@@ -51,8 +45,8 @@ def _prepared(cache: Path, name: str) -> Path:
 
 
 def held_out_paragraphs(cache: str | os.PathLike | None = None) -> set[str]:
-    """:func:`text_key` of every test paragraph: all SQuAD v1.1 dev paragraphs and the gold paragraphs of the test
-    questions of every prepared set (NQ and NYT at least)."""
+    """:func:`text_key` of every test paragraph: the gold paragraphs of the test questions of every prepared set
+    (those of ``HELD_OUT`` at least)."""
     from fastdpr.data import sources
 
     cache = Path(cache) if cache is not None else sources.default_cache()
@@ -64,25 +58,20 @@ def held_out_paragraphs(cache: str | os.PathLike | None = None) -> set[str]:
         if not (folder / "counts.json").is_file():
             continue
         passages = {p["id"]: p["text"] for p in sources.read_jsonl(folder / "passages.jsonl")}
-        if name == "squad_dev":
-            keys.update(text_key(t) for t in passages.values())
-            continue
         for q in sources.read_jsonl(folder / "test.jsonl"):
             keys.update(text_key(passages[g]) for g in q["gold_ids"] if g in passages)
     return keys
 
 
 def _source_questions(cache: Path, name: str) -> tuple[list[dict], list[dict]]:
-    """(passages, training-side questions) of one source: its prepared ``train`` split (dev and test stay out);
-    every question of a SQuADShifts set that is not prepared (none of it is evaluated here)."""
+    """(passages, training questions) of one source: its prepared ``train`` split (dev and test stay out)."""
     from fastdpr.data import sources
+    from fastdpr.errors import InputError
 
-    folder = cache / "prepared" / name
-    if (folder / "train.jsonl").is_file() and (folder / "counts.json").is_file():
-        return list(sources.read_jsonl(folder / "passages.jsonl")), list(sources.read_jsonl(folder / "train.jsonl"))
-    if name in HELD_OUT:
-        _prepared(cache, name)
-    return sources.load(cache, name)
+    folder = _prepared(cache, name)
+    if not (folder / "train.jsonl").is_file():
+        raise InputError(f"{name!r} has no training split (a test-only set)", path=str(folder))
+    return list(sources.read_jsonl(folder / "passages.jsonl")), list(sources.read_jsonl(folder / "train.jsonl"))
 
 
 def build_training_examples(

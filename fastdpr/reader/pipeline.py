@@ -95,7 +95,9 @@ def train_reader_from_questions(
                        warmup_fraction=0.1, bf16=bf16, freeze_word_embeddings=freeze_word_embeddings, seed=seed,
                        show_progress=show_progress)
     if read_length:
-        reader.config.max_length = read_length
+        # never past the encoder's positions: a longer row would index past its position table
+        positions = getattr(reader.encoder.config, "max_position_embeddings", None) or read_length
+        reader.config.max_length = min(read_length, positions)
     if out is not None:
         reader.save_pretrained(out)
     return reader, {**stats, "bf16": bf16, "k": k, "retrieved_questions": len(examples)}
