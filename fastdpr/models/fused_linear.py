@@ -32,9 +32,17 @@ PACK_ROWS_HINT = 4096
 def onednn_linear_available(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether pre-packed, epilogue-fused oneDNN linear layers run here (x86/ARM CPU builds of torch with
     oneDNN, float32 or bfloat16)."""
-    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    available = (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+                 and torch.backends.mkldnn.is_available()
+                 and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+                 and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    if available and dtype == torch.bfloat16:
+        # oneDNN's bf16 linear refuses CPUs without AVX512-BW/VL/DQ or AVX-NE-CONVERT (an AVX2-only CPU): there
+        # bf16 weights take F.linear, slow but exact
+        from fastdpr.models.precision import bf16_supported
+
+        return bf16_supported(device)
+    return available
 
 
 class FusedLinear(nn.Module):
