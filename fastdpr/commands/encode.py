@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="compute precision, the names of `fastdpr train` (float32, bfloat16, float16 are accepted "
                         "too). auto: fp16 on CUDA, fp32 on the CPU. bf16 is several times faster on CPUs with AMX; "
                         "int8 (CPU only) quantizes the linear layers. Both change the vectors slightly: speed and "
-                        "retrieval accuracy in benchmarks/results/encode.md (default auto)")
+                        "retrieval accuracy in benchmarks/results/encode.md at c97483c (default auto)")
     p.add_argument("--shard-size", type=int, default=4096,
                    help="passages per shard file, the resume unit: a killed run redoes at most one (default 4096)")
     p.add_argument("--shard", default=None, metavar="I/N",

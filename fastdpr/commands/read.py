@@ -4,7 +4,7 @@
 
 The results file is what ``fastdpr search`` writes (DPR JSON, ``-o run.json``). Rows of all questions are read
 together, sorted by length, packed without padding; ``--precision bf16`` is several times faster on CPUs with
-AMX/AVX512-BF16 (recent Xeons) and costs no measurable accuracy (benchmarks/results/reader.md).
+AMX/AVX512-BF16 (recent Xeons) and costs no measurable accuracy (benchmarks/results/reader.md at c97483c).
 """
 from __future__ import annotations
 

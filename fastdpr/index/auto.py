@@ -15,7 +15,7 @@ The rule, and what it rests on:
   pooling, tuned 4-bit IVF-PQ at recall@100 0.95 ran 0.96x exact search's q/s at 1,000 x 384, 1.17x at 2,000 and
   1.47x at 3,000 (benchmarks/results/ann_auto_crossover.md), so below that exact search costs about as much and
   needs neither training nor tuning; at 23,582 real MiniLM passages 4-bit IVF-PQ ran several times faster
-  (benchmarks/results/ann_paired.md);
+  (benchmarks/results/ann_paired.md at c97483c);
 - below ``COMPRESSED_MIN_N`` vectors, 4-bit IVF-PQ with d/2 sub-quantizers, about 2 sqrt(n) lists and fp16 rows
   for the exact re-rank, the best shape on the real pool (``ivfpq.default_nlist``);
 - from ``COMPRESSED_MIN_N`` on, the compressed shape measured at 1M x 768 (benchmarks/results/ann_compressed.md):

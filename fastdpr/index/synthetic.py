@@ -3,7 +3,7 @@
 ``gaussian_mixture``: a non-normalised Gaussian mixture (cluster centres, low-rank spread within each cluster,
 log-normal norms), where inner-product graphs meet high-norm hubs. It is far easier to partition than real
 embeddings (an ideal IVF over 512 balanced lists covers 95% of a query's top-100 with 6 lists; real MiniLM vectors
-need 22 with mean pooling, 128 with [CLS]; ``benchmarks/results/ann_calibration.md``).
+need 22 with mean pooling, 128 with [CLS]; ``benchmarks/results/ann_calibration.md at c97483c``).
 
 ``calibrated(n, dim, profile)``: vectors shaped like all-MiniLM-L6-v2's, with profiles ``minilm-mean``
 (unnormalised mean pooling) and ``minilm-cls`` (raw [CLS]) fitted to the real 23,582-passage pool by
@@ -103,7 +103,7 @@ class Profile:
 
 
 # Fitted by benchmarks/ann_fit_synthetic.py (its output pasted here); how close each comes to the real pool:
-# benchmarks/results/ann_calibration.md.
+# benchmarks/results/ann_calibration.md at c97483c.
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile(name="minilm-mean", spectrum_decay=1.661, spectrum_offset=0.1, mean_length=0.4709,
             norm_table=(1.0146, 1.3619, 1.5648, 1.683, 1.9043, 2.2111, 2.5972, 3.2072, 4.4097, 6.3362, 7.4014,

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 # products of at most this many rows (a question, a small batch) go through fastdpr's few-rows kernel where it runs
-# (csrc/few_rows_linear.h); above it oneDNN is as fast (benchmarks/results/few_rows.md: MiniLM's layers in a 6-layer
-# weight rotation on an AMD EPYC, bf16 and fp32, the gain shrinking to a few percent at 64 rows)
+# (csrc/few_rows_linear.h); above it oneDNN is as fast (benchmarks/results/few_rows.md at c97483c: MiniLM's layers
+# in a 6-layer weight rotation on an AMD EPYC, bf16 and fp32, the gain shrinking to a few percent at 64 rows)
 FEW_ROWS = 64
 # the same activations in the few-rows kernel (csrc/few_rows_linear.h)
 FEW_ROWS_ACTIVATIONS = {None: "", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",

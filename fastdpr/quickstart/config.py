@@ -46,7 +46,7 @@ class QuickstartConfig:
     encode_batch_size: int = 64
     # encoders' precision for passages and questions: "fast" is bf16 where the hardware runs it natively (AMX /
     # AVX512-BF16 CPUs, CUDA) and the exact default elsewhere; bf16 vectors keep top-20 accuracy
-    # (benchmarks/results/encode.md) at 1.8x (AVX512-BF16) to 4.4x (AMX) the fp32 passages/s
+    # (benchmarks/results/encode.md at c97483c) at 1.8x (AVX512-BF16) to 4.4x (AMX) the fp32 passages/s
     encode_precision: str = "fast"
     index_spec: str = "flat"
     k_union: int = 200  # hybrid: union of each side's top-K

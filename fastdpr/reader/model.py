@@ -36,7 +36,8 @@ SELECTIONS = {
     "joint": lambda c: c["passage_score"] + c["span_score"],
 }
 # measured on NQ dev, top-5 hybrid passages, after training with shared normalization: passage .505, span .495,
-# joint .495 EM (benchmarks/results/reader.md) — the shared softmax, not the rule, is what fixed multi-passage reading
+# joint .495 EM (benchmarks/results/reader.md at c97483c) — the shared softmax, not the rule, is what fixed
+# multi-passage reading
 DEFAULT_SELECTION = "passage"
 
 

@@ -6,8 +6,8 @@ Fusions (``method``):
   scores per question over that side's top-K list (best = 1, K-th = 0). Dense inner products and BM25 scores live
   on unrelated scales (cosine 0.4-0.9 against BM25 4-33 on NQ), so a raw weight only works once tuned to them;
   after normalisation ``alpha = 1`` weighs the two rankings equally whatever the model and corpus. Min-max rather
-  than z-scores: both reach the same accuracy on NQ (``benchmarks/results/hybrid_fusion.md``: top-20 .936 vs .935,
-  untuned, above dense .915 and BM25 .855), but min-max is bounded, so a passage one side did not list gets
+  than z-scores: both reach the same accuracy on NQ (``benchmarks/results/hybrid_fusion.md`` at c97483c: top-20
+  .936 vs .935, untuned, above dense .915 and BM25 .855), but min-max is bounded, so a passage one side did not list gets
   exactly that side's floor, 0, and alpha reads as the weight of one ranking against the other.
 - ``"linear-raw"``: ``score = dense + alpha * bm25`` on the raw scores, DPR's own fusion; ``alpha`` must be tuned
   (``tune_alpha``) because it depends on the score scales.

@@ -1,15 +1,16 @@
 """The fine-tuning recipe fastdpr recommends for adapting a pretrained dual encoder with little compute, and the
-evidence for it: ``benchmarks/quality_bench.py`` (results in ``benchmarks/results/quality.md``) trains the
-packaged MiniLM with it and reports top-k on held-out NQ, SQuAD and NYT questions against BM25 and the starting
-model. The quickstart uses it; ``TrainingArguments`` keeps DPR's own defaults for training from scratch
-(docs/architecture.md, "DPR training defaults").
+evidence for it. The quickstart uses it (its results on the published QA sets: ``benchmarks/results/quickstart.md``);
+``TrainingArguments`` keeps DPR's own defaults for training from scratch (docs/architecture.md, "DPR training
+defaults").
 
-Why each choice (measured on 2 CPU cores: ``benchmarks/results/recipe_ablation.md`` and the quality benchmark):
+Why each choice. The ablations behind them ran on 2 CPU cores on an earlier data set (NQ paragraphs, SQuAD dev and
+SQuADShifts NYT from a package archive that is no longer published): ``benchmarks/results/recipe_ablation.md`` and
+``quality.md`` at commit c97483c; they are not yet repeated on the published sets.
 
 * **A mixture of sources** (the target domain plus NQ and other Wikipedia questions): training on one domain's
   questions alone moves the model toward that domain and away from what it knew; the other sources keep it.
 * **One BM25 hard negative per question** (DPR): it teaches the lexical precision SQuAD-style questions need; two
-  cost 1.4x the training time for no difference beyond noise (benchmarks/results/quickstart_hard_negatives.md).
+  cost 1.4x the training time for no difference beyond noise (``quickstart_hard_negatives.md`` at c97483c).
 * **Warm-up over 10% of the steps, then linear decay**, AdamW, clipping at 2.0 (DPR).
 * **bf16 autocast where the processor has native bf16** (AMX / AVX-512 BF16 on CPUs, any recent GPU): the same
   accuracy at a fraction of the time; fp32 elsewhere.
