@@ -30,7 +30,7 @@ def _kernel_device() -> torch.device:
 
 DEVICE = _kernel_device()
 
-SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": 16, "BLOCK_DO": 16}
+SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": 16}
 
 
 def fresh_seed() -> int:
@@ -198,8 +198,7 @@ def test_kernels_and_fallback_agree_under_auto_dispatch():
 def test_bad_tiles_are_rejected():
     q, p, targets, _, _ = make_batch(3, 1, 4, 0)
     with pytest.raises(ValueError, match="power of two"):
-        inbatch_nll(q, p, targets, backend="triton", tiles={"BLOCK_M": 24, "BLOCK_N": 16, "BLOCK_D": 16,
-                                                            "BLOCK_DO": 16})
+        inbatch_nll(q, p, targets, backend="triton", tiles={"BLOCK_M": 24, "BLOCK_N": 16, "BLOCK_D": 16})
     with pytest.raises(ValueError, match="missing"):
         inbatch_nll(q, p, targets, backend="triton", tiles={"BLOCK_M": 16})
 
