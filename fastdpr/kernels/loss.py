@@ -265,8 +265,11 @@ def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: 
         group_size: query rows per softmax group (None: the whole batch), see above.
         backend: "auto" (Triton on CUDA; the Triton interpreter on CPU when TRITON_INTERPRET=1; the chunked
             PyTorch fallback otherwise, and always for float64), or force "triton", "torch", "reference".
-        tiles: Triton tile sizes ``{"BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DO"}`` (powers of two ≥ 16, optional
-            ``num_warps``/``num_stages``); None autotunes on a GPU and uses fixed tiles in the interpreter.
+        tiles: Triton tile sizes ``{"BLOCK_M", "BLOCK_N", "BLOCK_D"}`` (powers of two ≥ 16), optionally
+            ``SPLIT`` (ranges the streamed axis is cut into; default: enough programs to fill the GPU),
+            ``SLICES`` (feature slices of the backward's accumulators; default 1, the full width) and
+            ``num_warps``/``num_stages``; ``BLOCK_DO`` of earlier versions is accepted and ignored.  None
+            autotunes on a GPU and uses fixed tiles in the interpreter.
         chunk_rows: query rows per chunk in the PyTorch fallback (None: about 4M scores per chunk).
             ``chunk_size`` is its old, deprecated name.
 
