@@ -406,15 +406,20 @@ def _resident_programs(device) -> int:
 
 
 def _split(tiles, owned_rows: int, streamed_rows: int, device, programs_per_sm: int = 1) -> int:
-    """How many ranges the streamed axis is cut into: enough programs to fill the card once, never a range of
-    less than one nominal tile; 1 as soon as the owned blocks alone fill it (large batches)."""
+    """How many ranges the streamed axis is cut into: the fewest that fill the card's resident programs to at
+    least 85% (counting the last, partial wave as a whole one), never a range below one nominal tile; 1 when the
+    owned blocks alone do (large batches), so they pay nothing for it."""
     if tiles is not None and "SPLIT" in tiles:
         return max(1, min(int(tiles["SPLIT"]), streamed_rows))
     target = _resident_programs(device) * programs_per_sm
     blocks = triton.cdiv(owned_rows, _NOMINAL_BLOCK)
-    if blocks >= target:
-        return 1
-    return max(1, min(triton.cdiv(target, blocks), triton.cdiv(streamed_rows, _NOMINAL_BLOCK), _MAX_SPLIT))
+    most = max(1, min(triton.cdiv(streamed_rows, _NOMINAL_BLOCK), _MAX_SPLIT))
+
+    def filled(split: int) -> float:
+        programs = blocks * split
+        return programs / (triton.cdiv(programs, target) * target)
+
+    return next((k for k in range(1, most + 1) if filled(k) >= 0.85), max(range(1, most + 1), key=filled))
 
 
 def _launch(kind: str, owned_rows: int, split: int, args: tuple, flags: dict, tiles: dict | None, dim: int) -> None:
