@@ -130,6 +130,24 @@ def _split_range(n_rows, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _accumulators(BLOCK: tl.constexpr, D, SLICE_W: tl.constexpr, WIDTH_A: tl.constexpr, WIDTH_B: tl.constexpr):
+    """This program's feature slice (grid axis 2) as the end of its features and the columns and fp32
+    accumulators of the two power-of-two parts.  Without a second part (WIDTH_B = 0) the first part stands in for
+    it; it is then never read or written, and the compiler drops it."""
+    f_lo = tl.program_id(2) * SLICE_W
+    f_hi = tl.minimum(D, f_lo + SLICE_W)
+    offs_a = f_lo + tl.arange(0, WIDTH_A)
+    acc_a = tl.zeros((BLOCK, WIDTH_A), dtype=tl.float32)
+    if WIDTH_B > 0:
+        offs_b = f_lo + WIDTH_A + tl.arange(0, WIDTH_B)
+        acc_b = tl.zeros((BLOCK, WIDTH_B), dtype=tl.float32)
+    else:
+        offs_b = offs_a
+        acc_b = acc_a
+    return f_hi, offs_a, offs_b, acc_a, acc_b
+
+
+@triton.jit
 def _add_product(acc, ds, src_ptr, rows, in_rows, offs_w, w_end, PRECISION: tl.constexpr):
     """acc + ds · SRC[rows, offs_w]: one column part of the program's gradient accumulator (features < w_end)."""
     blk = tl.load(src_ptr + rows[:, None] + offs_w[None, :], mask=in_rows[:, None] & (offs_w < w_end)[None, :],
@@ -139,9 +157,23 @@ def _add_product(acc, ds, src_ptr, rows, in_rows, offs_w, w_end, PRECISION: tl.c
 
 
 @triton.jit
-def _store_rows(out_ptr, acc, rows, in_rows, offs_w, w_end):
-    tl.store(out_ptr + rows[:, None] + offs_w[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=in_rows[:, None] & (offs_w < w_end)[None, :])
+def _add_products(acc_a, acc_b, ds, src_ptr, rows, in_rows, offs_a, offs_b, f_hi,
+                  WIDTH_B: tl.constexpr, PRECISION: tl.constexpr):
+    """Both parts of the accumulator + ds · SRC[rows, slice]: one gradient product per streamed tile."""
+    acc_a = _add_product(acc_a, ds, src_ptr, rows, in_rows, offs_a, f_hi, PRECISION)
+    if WIDTH_B > 0:
+        acc_b = _add_product(acc_b, ds, src_ptr, rows, in_rows, offs_b, f_hi, PRECISION)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _store_accumulators(out_ptr, acc_a, acc_b, rows, in_rows, offs_a, offs_b, f_hi, WIDTH_B: tl.constexpr):
+    """The slice's gradient rows (in the output's dtype: the input dtype, or fp32 partials under a split)."""
+    tl.store(out_ptr + rows[:, None] + offs_a[None, :], acc_a.to(out_ptr.dtype.element_ty),
+             mask=in_rows[:, None] & (offs_a < f_hi)[None, :])
+    if WIDTH_B > 0:
+        tl.store(out_ptr + rows[:, None] + offs_b[None, :], acc_b.to(out_ptr.dtype.element_ty),
+                 mask=in_rows[:, None] & (offs_b < f_hi)[None, :])
 
 
 @triton.jit
@@ -200,13 +232,7 @@ def lse_bwd_dq_kernel(
     coef = tl.load(grad_ptr + offs_m, mask=in_m, other=0.0) * scale
     n_lo, n_hi = _split_range(N, BLOCK_N)
 
-    f_lo = tl.program_id(2) * SLICE_W
-    f_hi = tl.minimum(D, f_lo + SLICE_W)
-    offs_a = f_lo + tl.arange(0, WIDTH_A)
-    acc_a = tl.zeros((BLOCK_M, WIDTH_A), dtype=tl.float32)
-    if WIDTH_B > 0:
-        offs_b = f_lo + WIDTH_A + tl.arange(0, WIDTH_B)
-        acc_b = tl.zeros((BLOCK_M, WIDTH_B), dtype=tl.float32)
+    f_hi, offs_a, offs_b, acc_a, acc_b = _accumulators(BLOCK_M, D, SLICE_W, WIDTH_A, WIDTH_B)
     for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         s = _score_tile(q_ptr, p_ptr, offs_m, offs_n, M, n_hi, D, stride_q, stride_p,
@@ -214,16 +240,10 @@ def lse_bwd_dq_kernel(
         keep = _keep_tile(offs_m, offs_n, M, n_hi, row_target, row_id, valid_ptr, ids_ptr, HAS_VALID, HAS_IDS)
         # masking before exp2 keeps excluded columns from overflowing: exp2(−inf) = 0
         ds = tl.exp2(tl.where(keep, s, float("-inf")) - lse_log2[:, None]) * coef[:, None]
-        rows_p = offs_n.to(tl.int64) * stride_p
-        in_n = offs_n < n_hi
-        acc_a = _add_product(acc_a, ds, p_ptr, rows_p, in_n, offs_a, f_hi, PRECISION)
-        if WIDTH_B > 0:
-            acc_b = _add_product(acc_b, ds, p_ptr, rows_p, in_n, offs_b, f_hi, PRECISION)
-    out = dq_ptr + tl.program_id(1).to(tl.int64) * stride_split
-    rows_out = offs_m.to(tl.int64) * stride_dq
-    _store_rows(out, acc_a, rows_out, in_m, offs_a, f_hi)
-    if WIDTH_B > 0:
-        _store_rows(out, acc_b, rows_out, in_m, offs_b, f_hi)
+        acc_a, acc_b = _add_products(acc_a, acc_b, ds, p_ptr, offs_n.to(tl.int64) * stride_p, offs_n < n_hi,
+                                     offs_a, offs_b, f_hi, WIDTH_B, PRECISION)
+    _store_accumulators(dq_ptr + tl.program_id(1).to(tl.int64) * stride_split, acc_a, acc_b,
+                        offs_m.to(tl.int64) * stride_dq, in_m, offs_a, offs_b, f_hi, WIDTH_B)
 
 
 @triton.jit
@@ -251,13 +271,7 @@ def lse_bwd_dp_kernel(
         col_id = tl.load(ids_ptr + offs_n, mask=in_n, other=0)
     m_lo, m_hi = _split_range(M, BLOCK_M)
 
-    f_lo = tl.program_id(2) * SLICE_W
-    f_hi = tl.minimum(D, f_lo + SLICE_W)
-    offs_a = f_lo + tl.arange(0, WIDTH_A)
-    acc_a = tl.zeros((BLOCK_N, WIDTH_A), dtype=tl.float32)
-    if WIDTH_B > 0:
-        offs_b = f_lo + WIDTH_A + tl.arange(0, WIDTH_B)
-        acc_b = tl.zeros((BLOCK_N, WIDTH_B), dtype=tl.float32)
+    f_hi, offs_a, offs_b, acc_a, acc_b = _accumulators(BLOCK_N, D, SLICE_W, WIDTH_A, WIDTH_B)
     for m0 in range(m_lo, m_hi, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         in_m = offs_m < m_hi
@@ -272,15 +286,10 @@ def lse_bwd_dp_kernel(
             dup = (col_id[:, None] == row_id[None, :]) & (offs_n[:, None] != row_target[None, :])
             keep = keep & (dup == 0)
         ds_t = tl.exp2(tl.where(keep, st, float("-inf")) - lse_log2[None, :]) * coef[None, :]
-        rows_q = offs_m.to(tl.int64) * stride_q
-        acc_a = _add_product(acc_a, ds_t, q_ptr, rows_q, in_m, offs_a, f_hi, PRECISION)
-        if WIDTH_B > 0:
-            acc_b = _add_product(acc_b, ds_t, q_ptr, rows_q, in_m, offs_b, f_hi, PRECISION)
-    out = dp_ptr + tl.program_id(1).to(tl.int64) * stride_split
-    rows_out = offs_n.to(tl.int64) * stride_dp
-    _store_rows(out, acc_a, rows_out, in_n, offs_a, f_hi)
-    if WIDTH_B > 0:
-        _store_rows(out, acc_b, rows_out, in_n, offs_b, f_hi)
+        acc_a, acc_b = _add_products(acc_a, acc_b, ds_t, q_ptr, offs_m.to(tl.int64) * stride_q, in_m,
+                                     offs_a, offs_b, f_hi, WIDTH_B, PRECISION)
+    _store_accumulators(dp_ptr + tl.program_id(1).to(tl.int64) * stride_split, acc_a, acc_b,
+                        offs_n.to(tl.int64) * stride_dp, in_n, offs_a, offs_b, f_hi, WIDTH_B)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -317,8 +326,11 @@ def accumulator_widths(width: int) -> tuple[int, int]:
 def slice_meta(dim: int, slices: int) -> dict:
     """The backward's feature slicing as kernel constants: ``slices`` programs per owned block, each with a
     ``SLICE_W``-wide accumulator in two parts.  1 is the full width (S computed once per tile and kernel);
-    more slices shrink the accumulator at the price of recomputing S once per slice."""
+    more slices shrink the accumulator at the price of recomputing S once per slice.  A slice starts on a
+    multiple of 16 features, so that its loads stay aligned for wide vector accesses (at most ``slices`` slices
+    cover ``dim``; small widths may need fewer)."""
     width = triton.cdiv(dim, max(1, int(slices)))
+    width = width if slices == 1 else 16 * triton.cdiv(width, 16)
     width_a, width_b = accumulator_widths(width)
     return {"SLICE_W": width, "WIDTH_A": width_a, "WIDTH_B": width_b}
 
