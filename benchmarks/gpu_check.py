@@ -217,7 +217,7 @@ def section_correctness(ctx: Context) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 def section_loss(ctx: Context) -> None:
-    from loss_bench import make_inputs, step
+    from loss_bench import make_inputs, step, useful_tflops
 
     peak, name = dense_bf16_peak()
     dim, hard = (40, 1) if ctx.quick else (768, 1)
@@ -249,9 +249,8 @@ def section_loss(ctx: Context) -> None:
                 ctx.sync()
                 used = ctx.peak_gib()
                 seconds = ctx.median_seconds(run, warmup=1, repeat=2 if ctx.quick else 5)
-                flops = 3 * 2 * batch * row["N"] * dim
-                row.update(status="ok", time_ms=1e3 * seconds,
-                           peak_gib=None if used is None else used - before / GIB, tflops=flops / seconds / 1e12)
+                row.update(status="ok", time_ms=1e3 * seconds, peak_gib=None if used is None else used - before / GIB)
+                row["tflops"] = useful_tflops(row)
                 if peak:
                     row["pct_of_peak"] = 100 * row["tflops"] / peak
                 if method == "eager":
