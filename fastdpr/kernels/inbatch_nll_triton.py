@@ -77,6 +77,11 @@ INTERPRETED: bool = _interpret
 # the kernels spell these constants out (plain Python globals are not visible inside @triton.jit)
 _LOG2E = 1.4426950408889634
 
+# The row counts only bound masks, so compiling a variant for each of their divisibilities (as triton does for
+# integer arguments) would double the compiles, each a few seconds per autotune candidate, for nothing; D and the
+# strides keep theirs, which align the loads.
+_jit_kernel = triton.jit(do_not_specialize=["M", "N"])
+
 
 @triton.jit
 def _score_tile(
@@ -176,7 +181,7 @@ def _store_accumulators(out_ptr, acc_a, acc_b, rows, in_rows, offs_a, offs_b, f_
                  mask=in_rows[:, None] & (offs_b < f_hi)[None, :])
 
 
-@triton.jit
+@_jit_kernel
 def lse_fwd_kernel(
     q_ptr, p_ptr, target_ptr, rowid_ptr, valid_ptr, ids_ptr, part_ptr,
     M, N, D, stride_q, stride_p, scale_log2e,
@@ -212,7 +217,7 @@ def lse_fwd_kernel(
     tl.store(part_ptr + tl.program_id(1).to(tl.int64) * M + offs_m, lse, mask=in_m)
 
 
-@triton.jit
+@_jit_kernel
 def lse_bwd_dq_kernel(
     q_ptr, p_ptr, target_ptr, rowid_ptr, valid_ptr, ids_ptr, lse_ptr, grad_ptr, dq_ptr,
     M, N, D, stride_q, stride_p, stride_dq, stride_split, scale, scale_log2e,
@@ -246,7 +251,7 @@ def lse_bwd_dq_kernel(
                         offs_m.to(tl.int64) * stride_dq, in_m, offs_a, offs_b, f_hi, WIDTH_B)
 
 
-@triton.jit
+@_jit_kernel
 def lse_bwd_dp_kernel(
     q_ptr, p_ptr, target_ptr, rowid_ptr, valid_ptr, ids_ptr, lse_ptr, grad_ptr, dp_ptr,
     M, N, D, stride_q, stride_p, stride_dp, stride_split, scale, scale_log2e,

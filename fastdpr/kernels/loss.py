@@ -164,7 +164,7 @@ def _check_inputs(q, p, targets, scale, column_ids, column_valid):
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise ValueError(f"targets must hold integer column indices, got {targets.dtype}")
     targets = targets.to(device=q.device, dtype=torch.int64)
-    low, high = int(targets.min()), int(targets.max())
+    low, high = torch.stack(torch.aminmax(targets)).tolist()  # one device sync, not two
     if low < 0 or high >= n_cols:
         raise ValueError(f"targets must lie in [0, {n_cols}) (p has {n_cols} rows); got values in [{low}, {high}]")
     if column_valid is not None:
