@@ -313,3 +313,51 @@ def test_kernels_grouped_softmax(n_queries, n_hard, group, bidirectional):
         valid[targets[1::3] + n_hard] = False  # a question with fewer hard negatives than asked
     kwargs = dict(scale=2.3, column_ids=ids, column_valid=valid, bidirectional=bidirectional, group_size=group)
     check_against_reference(q, p, targets, kwargs, seed, rtol=1e-5, atol=2e-5, tiles=SMALL_TILES)
+
+
+def _function_inputs(seed):
+    q, p, targets, ids, valid = make_batch(13, 2, 21, seed, n_pad=3, duplicates=True)
+    ranks = torch.unique(ids, return_inverse=True)[1].to(torch.int32)
+    return q, p, targets, ranks, valid
+
+
+def _reference_scores(q, p, targets, ranks, valid, scale):
+    """float64 masked scores S (−inf where excluded), as the kernels define them."""
+    s = scale * q.double() @ p.double().T
+    cols = torch.arange(p.shape[0], device=q.device)
+    dup = (ranks[None, :] == ranks[targets][:, None]) & (cols[None, :] != targets[:, None])
+    return s.masked_fill(dup | ~valid[None, :], float("-inf"))
+
+
+def test_autograd_function_lse_alone_keeps_its_interface():
+    # TritonLogSumExp.apply(q, p, targets, row_ids, column_ids, valid_u8, scale, tiles) -> lse, as before the
+    # positive score joined it: the backward of Σ g_i·lse_i alone (no positive term)
+    seed = fresh_seed()
+    q, p, targets, ranks, valid = _function_inputs(seed)
+    qg, pg = q.clone().requires_grad_(), p.clone().requires_grad_()
+    lse = loss_module.TritonLogSumExp.apply(qg, pg, targets.to(torch.int32), ranks[targets], ranks,
+                                            valid.to(torch.uint8), 1.7, SMALL_TILES)
+    weights = torch.rand(13, generator=torch.Generator().manual_seed(seed)).to(DEVICE) + 0.5
+    (lse * weights).sum().backward()
+    q64, p64 = q.double().requires_grad_(), p.double().requires_grad_()
+    want = torch.logsumexp(_reference_scores(q64, p64, targets, ranks, valid, 1.7), dim=1)
+    (want * weights.double()).sum().backward()
+    torch.testing.assert_close(lse.detach().double(), want.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(qg.grad.double(), q64.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pg.grad.double(), p64.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_autograd_function_positive_score_alone():
+    # with_positive=True and only the positive score used: the lse's gradient comes back as None and the
+    # kernels add the positive's term alone, d pos_i / d q_i = s·p_{y_i}, d pos_i / d p_{y_i} = s·q_i
+    seed = fresh_seed()
+    q, p, targets, ranks, valid = _function_inputs(seed)
+    qg, pg = q.clone().requires_grad_(), p.clone().requires_grad_()
+    _, pos = loss_module.TritonLogSumExp.apply(qg, pg, targets.to(torch.int32), ranks[targets], ranks,
+                                               valid.to(torch.uint8), 1.7, {**SMALL_TILES, "SPLIT": 2}, True)
+    pos.sum().backward()
+    want = 1.7 * (q.double() * p.double()[targets]).sum(1)
+    torch.testing.assert_close(pos.detach().double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(qg.grad.double(), 1.7 * p.double()[targets], rtol=1e-5, atol=1e-6)
+    want_dp = torch.zeros_like(p, dtype=torch.float64).index_add_(0, targets, 1.7 * q.double())
+    torch.testing.assert_close(pg.grad.double(), want_dp, rtol=1e-5, atol=1e-6)

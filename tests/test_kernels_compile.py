@@ -3,7 +3,7 @@
 The interpreter tests check the kernels' arithmetic but run them as numpy, so they cannot catch what only the
 compiler rejects (types, layouts, dot shapes).  Triton's CUDA backend ships ptxas, so each kernel is compiled
 ahead of time here, in a subprocess where TRITON_INTERPRET is unset: every autotune candidate at D = 768 with bf16
-inputs and both masks, and the first candidate with fp32 inputs and no masks.  The integer arguments carry the
+inputs, both masks and the positive's gradient, and the first candidate with fp32 inputs and none of them.  The integer arguments carry the
 16-divisibility the launcher specialises for aligned tensors, as at run time.  ptxas's register report is read
 back too: each backward kernel must have at least one candidate that spills nothing, or the autotuner would only
 have spilling tilings to choose from.
@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(r'''
     PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     POINTERS = {"q_ptr": "*{dt}", "p_ptr": "*{dt}", "dq_ptr": "*{dt}", "dp_ptr": "*{dt}", "target_ptr": "*i32",
                 "rowid_ptr": "*i32", "ids_ptr": "*i32", "valid_ptr": "*u8", "lse_ptr": "*fp32", "grad_ptr": "*fp32",
-                "part_ptr": "*fp32"}
+                "part_ptr": "*fp32", "pos_ptr": "*fp32", "gpos_ptr": "*fp32"}
     SCALARS = {"M": "i32", "N": "i32", "D": "i32", "stride_q": "i32", "stride_p": "i32", "stride_dq": "i32",
                "stride_dp": "i32", "stride_split": "i32", "scale": "fp32", "scale_log2e": "fp32"}
     ALIGNED = {"D", "stride_q", "stride_p", "stride_dq", "stride_dp", "stride_split"}
@@ -44,7 +44,8 @@ SCRIPT = textwrap.dedent(r'''
         for name in names:
             signature[name] = (POINTERS[name].format(dt=dtype) if name in POINTERS
                                else SCALARS.get(name, "constexpr"))
-        constants = dict(HAS_VALID=has_valid, HAS_IDS=has_ids, PRECISION=precision, **config.kwargs)
+        constants = dict(HAS_VALID=has_valid, HAS_IDS=has_ids, HAS_POS=has_valid, PRECISION=precision,
+                         **config.kwargs)
         constexprs = {(names.index(k),): v for k, v in constants.items() if k in names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in POINTERS or n in ALIGNED}
         src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)

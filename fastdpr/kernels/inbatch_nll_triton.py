@@ -18,8 +18,10 @@ Forward: one pass of online log-sum-exp
     ``m`` and a running sum ``l = Σ exp2(S·log2e − m)``; a new tile with maximum ``m'`` rescales ``l`` by
     ``exp2(m − m')`` (the online softmax).  Working in base 2 (``exp2`` with ``log2 e`` folded into the scale)
     saves a multiply per element; ``lse = (m + log2 l)·ln 2``.  Each score tile ``Q_blk·P_tileᵀ`` is one matrix
-    product whose K-loop runs over the whole feature axis in BLOCK_D slices.  Only ``lse`` (M floats) is
-    written and saved for the backward: no M×N buffer ever exists.
+    product whose K-loop runs over the whole feature axis in BLOCK_D slices.  The positive's score
+    ``pos_i = S_{i,y_i}`` is picked out of the tile that holds column ``y_i`` on the way, so the loss
+    ``lse_i − pos_i`` needs no product outside the kernels.  Only ``lse`` and ``pos`` (M floats each) are
+    written, ``lse`` saved for the backward: no M×N buffer ever exists.
 
     Few query rows (B = 1,024 makes 16 blocks of 64 on a card of 132 SMs) would leave most of the GPU idle, so
     the passage axis is cut into ``SPLIT`` contiguous ranges on a second grid axis.  Each program then writes the
@@ -28,9 +30,10 @@ Forward: one pass of online log-sum-exp
     are fewer row blocks than programs the card can run at once, so large batches pay nothing for it.
 
 Backward: the FlashAttention-2 split, each score tile's gradient computed once per kernel
-    Gradients of ``L = Σ_i g_i·lse_i`` with the softmax ``π_ij = exp(S_ij − lse_i)`` (0 on masked columns)::
+    Gradients of ``L = Σ_i g_i·lse_i + Σ_i h_i·pos_i`` with the softmax ``π_ij = exp(S_ij − lse_i)`` (0 on masked
+    columns); for the loss ``h_i = −g_i``, which makes dS the familiar g·(softmax − onehot)::
 
-        dS_ij   = g_i · π_ij                          (the positive's −1 is the gathered dot product in loss.py)
+        dS_ij   = g_i · π_ij + h_i · [j = y_i]
         dL/dq_i = s · Σ_j dS_ij p_j                   (dq kernel: owns query rows, streams passage tiles)
         dL/dp_j = s · Σ_i dS_ij q_i                   (dp kernel: owns passage rows, streams query tiles)
 
@@ -50,6 +53,12 @@ Backward: the FlashAttention-2 split, each score tile's gradient computed once p
     registers and of the dS·P products.  It is kept as two power-of-two parts instead, ``WIDTH_A`` (the largest
     power of two ≤ D) and ``WIDTH_B`` (the rest, rounded up; 0 when D is a power of two): 768 = 512 + 256 with
     no padding at all.
+
+    A full-width accumulator of 64 rows at D = 768 is 192 KiB of an SM's 256 KiB register file, and ptxas
+    spills a little for it.  So the autotuner may also pick ``SLICES`` = 2 or 3: a third grid axis gives each
+    program one slice of the features (its accumulator 384 or 256 wide), at the price of recomputing S once more
+    per extra slice.  ``SLICES`` = 1 is the full width described above; the candidates and what ptxas said of
+    them are listed at ``_BACKWARD_CANDIDATES``.
 
 Every product is accumulated in fp32 (half inputs go to the tensor cores in their own dtype: the scores as
 loaded, dS rounded to the input dtype before its product); row offsets are widened to int64 before multiplying by
@@ -183,12 +192,13 @@ def _store_accumulators(out_ptr, acc_a, acc_b, rows, in_rows, offs_a, offs_b, f_
 
 @_jit_kernel
 def lse_fwd_kernel(
-    q_ptr, p_ptr, target_ptr, rowid_ptr, valid_ptr, ids_ptr, part_ptr,
+    q_ptr, p_ptr, target_ptr, rowid_ptr, valid_ptr, ids_ptr, part_ptr, pos_ptr,
     M, N, D, stride_q, stride_p, scale_log2e,
     HAS_VALID: tl.constexpr, HAS_IDS: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Partial lse of BLOCK_M query rows over this program's range of passages, into part[split, row]."""
+    """Partial lse of BLOCK_M query rows over this program's range of passages, into part[split, row]; the
+    positive's score S_{i,y_i} into pos[row] by the program whose range holds column y_i."""
     pid = tl.program_id(0)
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     in_m = offs_m < M
@@ -200,12 +210,16 @@ def lse_fwd_kernel(
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)  # running max of S·log2e
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)  # running Σ exp2(S·log2e − m_i)
+    pos_i = tl.zeros((BLOCK_M,), dtype=tl.float32)  # S_{i,y_i}·log2e once its tile has passed
     for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         s = _score_tile(q_ptr, p_ptr, offs_m, offs_n, M, n_hi, D, stride_q, stride_p,
                         BLOCK_M, BLOCK_N, BLOCK_D, PRECISION) * scale_log2e
         keep = _keep_tile(offs_m, offs_n, M, n_hi, row_target, row_id, valid_ptr, ids_ptr, HAS_VALID, HAS_IDS)
         s = tl.where(keep, s, float("-inf"))
+        # the positive is never masked; taking its score from the same tile as the lse keeps lse − S_{i,y_i}
+        # consistent to the last bit where the positive dominates (large scales)
+        pos_i += tl.sum(tl.where(offs_n[None, :] == row_target[:, None], s, 0.0), axis=1)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         # a row with nothing kept so far has m_new = −inf; shift by 0 instead so that exp2 sees −inf, not NaN
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -215,13 +229,14 @@ def lse_fwd_kernel(
     # ignores; every real row keeps its positive in some range
     lse = (m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0))) * 0.6931471805599453
     tl.store(part_ptr + tl.program_id(1).to(tl.int64) * M + offs_m, lse, mask=in_m)
+    tl.store(pos_ptr + offs_m, pos_i * 0.6931471805599453, mask=in_m & (row_target >= n_lo) & (row_target < n_hi))
 
 
 @_jit_kernel
 def lse_bwd_dq_kernel(
-    q_ptr, p_ptr, target_ptr, rowid_ptr, valid_ptr, ids_ptr, lse_ptr, grad_ptr, dq_ptr,
+    q_ptr, p_ptr, target_ptr, rowid_ptr, valid_ptr, ids_ptr, lse_ptr, grad_ptr, gpos_ptr, dq_ptr,
     M, N, D, stride_q, stride_p, stride_dq, stride_split, scale, scale_log2e,
-    HAS_VALID: tl.constexpr, HAS_IDS: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_VALID: tl.constexpr, HAS_IDS: tl.constexpr, HAS_POS: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SLICE_W: tl.constexpr, WIDTH_A: tl.constexpr, WIDTH_B: tl.constexpr,
 ):
@@ -235,6 +250,9 @@ def lse_bwd_dq_kernel(
         row_id = tl.load(rowid_ptr + offs_m, mask=in_m, other=0)
     lse_log2 = tl.load(lse_ptr + offs_m, mask=in_m, other=0.0) * 1.4426950408889634
     coef = tl.load(grad_ptr + offs_m, mask=in_m, other=0.0) * scale
+    coef_pos = coef
+    if HAS_POS:
+        coef_pos = tl.load(gpos_ptr + offs_m, mask=in_m, other=0.0) * scale
     n_lo, n_hi = _split_range(N, BLOCK_N)
 
     f_hi, offs_a, offs_b, acc_a, acc_b = _accumulators(BLOCK_M, D, SLICE_W, WIDTH_A, WIDTH_B)
@@ -245,6 +263,8 @@ def lse_bwd_dq_kernel(
         keep = _keep_tile(offs_m, offs_n, M, n_hi, row_target, row_id, valid_ptr, ids_ptr, HAS_VALID, HAS_IDS)
         # masking before exp2 keeps excluded columns from overflowing: exp2(−inf) = 0
         ds = tl.exp2(tl.where(keep, s, float("-inf")) - lse_log2[:, None]) * coef[:, None]
+        if HAS_POS:  # the positive's own score term: its gradient lands on column y_i alone (−g for the loss)
+            ds += tl.where(offs_n[None, :] == row_target[:, None], coef_pos[:, None], 0.0)
         acc_a, acc_b = _add_products(acc_a, acc_b, ds, p_ptr, offs_n.to(tl.int64) * stride_p, offs_n < n_hi,
                                      offs_a, offs_b, f_hi, WIDTH_B, PRECISION)
     _store_accumulators(dq_ptr + tl.program_id(1).to(tl.int64) * stride_split, acc_a, acc_b,
@@ -253,9 +273,9 @@ def lse_bwd_dq_kernel(
 
 @_jit_kernel
 def lse_bwd_dp_kernel(
-    q_ptr, p_ptr, target_ptr, rowid_ptr, valid_ptr, ids_ptr, lse_ptr, grad_ptr, dp_ptr,
+    q_ptr, p_ptr, target_ptr, rowid_ptr, valid_ptr, ids_ptr, lse_ptr, grad_ptr, gpos_ptr, dp_ptr,
     M, N, D, stride_q, stride_p, stride_dp, stride_split, scale, scale_log2e,
-    HAS_VALID: tl.constexpr, HAS_IDS: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_VALID: tl.constexpr, HAS_IDS: tl.constexpr, HAS_POS: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SLICE_W: tl.constexpr, WIDTH_A: tl.constexpr, WIDTH_B: tl.constexpr,
 ):
@@ -291,6 +311,9 @@ def lse_bwd_dp_kernel(
             dup = (col_id[:, None] == row_id[None, :]) & (offs_n[:, None] != row_target[None, :])
             keep = keep & (dup == 0)
         ds_t = tl.exp2(tl.where(keep, st, float("-inf")) - lse_log2[None, :]) * coef[None, :]
+        if HAS_POS:
+            coef_pos = tl.load(gpos_ptr + offs_m, mask=in_m, other=0.0) * scale
+            ds_t += tl.where(offs_n[:, None] == row_target[None, :], coef_pos[None, :], 0.0)
         acc_a, acc_b = _add_products(acc_a, acc_b, ds_t, q_ptr, offs_m.to(tl.int64) * stride_q, in_m,
                                      offs_a, offs_b, f_hi, WIDTH_B, PRECISION)
     _store_accumulators(dp_ptr + tl.program_id(1).to(tl.int64) * stride_split, acc_a, acc_b,
@@ -347,12 +370,12 @@ def interpreter_tiles(dim: int) -> dict:
 
 # Backward candidates: (rows owned, rows streamed, K-slice of the score loop, warps, stages, feature slices).
 # The full-width accumulator (slices = 1) is BLOCK × D fp32 in registers: at D = 768 and 64 owned rows that is
-# 192 KiB of an SM's 256 KiB register file.  Compiled ahead of time for sm_90a (bf16, both masks, 16-divisible
-# strides as the launcher specialises them), ptxas reports at D = 768, for the dq / dp kernel: full width with 16
-# streamed rows spills 48 / 24 bytes per thread, with 32 100 / 148, with 64 384 / 484 (8 warps; 32 owned rows
-# cannot use wgmma and spill more, 16 warps spill more); two slices (64 × 384) and three (64 × 256) spill nothing,
-# 128 × 256 nothing / 80 bytes.  Which costs
-# less on the card, a few spills or recomputing S once more per slice, is for the autotuner to time: it gets both.
+# 192 KiB of an SM's 256 KiB register file.  Compiled ahead of time for sm_90a (bf16, both masks and the positive's
+# term, 16-divisible strides as the launcher specialises them), ptxas reports at D = 768, for the dq / dp kernel:
+# full width with 16 streamed rows spills 52 / 48 bytes per thread, with 32 144 / 220, with 64 556 / 672 (8 warps;
+# 32 owned rows cannot use wgmma and spill more, 16 warps spill more); two slices (64 × 384) and three (64 × 256)
+# spill nothing, 128 × 256 80 / 140 bytes.  Which costs less on the card, a few spills or recomputing S once more
+# per slice, is for the autotuner to time: it gets both.
 _BACKWARD_CANDIDATES = (
     (64, 16, 64, 8, 2, 1), (64, 32, 64, 8, 2, 1), (64, 64, 64, 8, 2, 1),
     (64, 64, 64, 8, 2, 2), (64, 32, 64, 8, 3, 2), (64, 64, 64, 8, 3, 3), (128, 64, 64, 8, 2, 3),
@@ -470,9 +493,9 @@ def _common_args(q, p, targets, row_ids, column_ids, valid_u8) -> tuple:
 
 
 def lse_forward(q, p, targets, row_ids, column_ids, valid_u8, scale: float, precision: str, tiles=None):
-    """Per-row log-sum-exp of the masked scores ``scale·Q Pᵀ`` (fp32, shape (M,)). Inputs contiguous, on one
-    device; targets and ids int32 (ids: any labels where equal means the same passage);
-    ``row_ids = column_ids[targets]`` when ``column_ids`` is given."""
+    """Per-row log-sum-exp of the masked scores ``scale·Q Pᵀ`` and each row's positive score ``S_{i,y_i}`` (both
+    fp32, shape (M,)). Inputs contiguous, on one device; targets and ids int32 (ids: any labels where equal means
+    the same passage); ``row_ids = column_ids[targets]`` when ``column_ids`` is given."""
     import torch
 
     M, D = q.shape
@@ -480,11 +503,12 @@ def lse_forward(q, p, targets, row_ids, column_ids, valid_u8, scale: float, prec
     # the forward is light on registers: two programs per SM keep the memory system busy
     split = _split(tiles, M, N, q.device, programs_per_sm=2)
     part = torch.empty((split, M), dtype=torch.float32, device=q.device)
+    pos = torch.empty(M, dtype=torch.float32, device=q.device)  # every row's target lies in exactly one range
     args = _common_args(q, p, targets, row_ids, column_ids, valid_u8) + (
-        part, M, N, D, q.stride(0), p.stride(0), float(scale) * _LOG2E)
+        part, pos, M, N, D, q.stride(0), p.stride(0), float(scale) * _LOG2E)
     _launch("fwd", M, split, args, _flags(column_ids, valid_u8, precision), tiles, D)
     # the second stage: exact, and M·split floats
-    return part[0] if split == 1 else torch.logsumexp(part, dim=0)
+    return (part[0] if split == 1 else torch.logsumexp(part, dim=0)), pos
 
 
 def _gradient(kind: str, common: tuple, q, p, flags: dict, scale: float, tiles):
@@ -505,13 +529,16 @@ def _gradient(kind: str, common: tuple, q, p, flags: dict, scale: float, tiles):
 
 
 def lse_backward(q, p, targets, row_ids, column_ids, valid_u8, lse, grad, scale: float, precision: str,
-                 need_dq: bool = True, need_dp: bool = True, tiles=None):
-    """Gradients of ``Σ_i grad_i·lse_i`` with respect to Q and P, in the input dtypes (None where not needed)."""
+                 need_dq: bool = True, need_dp: bool = True, tiles=None, grad_pos=None):
+    """Gradients of ``Σ_i grad_i·lse_i + Σ_i grad_pos_i·S_{i,y_i}`` with respect to Q and P, in the input dtypes
+    (None where not needed); ``grad_pos`` None leaves the second sum out."""
     import torch
 
     grad = grad.to(torch.float32).contiguous()
-    common = _common_args(q, p, targets, row_ids, column_ids, valid_u8) + (lse, grad)
-    flags = _flags(column_ids, valid_u8, precision)
+    has_pos = grad_pos is not None
+    grad_pos = grad_pos.to(torch.float32).contiguous() if has_pos else grad
+    common = _common_args(q, p, targets, row_ids, column_ids, valid_u8) + (lse, grad, grad_pos)
+    flags = {**_flags(column_ids, valid_u8, precision), "HAS_POS": has_pos}
     dq = _gradient("dq", common, q, p, flags, scale, tiles) if need_dq else None
     dp = _gradient("dp", common, q, p, flags, scale, tiles) if need_dp else None
     return dq, dp
