@@ -27,6 +27,7 @@ measurement."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -331,7 +332,8 @@ def _gradcache_rows(out: Path) -> Rows:
     return Rows(out, "gradcache", "One GradCache training step: fastdpr against sentence-transformers",
                 "Each arm and model in its own process; one hard negative per question (2B passages); a warm-up "
                 "step at a small batch first, then one timed step per batch (tokenising, the GradCache passes, "
-                "clipping, AdamW), bf16 autocast in both arms, questions ≤ 32 tokens, passages ≤ 128. "
+                "clipping, AdamW), bf16 autocast in both arms (fp32 under --quick), questions ≤ 32 tokens, "
+                "passages ≤ 128 (16 and 32 under --quick). "
                 "peak_gib: torch.cuda.max_memory_allocated during the timed step. `search` rows double the "
                 "batch until out of memory (`OOM`) or until the next step would not finish in the arm's time "
                 "(`time`). `summary` rows: fastdpr / sentence-transformers.")
@@ -426,6 +428,7 @@ def gradcache_worker(args) -> int:
             break
         finally:
             arm = None
+            gc.collect()  # the trainer and its optimizer hold cycles: free the last model before the next one
             if ctx.device.type == "cuda":
                 torch.cuda.empty_cache()
         last_case_s = time.monotonic() - case_start
@@ -487,7 +490,7 @@ def section_encoding(ctx: Context) -> None:
 
     words = [w for w in tiny_vocab() if w.isalpha() and len(w) > 2]
     rng = np.random.default_rng(0)
-    n, batch = (16, 8) if ctx.quick else (8192, 128)
+    n, batch = (16, 8) if ctx.quick else (4096, 128)
     texts = [" ".join(rng.choice(words, size=int(rng.integers(longest // 4, longest - 6)))) for _ in range(n)]
     half = "fp32" if ctx.quick else "fp16"  # fp16 weights are a GPU matter; --quick checks the path in fp32
     fast = BiEncoder.from_pretrained(path, pooling="mean", shared=True, max_passage_length=longest).to(ctx.device)
@@ -502,7 +505,7 @@ def section_encoding(ctx: Context) -> None:
         fn()
     times = {name: [] for name in runs}
     vectors = {}
-    for round_ in range(3):
+    for round_ in range(2):  # A B, then B A
         for name in (list(runs) if round_ % 2 == 0 else list(runs)[::-1]):
             ctx.sync()
             t = time.perf_counter()

@@ -62,6 +62,8 @@ SCRIPT = textwrap.dedent(r'''
 
     for kind, kernel in K._KERNELS.items():
         configs = K._gpu_configs(kind, DIM)
+        for config in configs:  # the autotuner passes these by name: a misspelt one would be a launch error
+            assert set(config.kwargs) <= set(kernel.arg_names), (kind, config.kwargs)
         spills = [compile_one(kernel, "bf16", "tf32", True, True, c) for c in configs]
         compile_one(kernel, "fp32", "ieee", False, False, configs[0])
         print("compiled", kind, "spill bytes per candidate", spills, flush=True)
