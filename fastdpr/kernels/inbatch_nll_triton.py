@@ -26,8 +26,9 @@ Forward: one pass of online log-sum-exp
     Few query rows (B = 1,024 makes 16 blocks of 64 on a card of 132 SMs) would leave most of the GPU idle, so
     the passage axis is cut into ``SPLIT`` contiguous ranges on a second grid axis.  Each program then writes the
     partial ``lse`` of its range, and a second stage merges them: ``lse_i = logsumexp_r lse_i^(r)`` (exact, since
-    log-sum-exp is associative; a range with nothing kept contributes −inf).  A split is only used while there
-    are fewer row blocks than programs the card can run at once, so large batches pay nothing for it.
+    log-sum-exp is associative; a range with nothing kept contributes −inf).  A split is only used while the row
+    blocks alone would fill less than 85% of the programs the card runs at once (``_split``), so large batches
+    pay nothing for it.
 
 Backward: the FlashAttention-2 split, each score tile's gradient computed once per kernel
     Gradients of ``L = Σ_i g_i·lse_i + Σ_i h_i·pos_i`` with the softmax ``π_ij = exp(S_ij − lse_i)`` (0 on masked
@@ -60,8 +61,8 @@ Backward: the FlashAttention-2 split, each score tile's gradient computed once p
     per extra slice.  ``SLICES`` = 1 is the full width described above; the candidates and what ptxas said of
     them are listed at ``_BACKWARD_CANDIDATES``.
 
-Every product is accumulated in fp32 (half inputs go to the tensor cores in their own dtype: the scores as
-loaded, dS rounded to the input dtype before its product); row offsets are widened to int64 before multiplying by
+Every product is accumulated in fp32 (half inputs go to the tensor cores in their own dtype: Q and P as loaded,
+dS rounded to the input dtype before its product); row offsets are widened to int64 before multiplying by
 the row stride so that B·D beyond 2³¹ elements cannot overflow.  The positive column is never masked (checked by
 the caller), so every real row has a finite ``lse``; rows past ``M`` in the last block are fully masked and the
 online update guards the ``−inf − (−inf)`` case so they never produce NaN.
