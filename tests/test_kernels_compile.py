@@ -3,8 +3,8 @@
 The interpreter tests check the kernels' arithmetic but run them as numpy, so they cannot catch what only the
 compiler rejects (types, layouts, dot shapes).  Triton's CUDA backend ships ptxas, so each kernel is compiled
 ahead of time here, in a subprocess where TRITON_INTERPRET is unset: every autotune candidate at D = 768 with bf16
-inputs, both masks and the positive's gradient, and the first candidate with fp32 inputs and none of them.  The integer arguments carry the
-16-divisibility the launcher specialises for aligned tensors, as at run time.  ptxas's register report is read
+inputs, both masks and the positive's gradient, and the first candidate with fp32 inputs and none of them.  The
+integer arguments carry the 16-divisibility the launcher specialises for aligned tensors, as at run time.  ptxas's register report is read
 back too: each backward kernel must have at least one candidate that spills nothing, or the autotuner would only
 have spilling tilings to choose from.
 """
