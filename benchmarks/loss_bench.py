@@ -219,6 +219,18 @@ def _fmt_mem(row):
     return f"{row['peak_bytes'] / 2**20:,.1f} MiB" if row.get("status") == "ok" else "—"
 
 
+def useful_tflops(row):
+    """3 products of B·N·d multiply-adds (2 FLOPs each) over the step's time; None for a row that did not run."""
+    if row.get("status") != "ok":
+        return None
+    return 3 * 2 * row["B"] * row["N"] * row["d"] / (row["time_ms"] / 1e3) / 1e12
+
+
+def _fmt_tflops(row):
+    value = useful_tflops(row)
+    return "—" if value is None else f"{value:,.1f}" if value >= 1 else f"{value:.3g}"
+
+
 def _fmt_time(row):
     return f"{row['time_ms']:,.2f} ms" if row.get("status") == "ok" else row.get("status", "—")
 
@@ -233,8 +245,9 @@ def markdown(meta, rows):
              f"Memory: {meta['memory_method']}", "",
              f"Load average (1 min) at start / end: {meta['load_start']} / {meta['load_end']} "
              "(other work on a shared machine inflates and scatters CPU times).", "",
-             "| B | N | eager time | fastdpr time | speed-up | eager peak | fastdpr peak | memory ratio | loss diff |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| B | N | eager time | fastdpr time | speed-up | eager TFLOP/s | fastdpr TFLOP/s | eager peak | "
+             "fastdpr peak | memory ratio | loss diff |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     by_key = {(r["B"], r["method"]): r for r in rows}
     for batch in sorted({r["B"] for r in rows}):
         e, f = by_key.get((batch, "eager"), {}), by_key.get((batch, "fastdpr"), {})
@@ -243,9 +256,11 @@ def markdown(meta, rows):
         mem = f"{e['peak_bytes'] / max(f['peak_bytes'], 1):.1f}×" if both else "—"
         dloss = f"{abs(e['loss'] - f['loss']):.1e}" if both else "—"
         lines.append(f"| {batch:,} | {f.get('N', e.get('N', 0)):,} | {_fmt_time(e)} | {_fmt_time(f)} | {speed} | "
-                     f"{_fmt_mem(e)} | {_fmt_mem(f)} | {mem} | {dloss} |")
+                     f"{_fmt_tflops(e)} | {_fmt_tflops(f)} | {_fmt_mem(e)} | {_fmt_mem(f)} | {mem} | {dloss} |")
     lines += ["", "Times are medians of the repeats listed in the JSON; speed-up and memory ratio are eager / fastdpr; "
-              "loss diff is |eager loss − fastdpr loss|.", ""]
+              "loss diff is |eager loss − fastdpr loss|. TFLOP/s = 3 · 2·B·N·d / time: the useful matrix work of "
+              "a step (forward S = s·Q·Pᵀ, backward dQ = dS·P and dP = dSᵀ·Q); the fused kernels' recomputation of "
+              "S in the backward is not credited.", ""]
     return "\n".join(lines)
 
 
@@ -312,6 +327,8 @@ def main(argv=None):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from fastdpr.atomic import write_json, write_text
 
+    for row in rows:
+        row["tflops"] = useful_tflops(row)
     out = Path(args.out)
     write_json(out / f"loss_bench_{args.device}.json", {"meta": meta, "rows": rows})
     text = markdown(meta, rows)

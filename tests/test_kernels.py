@@ -30,7 +30,7 @@ def _kernel_device() -> torch.device:
 
 DEVICE = _kernel_device()
 
-SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": 16, "BLOCK_DO": 16}
+SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_D": 16}
 
 
 def fresh_seed() -> int:
@@ -198,10 +198,98 @@ def test_kernels_and_fallback_agree_under_auto_dispatch():
 def test_bad_tiles_are_rejected():
     q, p, targets, _, _ = make_batch(3, 1, 4, 0)
     with pytest.raises(ValueError, match="power of two"):
-        inbatch_nll(q, p, targets, backend="triton", tiles={"BLOCK_M": 24, "BLOCK_N": 16, "BLOCK_D": 16,
-                                                            "BLOCK_DO": 16})
+        inbatch_nll(q, p, targets, backend="triton", tiles={"BLOCK_M": 24, "BLOCK_N": 16, "BLOCK_D": 16})
     with pytest.raises(ValueError, match="missing"):
         inbatch_nll(q, p, targets, backend="triton", tiles={"BLOCK_M": 16})
+    with pytest.raises(ValueError, match="unknown"):
+        inbatch_nll(q, p, targets, backend="triton", tiles={**SMALL_TILES, "BLOCK_K": 16})
+    for key in ("SPLIT", "SLICES"):
+        with pytest.raises(ValueError, match=key):
+            inbatch_nll(q, p, targets, backend="triton", tiles={**SMALL_TILES, key: 0})
+
+
+def test_retired_output_slice_key_is_ignored():
+    # tile dicts written for the kernel that sliced the output features by BLOCK_DO still run, with the same result
+    seed = fresh_seed()
+    q, p, targets, ids, valid = make_batch(9, 1, 40, seed, n_pad=1, duplicates=True)
+    kwargs = dict(column_ids=ids, column_valid=valid, reduction="none", backend="triton")
+    old = inbatch_nll(q, p, targets, tiles={**SMALL_TILES, "BLOCK_DO": 16}, **kwargs)
+    torch.testing.assert_close(old, inbatch_nll(q, p, targets, tiles=SMALL_TILES, **kwargs), rtol=0, atol=0)
+
+
+# The split of the streamed axis (partial lse merged by logsumexp; fp32 partial gradients summed) and the feature
+# slices of the backward, each against the float64 reference: splits that leave some ranges empty (more splits
+# than tiles), d whose slices end inside a tile, N = 2B and N arbitrary (padding columns), masks on.
+@pytest.mark.parametrize("n_queries,n_hard,n_pad,dim,split,slices", [
+    (19, 1, 0, 37, 2, 1), (19, 1, 3, 37, 3, 2), (7, 2, 5, 20, 5, 3), (40, 1, 0, 96, 2, 2), (33, 0, 1, 50, 4, 4),
+    (3, 1, 0, 130, 1, 3),
+])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_kernels_split_and_slices(n_queries, n_hard, n_pad, dim, split, slices, bidirectional):
+    seed = fresh_seed()
+    q, p, targets, ids, valid = make_batch(n_queries, n_hard, dim, seed, n_pad=n_pad, duplicates=True)
+    tiles = {**SMALL_TILES, "SPLIT": split, "SLICES": slices}
+    kwargs = dict(scale=3.1, column_ids=ids, column_valid=valid, bidirectional=bidirectional)
+    check_against_reference(q, p, targets, kwargs, seed, rtol=1e-5, atol=2e-5, tiles=tiles)
+
+
+def test_kernels_split_and_slices_half_precision():
+    seed = fresh_seed()
+    q, p, targets, ids, valid = make_batch(21, 1, 48, seed, dtype=torch.float16, n_pad=2, duplicates=True)
+    check_against_reference(q, p, targets, dict(scale=5.0, column_ids=ids, column_valid=valid), seed,
+                            rtol=2e-3, atol=2e-3, tiles={**SMALL_TILES, "SPLIT": 3, "SLICES": 2})
+
+
+def test_split_is_deterministic_and_matches_one_range():
+    # the split sums fp32 partials in a fixed order: the same inputs give bit-identical gradients run to run, and
+    # agree with the unsplit kernels to fp32 rounding
+    seed = fresh_seed()
+    q, p, targets, ids, valid = make_batch(24, 1, 30, seed, n_pad=2, duplicates=True)
+    weights = torch.ones(24, dtype=torch.float64, device=DEVICE)
+    kwargs = dict(column_ids=ids, column_valid=valid, backend="triton")
+    split = [loss_and_grads(q, p, targets, weights, tiles={**SMALL_TILES, "SPLIT": 3}, **kwargs) for _ in range(2)]
+    whole = loss_and_grads(q, p, targets, weights, tiles={**SMALL_TILES, "SPLIT": 1}, **kwargs)
+    for a, b, c in zip(*split, whole):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a.double(), c.double(), rtol=1e-5, atol=1e-6)
+
+
+def test_accumulator_widths_cover_the_features():
+    kernels = loss_module._load_triton_kernels()
+    assert kernels.accumulator_widths(768) == (512, 256)
+    assert kernels.accumulator_widths(1024) == (1024, 0)
+    for dim in range(1, 2200):
+        a, b = kernels.accumulator_widths(dim)
+        assert a >= 16 and a & (a - 1) == 0 and (b == 0 or (b >= 16 and b & (b - 1) == 0)), dim
+        assert a + b >= dim, dim
+        # padding only where the remainder rounds up to a power of two (or to the 16 a tile needs at least)
+        assert b - (dim - a) < max(16, dim - a) if b else a - dim < 16, dim
+        for slices in (1, 2, 3, 4):
+            meta = kernels.slice_meta(dim, slices)
+            width = meta["SLICE_W"]
+            assert -(-dim // width) <= slices and meta["WIDTH_A"] + meta["WIDTH_B"] >= width, (dim, slices)
+            assert slices == 1 or width % 16 == 0, (dim, slices)
+
+
+def test_split_fills_the_card_only_when_needed():
+    kernels = loss_module._load_triton_kernels()
+
+    class Card:  # a 132-SM GPU, as the launcher sees it
+        type = "cuda"
+
+    kernels_split = kernels._split
+    original = kernels._resident_programs
+    kernels._resident_programs = lambda device: 132
+    try:
+        assert kernels_split(None, 1024, 2048, Card()) > 1  # 16 row blocks of 64: split to fill the card
+        assert kernels_split(None, 1024, 2048, Card()) * 16 >= 0.85 * 132
+        assert kernels_split(None, 8192, 4096, Card()) == 1  # 128 blocks fill 97% of the card as they are
+        assert kernels_split(None, 65536, 131072, Card()) == 1  # 1,024 row blocks already fill it
+        assert kernels_split(None, 64, 100, Card()) == 2  # never a range below one 64-row tile
+        assert kernels_split({"SPLIT": 5}, 64, 3, Card()) == 3  # an explicit split, bounded by the rows
+    finally:
+        kernels._resident_programs = original
+    assert kernels_split(None, 1024, 2048, torch.device("cpu")) == 1  # the interpreter: one program at a time
 
 
 @settings(max_examples=6, deadline=None)
@@ -225,3 +313,51 @@ def test_kernels_grouped_softmax(n_queries, n_hard, group, bidirectional):
         valid[targets[1::3] + n_hard] = False  # a question with fewer hard negatives than asked
     kwargs = dict(scale=2.3, column_ids=ids, column_valid=valid, bidirectional=bidirectional, group_size=group)
     check_against_reference(q, p, targets, kwargs, seed, rtol=1e-5, atol=2e-5, tiles=SMALL_TILES)
+
+
+def _function_inputs(seed):
+    q, p, targets, ids, valid = make_batch(13, 2, 21, seed, n_pad=3, duplicates=True)
+    ranks = torch.unique(ids, return_inverse=True)[1].to(torch.int32)
+    return q, p, targets, ranks, valid
+
+
+def _reference_scores(q, p, targets, ranks, valid, scale):
+    """float64 masked scores S (−inf where excluded), as the kernels define them."""
+    s = scale * q.double() @ p.double().T
+    cols = torch.arange(p.shape[0], device=q.device)
+    dup = (ranks[None, :] == ranks[targets][:, None]) & (cols[None, :] != targets[:, None])
+    return s.masked_fill(dup | ~valid[None, :], float("-inf"))
+
+
+def test_autograd_function_lse_alone_keeps_its_interface():
+    # TritonLogSumExp.apply(q, p, targets, row_ids, column_ids, valid_u8, scale, tiles) -> lse, as before the
+    # positive score joined it: the backward of Σ g_i·lse_i alone (no positive term)
+    seed = fresh_seed()
+    q, p, targets, ranks, valid = _function_inputs(seed)
+    qg, pg = q.clone().requires_grad_(), p.clone().requires_grad_()
+    lse = loss_module.TritonLogSumExp.apply(qg, pg, targets.to(torch.int32), ranks[targets], ranks,
+                                            valid.to(torch.uint8), 1.7, SMALL_TILES)
+    weights = torch.rand(13, generator=torch.Generator().manual_seed(seed)).to(DEVICE) + 0.5
+    (lse * weights).sum().backward()
+    q64, p64 = q.double().requires_grad_(), p.double().requires_grad_()
+    want = torch.logsumexp(_reference_scores(q64, p64, targets, ranks, valid, 1.7), dim=1)
+    (want * weights.double()).sum().backward()
+    torch.testing.assert_close(lse.detach().double(), want.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(qg.grad.double(), q64.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pg.grad.double(), p64.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_autograd_function_positive_score_alone():
+    # with_positive=True and only the positive score used: the lse's gradient comes back as None and the
+    # kernels add the positive's term alone, d pos_i / d q_i = s·p_{y_i}, d pos_i / d p_{y_i} = s·q_i
+    seed = fresh_seed()
+    q, p, targets, ranks, valid = _function_inputs(seed)
+    qg, pg = q.clone().requires_grad_(), p.clone().requires_grad_()
+    _, pos = loss_module.TritonLogSumExp.apply(qg, pg, targets.to(torch.int32), ranks[targets], ranks,
+                                               valid.to(torch.uint8), 1.7, {**SMALL_TILES, "SPLIT": 2}, True)
+    pos.sum().backward()
+    want = 1.7 * (q.double() * p.double()[targets]).sum(1)
+    torch.testing.assert_close(pos.detach().double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(qg.grad.double(), 1.7 * p.double()[targets], rtol=1e-5, atol=1e-6)
+    want_dp = torch.zeros_like(p, dtype=torch.float64).index_add_(0, targets, 1.7 * q.double())
+    torch.testing.assert_close(pg.grad.double(), want_dp, rtol=1e-5, atol=1e-6)

@@ -9,8 +9,9 @@ its gradients, runs in one of three implementations that give the same answers:
   (``inbatch_nll_torch.py``);
 * ``"reference"``: the full score matrix in float64, for checking.
 
-The positive logit ``scale·q_i·p_{y_i}`` is a gathered row-wise dot product done here with ordinary autograd; the
-kernels only ever produce the log-sum-exp.
+The positive logit ``scale·q_i·p_{y_i}``: the Triton kernels take it from the score tile that holds it, in the same
+pass as the log-sum-exp, and fold its gradient into the same backward pass (the "− onehot" of softmax − onehot); the
+PyTorch paths compute it as a gathered row-wise dot product with ordinary autograd.
 """
 from __future__ import annotations
 
@@ -110,24 +111,31 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 class TritonLogSumExp(torch.autograd.Function):
-    """``lse_i = logsumexp_j S_ij`` of the masked scores, by the fused kernels. See :mod:`.inbatch_nll_triton`."""
+    """``lse_i = logsumexp_j S_ij`` of the masked scores, by the fused kernels. See :mod:`.inbatch_nll_triton`.
+
+    With ``with_positive=True`` it returns ``(lse, pos)``, ``pos_i = S_{i,y_i}`` the positive's score from the
+    same kernel pass, and the backward takes both gradients in one pass of each kernel (the loss is
+    ``lse − pos``: no gathered positive product, and none of its B×d fp32 temporaries, outside the kernels)."""
 
     @staticmethod
-    def forward(ctx, q, p, targets, row_ids, column_ids, valid_u8, scale, tiles):
+    def forward(ctx, q, p, targets, row_ids, column_ids, valid_u8, scale, tiles, with_positive=False):
         kernels = _load_triton_kernels()
         precision = _dot_precision(q.dtype)
-        lse = kernels.lse_forward(q, p, targets, row_ids, column_ids, valid_u8, scale, precision, tiles)
+        lse, pos = kernels.lse_forward(q, p, targets, row_ids, column_ids, valid_u8, scale, precision, tiles)
         ctx.save_for_backward(q, p, targets, row_ids, column_ids, valid_u8, lse)
         ctx.scale, ctx.precision, ctx.tiles = scale, precision, tiles
-        return lse
+        ctx.set_materialize_grads(False)  # an output the loss does not use comes back as None, not zeros
+        return (lse, pos) if with_positive else lse
 
     @staticmethod
-    def backward(ctx, grad_lse):
+    def backward(ctx, grad_lse, grad_pos=None):
         q, p, targets, row_ids, column_ids, valid_u8, lse = ctx.saved_tensors
+        if grad_lse is None:
+            grad_lse = torch.zeros_like(lse)
         dq, dp = _load_triton_kernels().lse_backward(
             q, p, targets, row_ids, column_ids, valid_u8, lse, grad_lse, ctx.scale, ctx.precision,
-            need_dq=ctx.needs_input_grad[0], need_dp=ctx.needs_input_grad[1], tiles=ctx.tiles)
-        return dq, dp, None, None, None, None, None, None
+            need_dq=ctx.needs_input_grad[0], need_dp=ctx.needs_input_grad[1], tiles=ctx.tiles, grad_pos=grad_pos)
+        return dq, dp, None, None, None, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -164,7 +172,7 @@ def _check_inputs(q, p, targets, scale, column_ids, column_valid):
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise ValueError(f"targets must hold integer column indices, got {targets.dtype}")
     targets = targets.to(device=q.device, dtype=torch.int64)
-    low, high = int(targets.min()), int(targets.max())
+    low, high = torch.stack(torch.aminmax(targets)).tolist()  # one device sync, not two
     if low < 0 or high >= n_cols:
         raise ValueError(f"targets must lie in [0, {n_cols}) (p has {n_cols} rows); got values in [{low}, {high}]")
     if column_valid is not None:
@@ -194,7 +202,8 @@ def _renamed_chunk_rows(chunk_rows: int | None, chunk_size: int | None) -> int |
     return renamed("chunk_rows", chunk_rows, "chunk_size", chunk_size, "inbatch_nll")
 
 
-def _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, chunk_rows):
+def _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, chunk_rows, with_positive=False):
+    """The (B,) log-sum-exp of one direction; with ``with_positive`` (Triton only) also the positive's score."""
     if impl == "triton":
         # The kernels compare ids per (row, column) pair of every tile; 32-bit values there halve the registers
         # those masks take (64-bit ones made the compiled kernels spill).  Ranks of the ids keep equality exactly.
@@ -204,7 +213,7 @@ def _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, c
             col_ranks = torch.unique(column_ids, return_inverse=True)[1].to(torch.int32)
             row_ranks = col_ranks[targets]
         return TritonLogSumExp.apply(q.contiguous(), p.contiguous(), targets.to(torch.int32), row_ranks,
-                                     col_ranks, valid_u8, scale, tiles)
+                                     col_ranks, valid_u8, scale, tiles, with_positive)
     return chunked_lse(q, p, targets, row_ids, column_ids, column_valid, scale, chunk_rows)
 
 
@@ -265,8 +274,11 @@ def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: 
         group_size: query rows per softmax group (None: the whole batch), see above.
         backend: "auto" (Triton on CUDA; the Triton interpreter on CPU when TRITON_INTERPRET=1; the chunked
             PyTorch fallback otherwise, and always for float64), or force "triton", "torch", "reference".
-        tiles: Triton tile sizes ``{"BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DO"}`` (powers of two ≥ 16, optional
-            ``num_warps``/``num_stages``); None autotunes on a GPU and uses fixed tiles in the interpreter.
+        tiles: Triton tile sizes ``{"BLOCK_M", "BLOCK_N", "BLOCK_D"}`` (powers of two ≥ 16), optionally
+            ``SPLIT`` (ranges the streamed axis is cut into; default: enough programs to fill the GPU),
+            ``SLICES`` (feature slices of the backward's accumulators; default 1, the full width) and
+            ``num_warps``/``num_stages``; ``BLOCK_DO`` of earlier versions is accepted and ignored.  None
+            autotunes on a GPU and uses fixed tiles in the interpreter.
         chunk_rows: query rows per chunk in the PyTorch fallback (None: about 4M scores per chunk).
             ``chunk_size`` is its old, deprecated name.
 
@@ -313,9 +325,19 @@ def inbatch_nll(q: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, scale: 
 def _row_losses(impl, q, p, targets, scale, column_ids, column_valid, bidirectional, tiles, chunk_rows):
     """The (B,) per-row losses of one softmax over all of ``p``, by the "triton" or "torch" implementation."""
     acc = accumulation_dtype(q.dtype)
+    row_ids = None if column_ids is None else column_ids[targets]
+    if impl == "triton":
+        # the kernels give each direction's positive score with its lse (R_ii of the reverse direction is
+        # S_{i,y_i} again, from the other kernel pass)
+        lse, pos = _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, chunk_rows, True)
+        if not bidirectional:
+            return lse - pos
+        rows = torch.arange(q.shape[0], device=q.device)
+        lse_rev, pos_rev = _lse(impl, p.index_select(0, targets), q, rows, row_ids, row_ids, None, scale, tiles,
+                                chunk_rows, True)
+        return 0.5 * ((lse - pos) + (lse_rev - pos_rev))
     positives = p.index_select(0, targets)
     pos_logit = scale * (q.to(acc) * positives.to(acc)).sum(dim=1)
-    row_ids = None if column_ids is None else column_ids[targets]
     lse = _lse(impl, q, p, targets, row_ids, column_ids, column_valid, scale, tiles, chunk_rows)
     if bidirectional:
         # the reverse direction is the same log-sum-exp with the roles swapped: rows = positive passages,
