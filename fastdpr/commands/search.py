@@ -122,6 +122,7 @@ def _fusion(args) -> tuple[float, str]:
     """(alpha, fusion) from --alpha / --alpha-file / --fusion. A tuned alpha belongs to the fusion it was tuned
     for: files from before fusions were named say "method": "linear", which was raw linear fusion."""
     import json
+    import math
     import sys
 
     from fastdpr.errors import InputError
@@ -139,6 +140,9 @@ def _fusion(args) -> tuple[float, str]:
             raise InputError(f"no tuned alpha readable here ({err})", path=args.alpha_file) from None
         if args.fusion and tuned_for and args.fusion != tuned_for:
             raise InputError(f"this alpha was tuned for --fusion {tuned_for}, not {args.fusion}", path=args.alpha_file)
+    if alpha is not None and not math.isfinite(alpha):
+        raise InputError(f"{'the tuned alpha' if args.alpha_file else '--alpha'} must be a finite number, got {alpha}",
+                         path=args.alpha_file or None)
     fusion = args.fusion or tuned_for or "linear"
     if args.mode == "hybrid" and fusion == "linear-raw" and alpha is None:
         print(f"warning: raw linear fusion with the untuned alpha {DEFAULT_ALPHA}: dense and BM25 scores lie on "
