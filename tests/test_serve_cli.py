@@ -66,7 +66,8 @@ def test_serve_answers_as_search_does_and_sigterm_drains_then_exits_zero(files):
     dense_args = _args(tmp)[:4] + _args(tmp)[6:8]  # model, index, corpus: no BM25 (its first search compiles)
     with loopback_socket() as sock:
         port = sock.getsockname()[1]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "FASTDPR_API_KEY": ""}
+    env = {k: v for k, v in os.environ.items() if k != "FASTDPR_API_KEY"}
+    env["TOKENIZERS_PARALLELISM"] = "false"
     proc = subprocess.Popen([sys.executable, "-m", "fastdpr", "serve", *dense_args, "--port", str(port),
                              "--max-wait-ms", "800"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
@@ -89,7 +90,7 @@ def test_serve_answers_as_search_does_and_sigterm_drains_then_exits_zero(files):
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err
-    assert "stopped" in err
+    assert "stopped" in err and f"ready on http://127.0.0.1:{port}" in err  # said at the default log level
     assert about["modes"] == ["dense"] and about["default_mode"] == "dense" and about["passages"] == 40
     args = _parse(dense_args)
     args.batch_size = 64
@@ -125,9 +126,20 @@ def test_the_worker_takes_every_core_unless_told(monkeypatch):
     (["--corpus", "x.tsv", "--model", "m"], "--model and --index go together"),
     (["--corpus", "x.tsv", "--bm25", "b", "--max-batch", "0"], "--max-batch must be >= 1"),
     (["--corpus", "x.tsv", "--bm25", "b", "--max-questions", "64", "--max-queue", "8"], "--max-queue (8)"),
-    (["--corpus", "x.tsv", "--bm25", "b", "--max-wait-ms", "-1"], "--max-wait-ms must be >= 0"),
-    (["--corpus", "x.tsv", "--bm25", "b", "--max-queue-ms", "-5"], "--max-queue-ms must be >= 0"),
-    (["--corpus", "x.tsv", "--bm25", "b", "--max-queue-ms", "nan"], "--max-queue-ms must be >= 0"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--max-wait-ms", "-1"], "--max-wait-ms must be a finite number >= 0"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--max-wait-ms", "nan"], "--max-wait-ms must be a finite number >= 0"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--max-queue-ms", "-5"], "--max-queue-ms must be a finite number >= 0"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--max-queue-ms", "nan"], "--max-queue-ms must be a finite number >= 0"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--rrf-k", "inf"], "--rrf-k must be a finite number >= 0"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--k-union", "0"], "--k-union must be >= 1"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--max-results", "0"], "--max-results must be >= 1"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--max-headers", "0"], "--max-headers must be >= 1"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--request-timeout", "0"], "--request-timeout must be a positive number"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--write-timeout", "nan"], "--write-timeout must be a positive number"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--max-connections", "100000000"], "give a smaller --max-connections"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--api-key", ""], "--api-key is empty"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--alpha", "nan", "--port", "0"], "--alpha must be a finite number"),
+    (["--corpus", "x.tsv", "--bm25", "b", "--alpha", "inf", "--port", "0"], "--alpha must be a finite number"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, message, capsys):
     assert cli.main(["serve", *argv]) == 2
@@ -140,3 +152,44 @@ def test_a_missing_index_file_is_a_one_line_error(files, capsys):
     assert cli.main(["serve", *_args(tmp)[:2], "--index", str(tmp / "missing.fdpr"), *_args(tmp)[4:]]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("fastdpr serve: error:") and "\n" not in err
+
+
+def test_an_empty_key_in_the_environment_is_an_error_not_no_key(monkeypatch, capsys):
+    monkeypatch.setenv("FASTDPR_API_KEY", "")
+    assert cli.main(["serve", "--corpus", "x.tsv", "--bm25", "b", "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fastdpr serve: error:") and "$FASTDPR_API_KEY is set but empty" in err
+
+
+def test_a_taken_port_is_a_one_line_error_before_anything_loads(capsys):
+    with loopback_socket() as sock:
+        sock.listen()
+        port = sock.getsockname()[1]
+        # --bm25 names nothing: the port is checked first, so that is never opened
+        assert cli.main(["serve", "--corpus", "x.tsv", "--bm25", "missing", "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fastdpr serve: error: cannot listen on 127.0.0.1:{port}:") and "\n" not in err
+    assert "serving" not in err and "Errno" not in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_drains_and_exits_zero_as_help_says(files):
+    tmp, _ = files
+    dense_args = _args(tmp)[:4] + _args(tmp)[6:8]
+    env = {k: v for k, v in os.environ.items() if k != "FASTDPR_API_KEY"}
+    proc = subprocess.Popen([sys.executable, "-m", "fastdpr", "serve", *dense_args, "--port", "0"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        lines = []
+        while not any("ready on" in line for line in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            lines.append(proc.stderr.readline())
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, "".join(lines) + err
+    assert "stopped" in err and "Traceback" not in err
