@@ -473,3 +473,26 @@ def test_hnsw_fallback_validates_like_the_graph(fallback):
     for spec in ("hnsw,M=5000", "hnsw,efc=0", "hnsw,entry=2000000", "hnsw,ef=2147483648", "hnsw,seed=-1"):
         with pytest.raises(InputError):
             make_index(spec, 8)
+
+
+@pytest.mark.parametrize("spec", ["flat", "hnsw,M=8,efc=20", "ivfpq,nlist=4,m=4,niter=2,pq_niter=2"])
+def test_finite_entries_that_overflow_inner_products_are_refused(spec, use_native):
+    """1e37 is finite, but its inner products overflow float32: flat answered -1 ids, HNSW NaN scores, IVF-PQ inf."""
+    x = np.random.default_rng(3).standard_normal((300, 8)).astype(np.float32)
+    index = build_index(x, spec)
+    huge = x[:3].copy()
+    huge[1, 2] = 1e37
+    with pytest.raises(InputError, match=r"queries row 1 holds 1e\+37: entries beyond \+-1e\+15 overflow"):
+        index.search(huge, 5)
+    with pytest.raises(InputError, match="vectors row 1 holds"):
+        index.add(huge)
+    assert len(index) == 300  # the bad call added nothing
+    scores, ids = index.search(x[:3] * 1e6, 5)  # large but safe entries still search
+    assert np.isfinite(scores).all() and (ids >= 0).all()
+
+
+def test_an_index_saved_to_a_path_ending_in_a_slash_is_a_directory(tmp_path):
+    x = np.random.default_rng(4).standard_normal((20, 8)).astype(np.float32)
+    path = build_index(x, "flat").save(str(tmp_path / "newdir") + "/")
+    assert path == tmp_path / "newdir" / "index.fdpr" and path.is_file()
+    assert len(load_index(tmp_path / "newdir")) == 20

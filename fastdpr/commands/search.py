@@ -154,6 +154,7 @@ def _fusion(args) -> tuple[float, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
     import time
 
     from fastdpr.data import iter_qa
@@ -169,11 +170,19 @@ def run(args: argparse.Namespace) -> int:
     qa = list(iter_qa(args.qa))
     if not qa:
         raise InputError("no questions in this file: nothing to search", path=args.qa)
+    if not any(q.get("answers") for q in qa):
+        print(f"warning: {args.qa}: no question has answers, so the run's has_answer is false everywhere and "
+              "`fastdpr evaluate` needs --answers from another file, or --qrels", file=sys.stderr)
+    corpus_size = len(retriever.corpus)
+    if args.k > corpus_size:  # memory grows with k, not with the corpus: more than every passage is never found
+        print(f"note: -k {args.k} is more than the corpus holds: {corpus_size} passages a question",
+              file=sys.stderr)
+    k = min(args.k, corpus_size)
     # one throw-away question loads what a first call loads (compiled kernels, caches), so that the rate below
     # is the rate of searching, not of starting up
     retriever.search([qa[0]["question"]], 1)
     start = time.perf_counter()
-    n = search_to_run(retriever, qa, args.output, args.k, fmt=fmt, match=args.match, tag=f"fastdpr-{args.mode}",
+    n = search_to_run(retriever, qa, args.output, k, fmt=fmt, match=args.match, tag=f"fastdpr-{args.mode}",
                       show_progress=True)
     elapsed = time.perf_counter() - start
     print(f"searched {n} questions ({args.mode}) in {elapsed:.2f} s ({n / max(elapsed, 1e-9):.1f} q/s, answers "

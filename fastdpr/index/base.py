@@ -151,15 +151,26 @@ def check_shape(x: Any, dim: int | None, what: str) -> np.ndarray:
     return x
 
 
+# the largest magnitude a vector entry may have: inner products of entries near 1e37 (finite) overflow float32 to
+# inf, and the indexes then answer -1 ids or NaN scores; at 1e15, 65,536 dimensions sum to 6.6e34, far from 3.4e38
+MAX_ABS = 1e15
+
+
 def check_finite(x: np.ndarray, what: str) -> None:
-    """NaN/Inf anywhere is an ``InputError`` naming the first bad row (checked in chunks: no full-size temporary)."""
+    """NaN/Inf, or an entry beyond ``MAX_ABS``, anywhere is an ``InputError`` naming the first bad row (checked in
+    chunks: no full-size temporary)."""
     if x.dtype.kind != "f":
         return
     for start in range(0, x.shape[0], ADD_CHUNK):
         block = x[start:start + ADD_CHUNK]
-        if not np.isfinite(block).all():
-            bad = start + int(np.argwhere(~np.isfinite(block))[0, 0])
-            raise InputError(f"{what} row {bad} contains NaN or Inf")
+        ok = np.abs(block) <= MAX_ABS  # False for NaN too
+        if not ok.all():
+            row, col = (int(i) for i in np.argwhere(~ok)[0])
+            value = float(block[row, col])
+            if not np.isfinite(value):
+                raise InputError(f"{what} row {start + row} contains NaN or Inf")
+            raise InputError(f"{what} row {start + row} holds {value:g}: entries beyond +-{MAX_ABS:g} overflow the "
+                             "inner products (float32)")
 
 
 def check_matrix(x: Any, dim: int | None, what: str) -> np.ndarray:
@@ -204,6 +215,14 @@ def check_threads(threads: Any) -> int:
 # k beyond the index size only pads the result with (-inf, -1); a padded result larger than this is refused rather
 # than allocated (csrc/bind.h has the same rule for direct calls to the compiled core)
 MAX_PADDED_RESULT_BYTES = 1 << 30
+
+
+def check_padding(questions: int, k: int, n: int, what: str = "the index", unit: str = "vectors") -> None:
+    """An ``InputError`` when ``k`` is beyond the ``n`` results there can be and padding ``questions`` result rows
+    to ``k`` would take more than ``MAX_PADDED_RESULT_BYTES``: memory would grow with k, not with what exists."""
+    if k > n and questions * k * 12 > MAX_PADDED_RESULT_BYTES:
+        raise InputError(f"k={k} is larger than {what} ({n} {unit}), and padding {questions} result rows to that "
+                         f"width takes {questions * k * 12 >> 20} MiB; ask for k <= {n}")
 
 
 def pad_results(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -379,9 +398,7 @@ class Index:
         if "threads" in params:
             params["threads"] = check_threads(params["threads"])
         # k beyond the index size: search for what exists, pad the rest (cheap, and no type sizes work by k)
-        if k > n and q.shape[0] * k * 12 > MAX_PADDED_RESULT_BYTES:
-            raise InputError(f"k={k} is larger than the index ({n} vectors), and padding {q.shape[0]} result rows "
-                             f"to that width takes {q.shape[0] * k * 12 >> 20} MiB; ask for k <= {n}")
+        check_padding(q.shape[0], k, n)
         scores, rows = pad_results(*self._search(q, min(k, n), **params), k)
         labels = self._labels  # read after the search: every row returned has its id published
         if labels is not None:
@@ -394,8 +411,10 @@ class Index:
         """Write the index to one file (a directory path gets ``index.fdpr`` inside it); returns the file path."""
         from fastdpr.index import fileformat
 
+        # the slash is read from the argument: Path("newdir/") drops it, and newdir would become a file
+        named_dir = str(os.fspath(path)).endswith(("/", os.sep))
         path = Path(path)
-        if path.is_dir() or str(path).endswith(os.sep):
+        if path.is_dir() or named_dir:
             path = path / INDEX_FILE_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = fileformat.open_writer(path, self.kind, compiled=self._uses_compiled_writer())
