@@ -176,20 +176,21 @@ def test_a_taken_port_is_a_one_line_error_before_anything_loads(capsys):
 def test_ctrl_c_drains_and_exits_zero_as_help_says(files):
     tmp, _ = files
     dense_args = _args(tmp)[:4] + _args(tmp)[6:8]
+    with loopback_socket() as sock:
+        port = sock.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "FASTDPR_API_KEY"}
-    proc = subprocess.Popen([sys.executable, "-m", "fastdpr", "serve", *dense_args, "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "fastdpr", "serve", *dense_args, "--port", str(port)],
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.monotonic() + 120
-        lines = []
-        while not any("ready on" in line for line in lines):
-            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
-            lines.append(proc.stderr.readline())
+        client, deadline = Client(f"http://127.0.0.1:{port}", timeout=30), time.monotonic() + 120
+        while not client.ready():
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not become ready"
+            time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, "".join(lines) + err
-    assert "stopped" in err and "Traceback" not in err
+    assert proc.returncode == 0, err
+    assert "ready on" in err and "stopped" in err and "Traceback" not in err

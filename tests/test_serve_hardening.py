@@ -5,6 +5,7 @@ changed under the server makes its mode answer 503. Every case through a real se
 import concurrent.futures as cf
 import json
 import logging
+import select
 import socket
 import time
 
@@ -154,15 +155,31 @@ def test_oversized_headers_get_431_before_the_rest_is_read(head):
     assert still == 200
 
 
-def test_a_flood_of_idle_connections_never_keeps_healthz_out():
-    with serving(create_app(Backend(sparse=Slow(0.0))), connections=QUICK) as server:
-        idle = [_connect(server.url) for _ in range(3 * QUICK.max_connections)]
-        for sock in idle[:5]:
+def test_a_flood_of_idle_connections_is_capped_and_never_keeps_healthz_out():
+    """48 connections that send nothing (or half their headers) against a cap of 16, with a timeout too long to
+    help: each one over the cap closes a waiting one (the oldest the server accepted), and /healthz still
+    answers."""
+    limits = ConnectionLimits(max_connections=16)
+    with serving(create_app(Backend(sparse=Slow(0.0))), connections=limits) as server:
+        flood = [_connect(server.url) for _ in range(3 * limits.max_connections)]
+        for sock in flood[-5:]:
             sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # some half-way through their headers
         statuses = [_get(server.url, "/healthz")[0] for _ in range(5)]
-        for sock in idle:
+        over = len(flood) - limits.max_connections  # the connections the cap must have closed
+        closed, deadline = set(), time.monotonic() + 10
+        while len(closed) < over and time.monotonic() < deadline:
+            readable, _, _ = select.select([s for s in flood if s not in closed], [], [], 0.2)
+            for sock in readable:
+                try:
+                    data = sock.recv(1024)
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    closed.add(sock)
+        for sock in flood:
             sock.close()
     assert statuses == [200] * 5
+    assert len(closed) >= over
 
 
 def test_questions_times_k_and_answer_bytes_are_bounded(world):
