@@ -217,6 +217,28 @@ def test_an_answer_the_client_does_not_read_is_dropped_after_the_write_timeout()
     assert after[0][0]["id"] == "0"
 
 
+def test_a_client_that_reads_slowly_gets_its_whole_answer_however_long_it_takes():
+    app = create_app(Backend(sparse=Wordy(0.0)), limits=Limits(max_answer_bytes=64 << 20))
+    body = json.dumps({"question": "q", "k": 100, "mode": "sparse"}).encode()  # a 10 MB answer
+    with serving(app, connections=QUICK) as server:
+        sock = _connect(server.url, rcvbuf=64 * 1024)
+        sock.sendall(b"POST /search HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        start, chunks, size, length = time.monotonic(), [], 0, None
+        while time.monotonic() - start < 30 and (length is None or size < length):
+            chunk = sock.recv(64 * 1024)  # 64 KB at most every 20 ms: seconds in all, the write timeout many times
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if length is None and b"\r\n\r\n" in b"".join(chunks):
+                head, _, rest = b"".join(chunks).partition(b"\r\n\r\n")
+                length, size = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]), len(rest)
+            time.sleep(0.02)
+        took = time.monotonic() - start
+        sock.close()
+    assert length is not None and size == length and took > QUICK.write_timeout_s, (size, length, took)
+
+
 def test_no_redirect_names_the_host_header(world):
     with serving(_app(world)) as server:
         status, headers, _ = _get(server.url, "/metrics/", {"Host": "evil.example"})

@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "and body; then 408 and the connection is closed")
     g.add_argument("--keep-alive", type=float, default=5.0, help="seconds a connection may stay idle between requests")
     g.add_argument("--write-timeout", type=float, default=30.0,
-                   help="seconds an answer may wait for a client that reads nothing; then the connection is dropped, "
-                        "so such a client holds at most --max-answer-bytes for this long")
+                   help="seconds an answer may wait without the client taking a byte of it; then the connection is "
+                        "dropped, so a client that reads nothing holds at most --max-answer-bytes for this long")
     g.add_argument("--max-header-bytes", type=int, default=64 * 1024,
                    help="request line and headers, in bytes, at most (431 beyond)")
     g.add_argument("--max-headers", type=int, default=100, help="header lines per request at most (431 beyond)")

@@ -8,13 +8,15 @@ bound; and an answer the client never reads stays in the send buffer. :class:`Co
   one, headers and body together; past it the connection gets 408 and is closed;
 - ``max_header_bytes`` and ``max_headers``: the request line and headers together, and the number of header
   lines; past either the request gets 431 and the connection is closed, before the rest is read;
-- ``write_timeout_s``: how long an answer may sit unread in a full send buffer (the client reads nothing);
-  then the connection is dropped and the answer freed;
+- ``write_timeout_s``: how long an answer may sit in a full send buffer without a byte of it being taken by the
+  client; then the connection is dropped and the answer freed (a client that reads, however slowly, is not cut
+  off; one that reads nothing holds its answer this long at most);
 - ``max_connections``: open connections at most. One more evicts the oldest connection that has no request in
   progress (idle, or still sending its request), so that a flood of idle or slow connections can never keep
   ``/healthz`` out; when every connection has a request in progress, the new one gets 503 and is closed."""
 from __future__ import annotations
 
+import struct
 from dataclasses import asdict, dataclass
 
 
@@ -109,7 +111,7 @@ def protocol_class(limits: ConnectionLimits):
         def pause_writing(self) -> None:
             super().pause_writing()
             if self._write_timer is None:
-                self._write_timer = self.loop.call_later(limits.write_timeout_s, self._drop_unread)
+                self._arm_write_timer()
 
         def resume_writing(self) -> None:
             super().resume_writing()
@@ -124,7 +126,14 @@ def protocol_class(limits: ConnectionLimits):
             if self._in_request and not self.transport.is_closing():
                 self._refuse(408, f"the request was not complete within {limits.request_timeout_s:g} s")
 
-        def _drop_unread(self) -> None:
+        def _arm_write_timer(self) -> None:
+            self._unsent = _unsent_bytes(self.transport)
+            self._write_timer = self.loop.call_later(limits.write_timeout_s, self._check_progress)
+
+        def _check_progress(self) -> None:
+            if _unsent_bytes(self.transport) < self._unsent:  # the client took some: wait on
+                self._arm_write_timer()
+                return
             self._write_timer = None
             self.transport.abort()  # frees the unsent answer; the request's task sees a disconnect
 
@@ -151,6 +160,21 @@ def protocol_class(limits: ConnectionLimits):
             return self.cycle is None or self.cycle.response_complete or self._in_head
 
     return LimitedHttpToolsProtocol
+
+
+def _unsent_bytes(transport) -> int:
+    """The answer bytes not yet taken by the client: the transport's buffer, and the kernel's send queue where the
+    system tells it (Linux; megabytes that a reading client drains before the transport's buffer moves)."""
+    queued = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    try:
+        import fcntl
+        import termios
+
+        queued += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    except (ImportError, AttributeError, OSError):  # not on this system, or the socket is gone
+        pass
+    return queued
 
 
 def _evict_one(connections) -> bool:
