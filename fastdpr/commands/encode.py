@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-# what `fastdpr` says when this command is interrupted (Ctrl-C, SIGTERM)
+# what `fastdpr` adds when this command is interrupted (Ctrl-C, SIGTERM)
 ON_INTERRUPT = "rerun the same command to resume: the shards already written are kept"
 
 

@@ -216,13 +216,12 @@ class Batcher:
                                                                        questions)
             if len(results) != len(questions):
                 raise RuntimeError(f"run_batch gave {len(results)} results for {len(questions)} questions")
-        except Exception as err:  # every waiting request learns of it; the loop goes on
+        except Exception as err:  # the request that caused it learns of it; the loop goes on
             if len(live) == 1:
                 if not live[0].future.done():
                     live[0].future.set_exception(err)
                 return
-            self._running = 0
-            for job in live:  # which request failed it: each alone (none of them expires now: they were on time)
+            for job in live:  # which request caused it: each alone (none expires now: they were on time)
                 await self._run(key, [job], expire=False)
             return
         finally:
