@@ -151,26 +151,29 @@ def check_shape(x: Any, dim: int | None, what: str) -> np.ndarray:
     return x
 
 
-# the largest magnitude a vector entry may have: inner products of entries near 1e37 (finite) overflow float32 to
-# inf, and the indexes then answer -1 ids or NaN scores; at 1e15, 65,536 dimensions sum to 6.6e34, far from 3.4e38
-MAX_ABS = 1e15
-
-
 def check_finite(x: np.ndarray, what: str) -> None:
-    """NaN/Inf, or an entry beyond ``MAX_ABS``, anywhere is an ``InputError`` naming the first bad row (checked in
-    chunks: no full-size temporary)."""
+    """NaN/Inf anywhere is an ``InputError`` naming the first bad row (checked in chunks: no full-size temporary)."""
     if x.dtype.kind != "f":
         return
     for start in range(0, x.shape[0], ADD_CHUNK):
         block = x[start:start + ADD_CHUNK]
-        ok = np.abs(block) <= MAX_ABS  # False for NaN too
-        if not ok.all():
-            row, col = (int(i) for i in np.argwhere(~ok)[0])
-            value = float(block[row, col])
-            if not np.isfinite(value):
-                raise InputError(f"{what} row {start + row} contains NaN or Inf")
-            raise InputError(f"{what} row {start + row} holds {value:g}: entries beyond +-{MAX_ABS:g} overflow the "
-                             "inner products (float32)")
+        if not np.isfinite(block).all():
+            bad = start + int(np.argwhere(~np.isfinite(block))[0, 0])
+            raise InputError(f"{what} row {bad} contains NaN or Inf")
+
+
+def check_scores(scores: np.ndarray, ids: np.ndarray, ranks_past_float32: bool) -> None:
+    """Finite vectors whose inner products leave float32 (entries near 1e37 and more) score NaN or +-inf, and an
+    index that computes in float32 then ranks them at random: flat search answered -inf after +inf (the fallback
+    +inf ties in the wrong order), HNSW NaN. Such a score of a result found is an ``InputError`` naming the query,
+    not an answer. An index that ranks in a scale of its own (``ranks_past_float32``: IVF-PQ, whose ids are the
+    same at any scale, ``tests/test_index_reliability.py``) may report +inf; NaN or -inf are refused there too."""
+    beyond = np.isneginf(scores) if ranks_past_float32 else np.isinf(scores)
+    bad = np.isnan(scores) | ((ids >= 0) & beyond)
+    if bad.any():
+        row = int(np.argwhere(bad)[0, 0])
+        raise InputError(f"queries row {row}: inner products beyond the float32 range (+-3.4e38): the entries of the "
+                         "queries or of the indexed vectors are too large; rescale them")
 
 
 def check_matrix(x: Any, dim: int | None, what: str) -> np.ndarray:
@@ -259,6 +262,8 @@ class Index:
     """Maximum-inner-product index. Subclasses implement the ``_``-prefixed methods on checked inputs."""
 
     kind: ClassVar[str] = ""
+    # whether ids stay right where inner products leave float32 (the scores then read +inf): ``check_scores``
+    ranks_past_float32: ClassVar[bool] = False
     # search parameters accepted by ``search(..., **params)`` (name -> default), checked by ``take_params``
     search_params: ClassVar[dict[str, Any]] = {}
     #: the fingerprint of the model whose passage vectors the index holds (``fastdpr.encode.model_fingerprint``,
@@ -400,6 +405,7 @@ class Index:
         # k beyond the index size: search for what exists, pad the rest (cheap, and no type sizes work by k)
         check_padding(q.shape[0], k, n)
         scores, rows = pad_results(*self._search(q, min(k, n), **params), k)
+        check_scores(scores, rows, self.ranks_past_float32)
         labels = self._labels  # read after the search: every row returned has its id published
         if labels is not None:
             ids = np.where(rows >= 0, labels[np.maximum(rows, 0)], -1)
