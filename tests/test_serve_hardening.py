@@ -88,6 +88,36 @@ def test_a_batch_that_fails_fails_only_the_request_that_broke_it(world):
     assert answers[0][0] == 500 and [a[0] for a in answers[1:]] == [200] * 7
 
 
+class CostsByK(Slow):
+    """k=1 takes 5 ms a call, any larger k 300 ms: the queue's estimate, learnt on the cheap ones, is wrong."""
+
+    def retrieve(self, questions, k):
+        self.delay = 0.005 if k == 1 else 0.3
+        return super().retrieve(questions, k)
+
+
+def test_no_request_waits_past_the_queue_bound_when_the_estimate_is_wrong():
+    app = create_app(Backend(sparse=CostsByK(0.0)), limits=Limits(max_questions=1), max_batch=1, max_wait_ms=0,
+                     max_queue=64, max_queue_ms=400)
+    cheap = json.dumps({"question": "q", "k": 1, "mode": "sparse"}).encode()
+    costly = json.dumps({"question": "q", "k": 2, "mode": "sparse"}).encode()
+
+    def timed(body):
+        start = time.monotonic()
+        status = _request(server.url, "POST", "/search", body)[0]
+        return status, time.monotonic() - start
+
+    with serving(app) as server:
+        for _ in range(5):  # the estimate learns 5 ms a question
+            _request(server.url, "POST", "/search", cheap)
+        with cf.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(timed, [costly] * 8))  # 2.4 s of work, admitted by the estimate
+    served = [seconds for status, seconds in answers if status == 200]
+    assert {status for status, _ in answers} == {200, 503}
+    # the queue bound (0.4 s) and the batch ahead plus its own (0.6 s), with room for a slow machine
+    assert max(served) < 1.6, sorted(seconds for _, seconds in answers)
+
+
 QUICK = ConnectionLimits(request_timeout_s=0.5, keep_alive_s=0.5, max_header_bytes=4096, max_headers=20,
                          write_timeout_s=0.5, max_connections=16)
 

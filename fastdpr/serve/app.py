@@ -275,6 +275,8 @@ class _BatchedRoutes:
         gone.add_done_callback(left)
         try:
             return await job
+        except QueueFull as err:  # waited past the bound before its batch could start (batcher.Expired)
+            raise RequestError(503, str(err), {"Retry-After": str(err.retry_after)}) from None
         except FileChanged as err:
             raise RequestError(503, str(err), {"Retry-After": "60"}, reason=_UNAVAILABLE) from None
         except asyncio.CancelledError:
