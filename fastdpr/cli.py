@@ -35,8 +35,10 @@ class _HelpWithDefaults(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
+        # a flag that stores False defaults to True: "(default: True)" under --no-X says the opposite of what
+        # leaving it out does, so such a flag states its default in words
         if (action.default is None or action.default is False or action.default == argparse.SUPPRESS
-                or "default" in text or not action.option_strings):
+                or "default" in text or not action.option_strings or isinstance(action, argparse._StoreFalseAction)):
             return text
         return f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
@@ -94,18 +96,54 @@ def _one_line_warnings(command: str):
         warnings.showwarning = before
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that it stops the way Ctrl-C stops it (files closed, a message)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_stops():
+    """SIGTERM raises :class:`Terminated` while a command runs (not where a program embedding ``main`` set its own
+    handler, nor off the main thread, where signals cannot be handled)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _stopped(args, what: str) -> None:
+    """One line saying the command stopped, and what a rerun does (a command's ``ON_INTERRUPT``)."""
+    hint = getattr(args._module, "ON_INTERRUPT", None)
+    print(f"fastdpr {args.command}: {what}" + (f"; {hint}" if hint else ""), file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
     try:
-        with _one_line_warnings(args.command):
+        with _sigterm_stops(), _one_line_warnings(args.command):
             return int(args._module.run(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _stopped(args, "interrupted")
         return 130
+    except Terminated:
+        _stopped(args, "stopped by SIGTERM")
+        return 128 + signal.SIGTERM
     except FastDPRError as err:
         print(f"fastdpr {args.command}: error: {err}", file=sys.stderr)
         return 2

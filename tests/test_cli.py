@@ -106,3 +106,29 @@ def test_warnings_are_one_line_without_a_source_path(tmp_path, capsys):
     assert warned and all(line.startswith("fastdpr split: warning: ") for line in warned), warned
     assert not any(".py:" in line or "BadRowWarning" in line for line in warned), warned
     assert any("docs.jsonl:2: not valid JSON" in line for line in warned), warned
+
+
+def test_a_flag_that_turns_a_default_off_states_the_default_in_words():
+    help_text = _words(cli.build_parser()._subparsers._group_actions[0].choices["serve"].format_help())
+    assert "memory-mapping them (default: mapped)" in help_text and "(default: True)" not in help_text
+
+
+def test_sigterm_stops_a_command_with_a_message_and_what_a_rerun_does(monkeypatch, capsys):
+    import os
+    import signal
+    import time
+
+    import fastdpr.commands.encode as encode
+
+    def killed(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the signal interrupts this
+        return 0
+
+    monkeypatch.setattr(encode, "run", killed)
+    start = time.monotonic()
+    assert cli.main(["encode", "--merge", "anywhere"]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert time.monotonic() - start < 5
+    assert "fastdpr encode: stopped by SIGTERM; rerun the same command to resume" in err
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # given back after the command

@@ -50,6 +50,11 @@ def test_parse_size():
 def test_auto_shapes_by_n_d_and_budget():
     assert choose_index(1000, 384, compiled=True).spec == "flat"
     assert choose_index(FLAT_MAX_FLOATS // 768, 768, compiled=True).spec == "flat"
+    # small sets are searched exactly: 5,125 MiniLM passages, and up to 20,000 x 384
+    assert FLAT_MAX_FLOATS == 20_000 * 384
+    assert choose_index(5_125, 384, compiled=True).spec == "flat"
+    assert choose_index(20_000, 384, compiled=True).spec == "flat"
+    assert choose_index(20_001, 384, compiled=True).spec.startswith("ivfpq")
     # exact search in fp16 when fp32 rows do not fit the budget
     assert choose_index(1000, 384, memory_budget=1000 * 384 * 3, compiled=True).spec == "flat,fp16"
     mid = choose_index(50_000, 384, compiled=True)

@@ -473,3 +473,23 @@ def test_hnsw_fallback_validates_like_the_graph(fallback):
     for spec in ("hnsw,M=5000", "hnsw,efc=0", "hnsw,entry=2000000", "hnsw,ef=2147483648", "hnsw,seed=-1"):
         with pytest.raises(InputError):
             make_index(spec, 8)
+
+
+@pytest.mark.parametrize("spec", ["flat", "hnsw,M=8,efc=20", "ivfpq,nlist=4,m=4,niter=2,pq_niter=2"])
+def test_inner_products_beyond_float32_are_an_error_not_an_answer(spec, use_native):
+    """Vectors near 1e37 are finite, and indexed; but questions of 1e3 against them score beyond float32: flat
+    answered inf and -1 ids, HNSW NaN scores, IVF-PQ -inf. Scores that large are refused; large finite ones are
+    answers."""
+    x = np.random.default_rng(3).standard_normal((300, 8)).astype(np.float32)
+    index = build_index((x * np.float32(1e37)).astype(np.float32), spec)
+    with pytest.raises(InputError, match="queries row 0: inner products beyond the float32 range"):
+        index.search(x[:3] * np.float32(1e3), 5)
+    scores, ids = index.search(x[:3], 5)  # up to ~1e38: still within float32
+    assert np.isfinite(scores).all() and (ids >= 0).all()
+
+
+def test_an_index_saved_to_a_path_ending_in_a_slash_is_a_directory(tmp_path):
+    x = np.random.default_rng(4).standard_normal((20, 8)).astype(np.float32)
+    path = build_index(x, "flat").save(str(tmp_path / "newdir") + "/")
+    assert path == tmp_path / "newdir" / "index.fdpr" and path.is_file()
+    assert len(load_index(tmp_path / "newdir")) == 20

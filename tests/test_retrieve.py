@@ -53,6 +53,9 @@ class BruteForceIndex:
     def __init__(self, vectors):
         self.vectors = np.asarray(vectors, dtype=np.float32)
 
+    def __len__(self):
+        return self.vectors.shape[0]
+
     def search(self, queries, k):
         scores = queries @ self.vectors.T
         n = self.vectors.shape[0]
@@ -391,3 +394,32 @@ def test_dense_retriever_with_the_real_flat_index(world):
         np.testing.assert_allclose([p["score"] for p in a], [p["score"] for p in b], rtol=1e-4, atol=1e-4)
         # ids agree except possibly among exactly tied scores
         assert {p["id"] for p in a} == {p["id"] for p in b} or np.isclose(a[-1]["score"], a[-2]["score"])
+
+
+def test_a_k_far_beyond_the_corpus_is_refused_by_every_retriever_before_allocating(world):
+    from fastdpr.errors import InputError
+
+    corpus, vectors, bm25, questions = world
+    dense = DenseRetriever(FakeModel(), BruteForceIndex(vectors), corpus)
+    sparse = SparseRetriever(bm25, corpus, threads=1)
+    for retriever in (sparse, HybridRetriever(dense, sparse, k_union=20)):
+        with pytest.raises(InputError, match=f"ask for k <= {len(corpus)}"):
+            retriever.search(["who"] * 8, 100_000_000)
+
+
+@pytest.mark.parametrize("bad", [{"alpha": float("nan")}, {"alpha": float("inf")}, {"alpha": -float("inf")},
+                                 {"rrf_k": float("inf")}, {"rrf_k": float("nan")}])
+def test_hybrid_weights_must_be_finite(world, bad):
+    corpus, vectors, bm25, _ = world
+    dense = DenseRetriever(FakeModel(), BruteForceIndex(vectors), corpus)
+    with pytest.raises(ValueError, match="must be a finite number"):
+        HybridRetriever(dense, SparseRetriever(bm25, corpus), **bad)
+
+
+def test_an_index_larger_than_the_corpus_is_a_clear_error(world):
+    from fastdpr.errors import InputError
+
+    corpus, vectors, _, _ = world
+    bigger = BruteForceIndex(np.concatenate([vectors, vectors[:5]]))
+    with pytest.raises(InputError, match=f"the index has {len(vectors) + 5} vectors but the corpus {len(corpus)}"):
+        DenseRetriever(FakeModel(), bigger, corpus)

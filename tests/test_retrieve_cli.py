@@ -180,3 +180,37 @@ def test_search_refuses_a_model_other_than_the_one_that_encoded_the_index(setup,
     assert cli.main(["tune-hybrid", str(tmp / "dev.jsonl"), "--model", str(tmp_path / "other"), "--index",
                      str(tmp_path / "index.fdpr"), "--bm25", str(tmp / "bm25"), "--corpus",
                      str(tmp / "passages.jsonl"), "-o", str(tmp_path / "alpha.json")]) == 2
+
+
+def test_a_k_beyond_the_corpus_is_capped_and_said(setup, capsys):
+    tmp, _, corpus, _ = setup
+    out = tmp / "huge_k.json"
+    assert cli.main(["search", str(tmp / "test.jsonl"), "--mode", "bm25", *_common(tmp), "-k", "100000000",
+                     "-o", str(out)]) == 0
+    assert f"-k 100000000 is more than the corpus holds: {len(corpus)} passages" in capsys.readouterr().err
+    assert len(read_run(out)) == 12
+
+
+def test_questions_without_answers_are_said_at_search_and_refused_at_evaluate(setup, capsys):
+    tmp, _, _, _ = setup
+    bare = tmp / "bare.jsonl"
+    with open(tmp / "test.jsonl", encoding="utf-8") as src, open(bare, "w", encoding="utf-8") as dst:
+        for line in src:
+            q = json.loads(line)
+            dst.write(json.dumps({"qid": q["qid"], "question": q["question"]}) + "\n")
+    out = tmp / "bare.json"
+    assert cli.main(["search", str(bare), "--mode", "bm25", *_common(tmp), "-k", "3", "-o", str(out)]) == 0
+    assert "no question has answers" in capsys.readouterr().err
+    assert cli.main(["evaluate", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no question of this run has an answer" in err and "top-1" not in err
+
+
+def test_an_index_output_ending_in_a_slash_becomes_a_directory(setup, tmp_path, capsys):
+    tmp, model, corpus, _ = setup
+    vectors = tmp_path / "vectors"
+    assert cli.main(["encode", "--model", str(tmp / "model"), str(tmp / "passages.jsonl"), "-o", str(vectors),
+                     "--no-progress"]) == 0
+    assert cli.main(["index", str(vectors), "-o", str(tmp_path / "newdir") + "/", "--no-progress"]) == 0
+    assert (tmp_path / "newdir" / "index.fdpr").is_file()
+    assert "auto: flat" in capsys.readouterr().out  # 40 passages: exact search

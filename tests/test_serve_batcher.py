@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from fastdpr.serve.batcher import Batcher, Closed, QueueFull
+from fastdpr.serve.batcher import Batcher, Closed, Expired, QueueFull
 
 
 class Recorder:
@@ -161,19 +161,26 @@ def test_more_expected_work_than_max_queue_ms_is_refused_before_the_count_limit(
     assert run(main()) == [[("a", "busy")], [("a", "q0")], [("a", "q1")]]
 
 
-def test_without_a_measured_batch_only_the_count_limits_the_queue():
+def test_without_a_measured_batch_only_the_count_limits_the_queue_and_the_bound_holds_at_the_start():
+    """Before any batch is measured every job is admitted (8 x 0.1 s against a bound of 0.25 s); the bound then
+    holds where it is measured: a job whose batch would start after 0.25 s of waiting is refused, not run late."""
     rec = Recorder(delay=0.1)
 
     async def main():
-        b = Batcher(rec, max_batch=1, max_wait_ms=0, max_queue=8, max_queue_ms=1)
+        b = Batcher(rec, max_batch=1, max_wait_ms=0, max_queue=8, max_queue_ms=250)
         await b.start()
         jobs = [asyncio.ensure_future(b.submit("a", [f"q{i}"])) for i in range(8)]
         await asyncio.sleep(0)
-        answered = await asyncio.gather(*jobs)
+        answered = await asyncio.gather(*jobs, return_exceptions=True)
         await b.close()
         return answered
 
-    assert run(main()) == [[("a", f"q{i}")] for i in range(8)]
+    answered = run(main())
+    done = [a for a in answered if not isinstance(a, Exception)]
+    assert done == [[("a", f"q{i}")] for i in range(len(done))] and done  # the first ones, in order
+    late = answered[len(done):]
+    assert late and all(isinstance(a, Expired) for a in late)
+    assert [qs for _, qs in rec.calls] == [[f"q{i}"] for i in range(len(done))]  # the late ones never ran
 
 
 class PerBatch(Recorder):
@@ -239,19 +246,22 @@ def test_a_lone_request_does_not_wait_for_company_that_is_not_coming():
     assert sum(1 for _, qs in rec.calls if any(q.startswith("t") for q in qs)) == 1  # one call for all five
 
 
-def test_an_error_reaches_every_job_of_its_batch_and_the_loop_goes_on():
+def test_an_error_reaches_only_the_job_that_caused_it_and_the_loop_goes_on():
     rec = Recorder(fail_on="bad")
 
     async def main():
         b = Batcher(rec, max_batch=8, max_wait_ms=20)
         await b.start()
-        results = await asyncio.gather(b.submit("a", ["ok"]), b.submit("a", ["bad"]), return_exceptions=True)
+        results = await asyncio.gather(b.submit("a", ["ok"]), b.submit("a", ["bad"]), b.submit("a", ["also"]),
+                                       return_exceptions=True)
         later = await b.submit("a", ["fine"])
         await b.close()
         return results, later
 
     results, later = run(main())
-    assert all(isinstance(r, ValueError) for r in results)
+    assert rec.calls[0] == ("a", ["ok", "bad", "also"])  # one batch, which failed; then each job alone
+    assert results[0] == [("a", "ok")] and results[2] == [("a", "also")]
+    assert isinstance(results[1], ValueError) and "cannot answer bad" in str(results[1])
     assert later == [("a", "fine")]
 
 

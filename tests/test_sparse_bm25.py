@@ -226,3 +226,9 @@ def test_a_second_process_loads_the_compiled_search_instead_of_compiling(tmp_pat
     assert runs[0]["ids"] == runs[1]["ids"] == [["a", ""]]
     assert runs[0]["misses"] == 1 and runs[1] == {**runs[1], "hits": 1, "misses": 0}
     assert any((tmp_path / "numba").rglob("*.nbi"))
+
+
+def test_a_k_far_beyond_the_corpus_is_refused_before_allocating(bm25):
+    """k = 1e8 over a small corpus: memory would grow with k (12 bytes a column and question), not with the corpus."""
+    with pytest.raises(InputError, match=f"larger than the BM25 index .{len(bm25)} passages.*ask for k <= {len(bm25)}"):
+        bm25.search_rows(["who won the super bowl"] * 8, k=100_000_000, threads=1)

@@ -11,6 +11,9 @@ import logging
 import sys
 from pathlib import Path
 
+# what `fastdpr` adds when this command is interrupted (Ctrl-C, SIGTERM)
+ON_INTERRUPT = "rerun the same command to resume: the shards already written are kept"
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("corpus", nargs="?", type=Path, help="passage file (DPR TSV, JSONL or BEIR corpus.jsonl)")

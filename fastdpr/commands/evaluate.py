@@ -82,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
     ):
         raise InputError("nothing to evaluate against: give --answers (with --corpus for TREC runs) or --qrels",
                          args.run)
+    if qrels is None and all(r.get("answers") is not None and not r["answers"] for r in results):
+        # a question file without answers gives a run whose every passage "has no answer": top-k 0.0, silently
+        raise InputError("no question of this run has an answer (was the question file without answers?): "
+                         "give --answers with a file that has them, or --qrels", args.answers or args.run)
     try:
         metrics = evaluate_retrieval(results, ks=ks, qrels=qrels, mode=args.match,
                                      recompute=args.recompute or args.match == "regex")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+# what `fastdpr` adds when this command is interrupted (Ctrl-C, SIGTERM)
+ON_INTERRUPT = "an --on-disk build resumes when rerun with the same output; any other build starts over"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("vectors", help="directory written by `fastdpr encode` (manifest.json + shards)")

@@ -122,6 +122,7 @@ def _fusion(args) -> tuple[float, str]:
     """(alpha, fusion) from --alpha / --alpha-file / --fusion. A tuned alpha belongs to the fusion it was tuned
     for: files from before fusions were named say "method": "linear", which was raw linear fusion."""
     import json
+    import math
     import sys
 
     from fastdpr.errors import InputError
@@ -139,6 +140,9 @@ def _fusion(args) -> tuple[float, str]:
             raise InputError(f"no tuned alpha readable here ({err})", path=args.alpha_file) from None
         if args.fusion and tuned_for and args.fusion != tuned_for:
             raise InputError(f"this alpha was tuned for --fusion {tuned_for}, not {args.fusion}", path=args.alpha_file)
+    if alpha is not None and not math.isfinite(alpha):
+        raise InputError(f"{'the tuned alpha' if args.alpha_file else '--alpha'} must be a finite number, got {alpha}",
+                         path=args.alpha_file or None)
     fusion = args.fusion or tuned_for or "linear"
     if args.mode == "hybrid" and fusion == "linear-raw" and alpha is None:
         print(f"warning: raw linear fusion with the untuned alpha {DEFAULT_ALPHA}: dense and BM25 scores lie on "
@@ -150,6 +154,7 @@ def _fusion(args) -> tuple[float, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
     import time
 
     from fastdpr.data import iter_qa
@@ -165,11 +170,19 @@ def run(args: argparse.Namespace) -> int:
     qa = list(iter_qa(args.qa))
     if not qa:
         raise InputError("no questions in this file: nothing to search", path=args.qa)
+    if not any(q.get("answers") for q in qa):
+        print(f"warning: {args.qa}: no question has answers, so the run's has_answer is false everywhere and "
+              "`fastdpr evaluate` needs --answers from another file, or --qrels", file=sys.stderr)
+    corpus_size = len(retriever.corpus)
+    if args.k > corpus_size:  # memory grows with k, not with the corpus: more than every passage is never found
+        print(f"note: -k {args.k} is more than the corpus holds: {corpus_size} passages a question",
+              file=sys.stderr)
+    k = min(args.k, corpus_size)
     # one throw-away question loads what a first call loads (compiled kernels, caches), so that the rate below
     # is the rate of searching, not of starting up
     retriever.search([qa[0]["question"]], 1)
     start = time.perf_counter()
-    n = search_to_run(retriever, qa, args.output, args.k, fmt=fmt, match=args.match, tag=f"fastdpr-{args.mode}",
+    n = search_to_run(retriever, qa, args.output, k, fmt=fmt, match=args.match, tag=f"fastdpr-{args.mode}",
                       show_progress=True)
     elapsed = time.perf_counter() - start
     print(f"searched {n} questions ({args.mode}) in {elapsed:.2f} s ({n / max(elapsed, 1e-9):.1f} q/s, answers "

@@ -6,8 +6,8 @@
     fastdpr serve --bm25 bm25/ --corpus passages.tsv --port 9000          # BM25 only
     FASTDPR_API_KEY=secret fastdpr serve ...     # then: curl -H 'Authorization: Bearer secret' ...
 
-Needs the serve extra: pip install 'fastdpr[serve]'. Binds to 127.0.0.1 unless --host says otherwise. SIGTERM (or
-Ctrl-C) stops accepting, answers what is queued, and exits 0.
+Needs the serve extra: pip install 'fastdpr[serve]'. Binds to 127.0.0.1 unless --host says otherwise. Prints
+"ready" once warm. SIGTERM (or Ctrl-C) stops accepting, answers what is queued, and exits 0.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind; anything but loopback exposes the server to the network")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (also read from ${API_KEY_ENV}); "
-                                          "/healthz and /readyz stay open")
+    parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (also read from ${API_KEY_ENV}; "
+                                          "an empty key is refused); /healthz and /readyz stay open")
     g = parser.add_argument_group("batching")
     g.add_argument("--max-batch", type=int, default=64,
                    help="questions per encoder and index call at most (1: one request at a time)")
@@ -43,6 +43,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-questions", type=int, default=256, help="questions per request at most")
     g.add_argument("--max-question-chars", type=int, default=2000, help="characters per question at most")
     g.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body size at most")
+    g.add_argument("--max-results", type=int, default=10_000,
+                   help="questions x k of one request at most (413 beyond): bounds the answer the server holds "
+                        "until the client reads it")
+    g.add_argument("--max-answer-bytes", type=int, default=32 << 20,
+                   help="answer size at most (413 beyond: long passages)")
+    g = parser.add_argument_group("connections")
+    g.add_argument("--request-timeout", type=float, default=30.0,
+                   help="seconds from a connection's (or request's) first byte wanted to the request's last, headers "
+                        "and body; then 408 and the connection is closed")
+    g.add_argument("--keep-alive", type=float, default=5.0, help="seconds a connection may stay idle between requests")
+    g.add_argument("--write-timeout", type=float, default=30.0,
+                   help="seconds an answer may wait without the client taking a byte of it; then the connection is "
+                        "dropped, so a client that reads nothing holds at most --max-answer-bytes for this long")
+    g.add_argument("--max-header-bytes", type=int, default=64 * 1024,
+                   help="request line and headers, in bytes, at most (431 beyond)")
+    g.add_argument("--max-headers", type=int, default=100, help="header lines per request at most (431 beyond)")
+    g.add_argument("--max-connections", type=int, default=1000,
+                   help="open connections at most; one more closes the oldest connection without a request in "
+                        "progress, or gets 503 when all have one")
     g = parser.add_argument_group("retrieval")
     g.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16", "int8"],
                    help="question encoder precision (bf16: faster on CPUs that compute it natively)")
@@ -59,20 +78,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--search-param", action="append", default=[], metavar="KEY=VALUE",
                    help="dense index search parameter, e.g. ef=256 or nprobe=32 (repeatable)")
     g.add_argument("--no-mmap", dest="mmap", action="store_false",
-                   help="read the index's vector rows into RAM instead of memory-mapping them")
+                   help="read the index's vector rows into RAM instead of memory-mapping them (default: mapped)")
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
 
 
+_AT_LEAST_ONE = ("max_batch", "max_queue", "max_k", "max_questions", "max_question_chars", "max_body_bytes",
+                 "max_results", "max_answer_bytes", "max_header_bytes", "max_headers", "max_connections", "k_union")
+_POSITIVE_SECONDS = ("request_timeout", "keep_alive", "write_timeout")
+_FINITE = ("max_wait_ms", "max_queue_ms", "rrf_k")  # >= 0 and finite (--alpha: search._fusion)
+
+
 def _check(args) -> None:
+    import math
+
     from fastdpr.errors import InputError
 
-    for name in ("max_batch", "max_queue", "max_k", "max_questions", "max_question_chars", "max_body_bytes"):
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    for name in _AT_LEAST_ONE:
         if getattr(args, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.max_wait_ms < 0:
-        raise InputError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
-    if not args.max_queue_ms >= 0:
-        raise InputError(f"--max-queue-ms must be >= 0, got {args.max_queue_ms}")
+            raise InputError(f"{flag(name)} must be >= 1, got {getattr(args, name)}")
+    for name in _POSITIVE_SECONDS:
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            raise InputError(f"{flag(name)} must be a positive number of seconds, got {value}")
+    for name in _FINITE:
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise InputError(f"{flag(name)} must be a finite number >= 0, got {value}")
     if args.max_questions > args.max_queue:
         raise InputError(f"--max-queue ({args.max_queue}) must hold one full request (--max-questions "
                          f"{args.max_questions})")
@@ -84,11 +118,48 @@ def _check(args) -> None:
         raise InputError("--model and --index go together (the dense side needs both)")
     if not args.model and not args.bm25:
         raise InputError("nothing to serve: give --model and --index, --bm25, or all three")
+    _check_file_limit(args.max_connections)
+
+
+def _check_file_limit(max_connections: int) -> None:
+    """Each connection is a file descriptor: raise the soft limit if --max-connections needs it, so that the
+    server refuses connections by its own rule rather than failing to accept them."""
+    try:
+        import resource
+    except ImportError:  # not on this system: nothing to check
+        return
+    from fastdpr.errors import InputError
+
+    need = max_connections + 256  # the model's, index's, corpus's and the libraries' own files
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise InputError(f"--max-connections {max_connections} needs {need} open files, and this process may "
+                             f"open at most {hard} (ulimit -n): give a smaller --max-connections")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+def api_key_of(args) -> str | None:
+    """--api-key, else $FASTDPR_API_KEY, else None. An empty key is an error rather than no key: an unset
+    variable in a deployment would otherwise turn authentication off without a word."""
+    import os
+
+    from fastdpr.errors import InputError
+
+    if args.api_key is not None:
+        if not args.api_key:
+            raise InputError("--api-key is empty: give a key, or leave the option out to serve without one")
+        return args.api_key
+    key = os.environ.get(API_KEY_ENV)
+    if key is not None and not key:
+        raise InputError(f"${API_KEY_ENV} is set but empty: give it a key, or unset it to serve without one")
+    return key
 
 
 def build_backend(args):
     """The retrievers the arguments name, loaded once, as a :class:`fastdpr.serve.Backend`."""
     from fastdpr.commands.search import _fusion, build_retriever
+    from fastdpr.index.base import resolve_index_path
     from fastdpr.serve.backend import Backend
 
     mode = "hybrid" if args.model and args.bm25 else ("dense" if args.model else "bm25")
@@ -112,7 +183,8 @@ def build_backend(args):
     if mode == "hybrid":
         description.update(fusion=fusion, alpha=alpha, k_union=args.k_union)
     description["threads"] = threads
-    return Backend(**parts, description=description, threads=threads)
+    files = {"dense": [resolve_index_path(args.index)]} if args.index else {}
+    return Backend(**parts, description=description, threads=threads, files=files)
 
 
 def worker_threads(requested: int | None) -> int:
@@ -128,14 +200,14 @@ def worker_threads(requested: int | None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     import ipaddress
-    import os
     import sys
 
+    from fastdpr.errors import InputError
     from fastdpr.serve import require_extra
 
     require_extra()
     _check(args)
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    api_key = api_key_of(args)
     try:
         loopback = ipaddress.ip_address(args.host).is_loopback
     except ValueError:
@@ -144,16 +216,33 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: serving on {args.host} without --api-key: anyone who reaches this address can search",
               file=sys.stderr)
     from fastdpr.serve.app import create_app
+    from fastdpr.serve.protocol import ConnectionLimits
     from fastdpr.serve.requests import Limits
+    from fastdpr.serve.server import bind
     from fastdpr.serve.server import run as serve
 
-    backend = build_backend(args)
-    limits = Limits(max_k=args.max_k, max_questions=args.max_questions,
-                    max_question_chars=args.max_question_chars, max_body_bytes=args.max_body_bytes)
-    app = create_app(backend, limits=limits, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                     max_queue=args.max_queue, max_queue_ms=args.max_queue_ms or None, api_key=api_key)
-    print(f"fastdpr serve: {', '.join(backend.modes)} over {backend.passages()} passages on "
-          f"http://{args.host}:{args.port} (ready once warm: GET /readyz)", file=sys.stderr, flush=True)
-    serve(app, args.host, args.port, log_level=args.log_level)
+    try:  # before loading anything: a taken port is known in a millisecond
+        sock = bind(args.host, args.port)
+    except OSError as err:
+        raise InputError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
+    with sock:
+        backend = build_backend(args)
+        limits = Limits(max_k=args.max_k, max_questions=args.max_questions,
+                        max_question_chars=args.max_question_chars, max_body_bytes=args.max_body_bytes,
+                        max_results=args.max_results, max_answer_bytes=args.max_answer_bytes)
+        connections = ConnectionLimits(request_timeout_s=args.request_timeout, keep_alive_s=args.keep_alive,
+                                       max_header_bytes=args.max_header_bytes, max_headers=args.max_headers,
+                                       write_timeout_s=args.write_timeout, max_connections=args.max_connections)
+        port = sock.getsockname()[1]
+
+        def ready() -> None:
+            print(f"fastdpr serve: ready on http://{args.host}:{port}", file=sys.stderr, flush=True)
+
+        app = create_app(backend, limits=limits, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                         max_queue=args.max_queue, max_queue_ms=args.max_queue_ms or None, api_key=api_key,
+                         on_ready=ready)
+        print(f"fastdpr serve: {', '.join(backend.modes)} over {backend.passages()} passages on "
+              f"http://{args.host}:{port}, warming up", file=sys.stderr, flush=True)
+        serve(app, sock, log_level=args.log_level, connections=connections)
     print("fastdpr serve: stopped", file=sys.stderr, flush=True)
     return 0

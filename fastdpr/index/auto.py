@@ -11,10 +11,12 @@
 
 The rule, and what it rests on:
 
-- exact search (``flat``) while n x d <= ``FLAT_MAX_FLOATS`` (2,000 x 384): on vectors calibrated to MiniLM mean
-  pooling, tuned 4-bit IVF-PQ at recall@100 0.95 ran 0.96x exact search's q/s at 1,000 x 384, 1.17x at 2,000 and
-  1.47x at 3,000 (benchmarks/results/ann_auto_crossover.md), so below that exact search costs about as much and
-  needs neither training nor tuning; at 23,582 real MiniLM passages 4-bit IVF-PQ ran several times faster
+- exact search (``flat``) while n x d <= ``FLAT_MAX_FLOATS`` (20,000 x 384, 29 MiB of fp32 rows): every answer
+  exact, with neither training nor tuning, at a cost per question that stays small (a few milliseconds on one
+  core). Tuned 4-bit IVF-PQ at recall@100 0.95 already ran 1.17x exact search's q/s at 2,000 x 384 and 1.47x at
+  3,000 (benchmarks/results/ann_auto_crossover.md), but an untuned one shares only part of the exact top 5 (3 of 5
+  on questions over 5,125 MiniLM passages): for sets this small an approximate answer saves too little to be worth
+  a wrong one; at 23,582 real MiniLM passages 4-bit IVF-PQ ran several times faster
   (benchmarks/results/ann_paired.md at c97483c);
 - below ``COMPRESSED_MIN_N`` vectors, 4-bit IVF-PQ with d/2 sub-quantizers, about 2 sqrt(n) lists and fp16 rows
   for the exact re-rank, the best shape on the real pool (``ivfpq.default_nlist``);
@@ -38,7 +40,7 @@ from typing import Any
 
 from fastdpr.errors import InputError
 
-FLAT_MAX_FLOATS = 2_000 * 384  # n x d up to which exact search is chosen
+FLAT_MAX_FLOATS = 20_000 * 384  # n x d up to which exact search is chosen
 COMPRESSED_MIN_N = 150_000  # from here on the compressed shape (d/8 codes, 4-bit rows)
 COMPRESSED = dict(aniso=0.2, sq=4, spread=0.5)  # the 1M x 768 shape of benchmarks/results/ann_compressed.md
 POSITION_BYTES = 4  # per vector, the compiled core's list positions (csrc/ivfpq.h)
@@ -109,7 +111,7 @@ def choose_index(n: int, dim: int, memory_budget: Any = None, compiled: bool | N
         for storage, width in (("", 4), (",fp16", 2)):
             if fits(n * dim * width):
                 return IndexChoice("flat" + storage, False, n * dim * width,
-                                   f"n x d = {n * dim} <= {FLAT_MAX_FLOATS}: exact search is the fastest")
+                                   f"n x d = {n * dim} <= {FLAT_MAX_FLOATS}: exact search, every answer exact")
 
     if not compiled:  # the numpy backend builds 8-bit codes only
         m, nlist = default_m(dim), default_nlist(n, 8)

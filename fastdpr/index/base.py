@@ -162,6 +162,20 @@ def check_finite(x: np.ndarray, what: str) -> None:
             raise InputError(f"{what} row {bad} contains NaN or Inf")
 
 
+def check_scores(scores: np.ndarray, ids: np.ndarray, ranks_past_float32: bool) -> None:
+    """Finite vectors whose inner products leave float32 (entries near 1e37 and more) score NaN or +-inf, and an
+    index that computes in float32 then ranks them at random: flat search answered -inf after +inf (the fallback
+    +inf ties in the wrong order), HNSW NaN. Such a score of a result found is an ``InputError`` naming the query,
+    not an answer. An index that ranks in a scale of its own (``ranks_past_float32``: IVF-PQ, whose ids are the
+    same at any scale, ``tests/test_index_reliability.py``) may report +inf; NaN or -inf are refused there too."""
+    beyond = np.isneginf(scores) if ranks_past_float32 else np.isinf(scores)
+    bad = np.isnan(scores) | ((ids >= 0) & beyond)
+    if bad.any():
+        row = int(np.argwhere(bad)[0, 0])
+        raise InputError(f"queries row {row}: inner products beyond the float32 range (+-3.4e38): the entries of the "
+                         "queries or of the indexed vectors are too large; rescale them")
+
+
 def check_matrix(x: Any, dim: int | None, what: str) -> np.ndarray:
     """Checked float32 C-contiguous rows (see ``check_shape`` and ``check_finite``)."""
     x = check_shape(x, dim, what)
@@ -206,6 +220,14 @@ def check_threads(threads: Any) -> int:
 MAX_PADDED_RESULT_BYTES = 1 << 30
 
 
+def check_padding(questions: int, k: int, n: int, what: str = "the index", unit: str = "vectors") -> None:
+    """An ``InputError`` when ``k`` is beyond the ``n`` results there can be and padding ``questions`` result rows
+    to ``k`` would take more than ``MAX_PADDED_RESULT_BYTES``: memory would grow with k, not with what exists."""
+    if k > n and questions * k * 12 > MAX_PADDED_RESULT_BYTES:
+        raise InputError(f"k={k} is larger than {what} ({n} {unit}), and padding {questions} result rows to that "
+                         f"width takes {questions * k * 12 >> 20} MiB; ask for k <= {n}")
+
+
 def pad_results(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(nq, k') results widened to k columns with -inf scores and -1 ids."""
     nq, have = rows.shape
@@ -240,6 +262,8 @@ class Index:
     """Maximum-inner-product index. Subclasses implement the ``_``-prefixed methods on checked inputs."""
 
     kind: ClassVar[str] = ""
+    # whether ids stay right where inner products leave float32 (the scores then read +inf): ``check_scores``
+    ranks_past_float32: ClassVar[bool] = False
     # search parameters accepted by ``search(..., **params)`` (name -> default), checked by ``take_params``
     search_params: ClassVar[dict[str, Any]] = {}
     #: the fingerprint of the model whose passage vectors the index holds (``fastdpr.encode.model_fingerprint``,
@@ -379,10 +403,9 @@ class Index:
         if "threads" in params:
             params["threads"] = check_threads(params["threads"])
         # k beyond the index size: search for what exists, pad the rest (cheap, and no type sizes work by k)
-        if k > n and q.shape[0] * k * 12 > MAX_PADDED_RESULT_BYTES:
-            raise InputError(f"k={k} is larger than the index ({n} vectors), and padding {q.shape[0]} result rows "
-                             f"to that width takes {q.shape[0] * k * 12 >> 20} MiB; ask for k <= {n}")
+        check_padding(q.shape[0], k, n)
         scores, rows = pad_results(*self._search(q, min(k, n), **params), k)
+        check_scores(scores, rows, self.ranks_past_float32)
         labels = self._labels  # read after the search: every row returned has its id published
         if labels is not None:
             ids = np.where(rows >= 0, labels[np.maximum(rows, 0)], -1)
@@ -394,8 +417,10 @@ class Index:
         """Write the index to one file (a directory path gets ``index.fdpr`` inside it); returns the file path."""
         from fastdpr.index import fileformat
 
+        # the slash is read from the argument: Path("newdir/") drops it, and newdir would become a file
+        named_dir = str(os.fspath(path)).endswith(("/", os.sep))
         path = Path(path)
-        if path.is_dir() or str(path).endswith(os.sep):
+        if path.is_dir() or named_dir:
             path = path / INDEX_FILE_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
         writer = fileformat.open_writer(path, self.kind, compiled=self._uses_compiled_writer())

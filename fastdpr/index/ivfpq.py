@@ -206,6 +206,7 @@ class IVFPQIndex(Index):
     """IVF-PQ index (see the module docstring). Train on a sample, then add; ``build_index`` does both."""
 
     kind = "ivfpq"
+    ranks_past_float32 = True  # its ids are the same at any scale (tests/test_index_reliability.py)
     # None: the index's own settings
     search_params = {"nprobe": None, "rerank": None, "threads": 0, "spread": None, "exact": None}
 

@@ -5,6 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
+from fastdpr.errors import InputError
 from fastdpr.retrieve.base import Retriever, check_k, check_questions
 
 
@@ -45,6 +46,9 @@ class DenseRetriever(Retriever):
                  allow_other_model: bool = False):
         if not allow_other_model:
             check_same_model(model, index)
+        if corpus is not None and hasattr(index, "__len__") and len(index) > len(corpus):
+            raise InputError(f"the index has {len(index)} vectors but the corpus {len(corpus)} passages: they were "
+                             "not built from the same passage file")
         self.model = model
         self.index = index
         self.corpus = corpus
@@ -73,4 +77,8 @@ class DenseRetriever(Retriever):
             all_rows.append(np.asarray(rows, dtype=np.int64))
         if not all_scores:
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
-        return np.concatenate(all_scores), np.concatenate(all_rows)
+        rows = np.concatenate(all_rows)
+        if self.corpus is not None and rows.size and int(rows.max()) >= len(self.corpus):
+            raise InputError(f"the index answered row {int(rows.max())} but the corpus has {len(self.corpus)} "
+                             "passages: they were not built from the same passage file")
+        return np.concatenate(all_scores), rows

@@ -20,6 +20,7 @@ then the sparse list's. Everything runs on int64 corpus rows, vectorised over qu
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -184,8 +185,10 @@ class HybridRetriever(Retriever):
     def __init__(self, dense, sparse, alpha: float = DEFAULT_ALPHA, k_union: int = 1000, method: str = "linear",
                  rrf_k: float = 60.0, chunk_size: int = 1024):
         _check_method(method)
-        if rrf_k < 0:
-            raise ValueError(f"rrf_k must be >= 0, got {rrf_k}")
+        if not (math.isfinite(rrf_k) and rrf_k >= 0):
+            raise ValueError(f"rrf_k must be a finite number >= 0, got {rrf_k}")
+        if not math.isfinite(alpha):  # a NaN or infinite weight makes every fused score NaN
+            raise ValueError(f"alpha must be a finite number, got {alpha}")
         self.dense = dense
         self.sparse = sparse
         self.alpha = float(alpha)
@@ -204,6 +207,10 @@ class HybridRetriever(Retriever):
         k = check_k(k)
         if not questions:
             return empty_result(0, k)
+        if self.corpus is not None:
+            from fastdpr.index.base import check_padding
+
+            check_padding(len(questions), k, len(self.corpus), "the corpus", "passages")  # before the (n, k) arrays
         parts = []
         for start in range(0, len(questions), self.chunk_size):
             union = self._union(questions[start : start + self.chunk_size])

@@ -12,8 +12,10 @@ Endpoints:
 - ``GET /healthz`` (alive), ``GET /readyz`` (loaded and warm; 503 before and while draining), ``GET /metrics``
   (Prometheus text), ``GET /`` (model, index, passages, modes, limits).
 
-Refusals are one line, ``{"error": "..."}``: 400 not JSON, 401 no or wrong bearer token, 413 body too large, 422
-invalid request, 503 queue full (with ``Retry-After``) or shutting down.
+Refusals are one line, ``{"error": "..."}``: 400 not JSON, nested too deep or a question that is not text, 401 no or
+wrong bearer token, 408 request not complete in time, 413 body, questions x k or answer too large, 422 invalid
+request, 431 headers too large, 503 queue full or waited too long (with ``Retry-After``), a file changed under the
+server, or shutting down. The limits of connections are ``fastdpr.serve.protocol.ConnectionLimits``.
 
 The server side needs the ``serve`` extra (FastAPI, uvicorn, prometheus-client); :class:`Client` needs nothing
 beyond the standard library. Names are imported lazily, so ``import fastdpr.serve`` imports neither.
@@ -29,6 +31,7 @@ _LAZY = {
     "Backend": "fastdpr.serve.backend",
     "Batcher": "fastdpr.serve.batcher",
     "Limits": "fastdpr.serve.requests",
+    "ConnectionLimits": "fastdpr.serve.protocol",
     "create_app": "fastdpr.serve.app",
     "serving": "fastdpr.serve.server",
     "run": "fastdpr.serve.server",
@@ -49,9 +52,11 @@ def __getattr__(name: str):
 
 
 def require_extra() -> None:
-    """Raise ``MissingDependency`` naming the extra when FastAPI, uvicorn or prometheus-client is missing."""
+    """Raise ``MissingDependency`` naming the extra when FastAPI, uvicorn, httptools (the HTTP parser whose limits
+    ``fastdpr.serve.protocol`` sets) or prometheus-client is missing."""
     from fastdpr.errors import MissingDependency
 
-    missing = [m for m in ("fastapi", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    missing = [m for m in ("fastapi", "uvicorn", "httptools", "prometheus_client")
+               if importlib.util.find_spec(m) is None]
     if missing:
         raise MissingDependency(f"serving needs {', '.join(missing)}: pip install 'fastdpr[serve]'")

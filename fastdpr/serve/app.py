@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 
 from fastdpr.serve.backend import Backend
 from fastdpr.serve.batcher import Batcher, Closed, QueueFull
+from fastdpr.serve.files import FileChanged
 from fastdpr.serve.metrics import Metrics
 from fastdpr.serve.requests import Limits, RequestError, parse_encode, parse_json, parse_search
 
@@ -31,9 +32,9 @@ _DRAIN_FACTOR = 64
 
 def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int = 64, max_wait_ms: float = 5.0,
                max_queue: int = 1024, max_queue_ms: float | None = 2000.0, api_key: str | None = None,
-               warm_up: bool = True):
+               warm_up: bool = True, on_ready=None):
     """An ASGI application answering from ``backend``; its lifespan starts the batcher (and the warm-up) and,
-    at shutdown, answers what is queued before it returns."""
+    at shutdown, answers what is queued before it returns. ``on_ready()`` is called once warm."""
     from fastapi import FastAPI, Request
     from fastapi.responses import Response
     from starlette.exceptions import HTTPException
@@ -67,11 +68,15 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
             # full collection (which requests' short-lived objects trigger) no longer walks all of them
             gc.freeze()
             state["ready"] = True
+            if on_ready is not None:
+                on_ready()
         except Exception as err:  # the server stays up (healthz) but never reports ready
             state["warm_error"] = f"{type(err).__name__}: {' '.join(str(err).split())}"
             log.exception("warm-up failed")
 
-    app = FastAPI(title="fastdpr", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # no redirects for a trailing slash: Starlette's would point at whatever host the Host header names
+    app = FastAPI(title="fastdpr", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     batcher = Batcher(backend.run, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
                       max_queue_ms=max_queue_ms)
     metrics = Metrics(lambda: batcher.depth)
@@ -80,7 +85,7 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
     authorize = _Authorizer(api_key)
 
     def _fail(request: Request, err: RequestError) -> Response:
-        request.state.error_reason = _REASONS.get(err.status, str(err.status))
+        request.state.error_reason = err.reason or _REASONS.get(err.status, str(err.status))
         return _json({"error": err.message}, err.status, err.headers)
 
     @app.exception_handler(RequestError)
@@ -109,6 +114,10 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
             return _json({"status": "failed", "error": state["warm_error"]}, 503)
         if not state["ready"]:
             return _json({"status": "warming up"}, 503)
+        try:
+            backend.check_files()
+        except FileChanged as err:
+            return _json({"status": "files changed", "error": str(err)}, 503)
         return _json({"status": "ready"})
 
     @app.get("/metrics")
@@ -131,6 +140,7 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
                           "GET /metrics": "Prometheus text format"},
             "limits": {"max_k": limits.max_k, "max_questions": limits.max_questions,
                        "max_question_chars": limits.max_question_chars, "max_body_bytes": limits.max_body_bytes,
+                       "max_results": limits.max_results, "max_answer_bytes": limits.max_answer_bytes,
                        "max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_queue": max_queue,
                        "max_queue_ms": max_queue_ms},
         })
@@ -140,6 +150,7 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
 
 _REASONS = {400: "bad_json", 401: "unauthorized", 405: "method", 413: "too_large", 422: "invalid",
             499: "client_gone", 503: "overloaded"}
+_UNAVAILABLE = "unavailable"  # the reason of a 503 for files changed under the server
 
 
 def _dumps(obj) -> bytes:
@@ -151,18 +162,24 @@ def _internal_message(err: Exception) -> str:
 
 
 class _Authorizer:
-    """Checks ``Authorization: Bearer <key>`` when the server has a key (compared in constant time)."""
+    """Checks ``Authorization: Bearer <key>`` when the server has a key (compared in constant time, as UTF-8
+    bytes: the header arrives decoded as Latin-1, the way HTTP servers pass its raw bytes on)."""
 
     def __init__(self, api_key: str | None):
-        self.key = None if api_key is None else api_key.encode()
+        if api_key is not None and not api_key:
+            raise ValueError("the API key is empty")
+        self.key = None if api_key is None else api_key.encode("utf-8")
 
     def __call__(self, given: str) -> None:
         if self.key is None:
             return
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
+        if scheme.lower() != "bearer" or not token.strip():
             raise RequestError(401, "a bearer token is required (Authorization: Bearer <key>)",
                                {"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(token.strip().encode("latin-1", "replace"), self.key):
+            raise RequestError(401, "the bearer token is not this server's key",
+                               {"WWW-Authenticate": 'Bearer error="invalid_token"'})
 
 
 class _BatchedRoutes:
@@ -181,7 +198,7 @@ class _BatchedRoutes:
             self.authorize(_header(scope, b"authorization"))
             body = await self.paths[scope["path"]](scope, await self._body(scope, receive), receive)
         except RequestError as err:
-            scope["state"]["error_reason"] = _REASONS.get(err.status, str(err.status))
+            scope["state"]["error_reason"] = err.reason or _REASONS.get(err.status, str(err.status))
             status, headers, body = err.status, err.headers, _dumps({"error": err.message})
         except Exception as err:
             log.exception("internal error on %s", scope["path"])
@@ -195,7 +212,15 @@ class _BatchedRoutes:
     async def search(self, scope, body: bytes, receive) -> bytes:
         s = parse_search(parse_json(body), self.limits, self.backend.modes, self.backend.default_mode)
         results = await self._submit(receive, ("search", s.mode, s.k), s.questions)  # each a passage list's JSON
-        return f'{{"mode": "{s.mode}", "k": {s.k}, "results": [{", ".join(results)}]}}'.encode("utf-8")
+        size = sum(len(r) for r in results)  # characters, a byte or more each: over the limit, it is not built
+        if size > self.limits.max_answer_bytes:
+            raise RequestError(413, f"the answer holds over {size} characters; at most {self.limits.max_answer_bytes} "
+                                    "bytes (ask for fewer questions or a smaller k)")
+        answer = f'{{"mode": "{s.mode}", "k": {s.k}, "results": [{", ".join(results)}]}}'.encode("utf-8")
+        if len(answer) > self.limits.max_answer_bytes:
+            raise RequestError(413, f"the answer is {len(answer)} bytes; at most {self.limits.max_answer_bytes} (ask "
+                                    "for fewer questions or a smaller k)")
+        return answer
 
     async def encode(self, scope, body: bytes, receive) -> bytes:
         if not self.backend.can_encode:
@@ -250,6 +275,10 @@ class _BatchedRoutes:
         gone.add_done_callback(left)
         try:
             return await job
+        except QueueFull as err:  # waited past the bound before its batch could start (batcher.Expired)
+            raise RequestError(503, str(err), {"Retry-After": str(err.retry_after)}) from None
+        except FileChanged as err:
+            raise RequestError(503, str(err), {"Retry-After": "60"}, reason=_UNAVAILABLE) from None
         except asyncio.CancelledError:
             if _disconnected(gone):
                 raise RequestError(499, "the client closed the connection before the answer") from None

@@ -8,6 +8,7 @@ import sys
 from functools import lru_cache
 from typing import Any
 
+from fastdpr.serve.files import WatchedFiles
 from fastdpr.serve.requests import MODES
 
 
@@ -27,10 +28,14 @@ class Backend:
 
     ``threads``: torch's thread count while a batch runs (set again at each batch, in the worker thread: libraries
     that run OpenMP loops there, numba's BM25 among them, may change the thread's own count); ``fastdpr serve``
-    gives it every core (``fastdpr.commands.serve.worker_threads``: why)."""
+    gives it every core (``fastdpr.commands.serve.worker_threads``: why).
+
+    ``files``: by mode, the files its retriever reads while serving (a mapped index), checked before and after
+    each of its batches (``fastdpr.serve.files``); a corpus opened from a file adds itself and its side file to
+    every mode it serves. A changed file fails that mode's batches with :class:`FileChanged`."""
 
     def __init__(self, *, dense=None, sparse=None, hybrid=None, description: dict | None = None,
-                 cached_passages: int = 1 << 16, threads: int | None = None):
+                 cached_passages: int = 1 << 16, threads: int | None = None, files: dict | None = None):
         if hybrid is not None:
             dense = dense if dense is not None else hybrid.dense
             sparse = sparse if sparse is not None else hybrid.sparse
@@ -44,6 +49,10 @@ class Backend:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive integer, got {threads!r}")
         self.threads = threads
+        files = files or {}
+        uses = {"dense": ("dense",), "sparse": ("sparse",), "hybrid": ("hybrid", "dense", "sparse")}
+        self.files = {m: WatchedFiles([*_corpus_files(r), *(p for side in uses[m] for p in files.get(side, ()))])
+                      for m, r in self.retrievers.items()}
         self._texts = {}  # id(corpus) -> row -> JSON text of the passage, without its score
         for r in self.retrievers.values():
             corpus = getattr(r, "corpus", None)
@@ -59,16 +68,27 @@ class Backend:
             sys.modules["torch"].set_num_threads(self.threads)
         if key[0] == "search":
             _, mode, k = key
-            retriever = self.retrievers[mode]
-            text = self._texts.get(id(getattr(retriever, "corpus", None)))
-            if text is None:
-                return [json.dumps(passages, ensure_ascii=False, allow_nan=False)
-                        for passages in retriever.retrieve(questions, k)]
-            scores, rows = retriever.search(questions, k)
-            return [_passages_json(text, srow, rrow) for srow, rrow in zip(scores.tolist(), rows.tolist())]
+            self.files[mode].check()  # no read of a file seen changed
+            answers = self._search(mode, questions, k)
+            self.files[mode].check()  # no answer read from a file that changed meanwhile
+            return answers
         if key[0] == "encode":
             return [row.tolist() for row in self.encode(questions)]
         raise ValueError(f"unknown batch key {key!r}")
+
+    def _search(self, mode: str, questions: list[str], k: int) -> list[str]:
+        retriever = self.retrievers[mode]
+        text = self._texts.get(id(getattr(retriever, "corpus", None)))
+        if text is None:
+            return [json.dumps(passages, ensure_ascii=False, allow_nan=False)
+                    for passages in retriever.retrieve(questions, k)]
+        scores, rows = retriever.search(questions, k)
+        return [_passages_json(text, srow, rrow) for srow, rrow in zip(scores.tolist(), rows.tolist())]
+
+    def check_files(self) -> None:
+        """:class:`FileChanged` when a file of any mode changed (``/readyz``)."""
+        for watched in self.files.values():
+            watched.check()
 
     def encode(self, questions: list[str]):
         dense = self.retrievers["dense"]
@@ -88,6 +108,11 @@ class Backend:
     def passages(self) -> int | None:
         corpus = next(iter(self.retrievers.values())).corpus
         return len(corpus) if corpus is not None else None
+
+
+def _corpus_files(retriever) -> list:
+    corpus = getattr(retriever, "corpus", None)
+    return [getattr(corpus, "path", None), getattr(corpus, "index_path", None)]
 
 
 def _passage_text(corpus):

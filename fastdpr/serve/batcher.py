@@ -22,6 +22,16 @@ class QueueFull(Exception):
         self.retry_after = retry_after
 
 
+class Expired(QueueFull):
+    """The job waited ``max_queue_ms`` without its batch starting: the estimate that admitted it was wrong (its
+    questions cost more than the recent ones), and the bound holds by refusing it rather than running it late."""
+
+    def __init__(self, waited_s: float, bound_s: float):
+        Exception.__init__(self, f"the request waited {waited_s * 1000:.0f} ms in the queue, over the bound of "
+                                 f"{bound_s * 1000:.0f} ms; retry in 1s")
+        self.retry_after = 1
+
+
 class Closed(Exception):
     """The batcher is draining for shutdown and takes no new work."""
 
@@ -50,7 +60,12 @@ class Batcher:
     of recent batches at least half full, the way a backlog is drained; none before the first such batch);
     beyond either ``submit`` raises :class:`QueueFull`. A count alone bounds memory but not
     time: on a slow machine a full queue holds more work than a client's timeout, so under overload requests
-    would time out instead of being refused; bounding the expected wait turns that into a prompt 503."""
+    would time out instead of being refused; bounding the expected wait turns that into a prompt 503. The estimate
+    can be wrong (questions of a larger k, a slower mode), so the bound is also held where it is measured: a job
+    that has waited ``max_queue_ms`` when its batch would start gets :class:`Expired` instead.
+
+    A batch that fails with more than one job is run again one job at a time, so that a request that cannot be
+    answered fails alone and never takes its batch-mates with it."""
 
     def __init__(self, run_batch: Callable[[Hashable, list[str]], Sequence[Any]], *, max_batch: int = 64,
                  max_wait_ms: float = 5.0, max_queue: int = 1024, max_queue_ms: float | None = 2000.0,
@@ -184,7 +199,12 @@ class Batcher:
         self.depth -= n
         return batch
 
-    async def _run(self, key: Hashable, batch: list[_Job]) -> None:
+    async def _run(self, key: Hashable, batch: list[_Job], expire: bool = True) -> None:
+        if expire and self.max_queue_s is not None:
+            now = time.monotonic()
+            for job in batch:
+                if not job.future.done() and now - job.arrived > self.max_queue_s:
+                    job.future.set_exception(Expired(now - job.arrived, self.max_queue_s))
         live = [job for job in batch if not job.future.done()]  # a client that went away needs no answer
         if not live:
             return
@@ -196,10 +216,13 @@ class Batcher:
                                                                        questions)
             if len(results) != len(questions):
                 raise RuntimeError(f"run_batch gave {len(results)} results for {len(questions)} questions")
-        except Exception as err:  # every waiting request learns of it; the loop goes on
-            for job in live:
-                if not job.future.done():
-                    job.future.set_exception(err)
+        except Exception as err:  # the request that caused it learns of it; the loop goes on
+            if len(live) == 1:
+                if not live[0].future.done():
+                    live[0].future.set_exception(err)
+                return
+            for job in live:  # which request caused it: each alone (none expires now: they were on time)
+                await self._run(key, [job], expire=False)
             return
         finally:
             self._running = 0

@@ -41,7 +41,8 @@ class Client:
         if data is not None:
             req.add_header("Content-Type", "application/json")
         if self.api_key:
-            req.add_header("Authorization", f"Bearer {self.api_key}")
+            # UTF-8 bytes, as the server compares them (a str header would go out as Latin-1, or fail)
+            req.add_header("Authorization", f"Bearer {self.api_key}".encode("utf-8"))
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 body = resp.read()

@@ -232,6 +232,9 @@ class BM25:
         if len(self) == 0:
             raise RuntimeError("this BM25 index is empty; build it with BM25.from_corpus or BM25.load")
         k = int(k)
+        from fastdpr.index.base import check_padding
+
+        check_padding(len(queries), k, len(self), "the BM25 index", "passages")  # before the (n, k) arrays
         depth = min(k, len(self))  # bm25s ranks at most every passage
         workers = self._threads(_renamed_threads(threads, n_threads))
         n = len(queries)
