@@ -184,7 +184,12 @@ def test_int8_and_bf16_stay_close_and_keep_the_ranking_on_real_text():
         ranks = np.argsort(-(q @ p.T), axis=1)[:, :k]
         return float((ranks == gold[:, None]).any(axis=1).mean())
 
-    for precision, min_cos in (("bf16", 0.995), ("int8", 0.98)):
+    from fastdpr.models.int8 import vnni_available
+
+    # without VNNI the activations keep 7 bits (8-bit pairs would saturate the 16-bit sums): half the resolution,
+    # cosines down to 0.978 on an AVX2-only CPU
+    int8_cos = 0.98 if vnni_available() else 0.97
+    for precision, min_cos in (("bf16", 0.995), ("int8", int8_cos)):
         p, q = model.encode_passages(texts, precision=precision), model.encode_questions(qs, precision=precision)
         assert float((p * full_p).sum(1).min()) > min_cos and float((q * full_q).sum(1).min()) > min_cos
         assert not np.array_equal(p, full_p)  # it really ran in another precision
@@ -194,8 +199,9 @@ def test_int8_and_bf16_stay_close_and_keep_the_ranking_on_real_text():
         ref_rank, rank = np.argsort(-(full_q @ full_p.T), axis=1), np.argsort(-(q @ p.T), axis=1)
         same_first = float((ref_rank[:, 0] == rank[:, 0]).mean())
         overlap5 = np.mean([len(set(a[:5]) & set(b[:5])) / 5 for a, b in zip(ref_rank, rank)])
-        # measured: bf16 1.0 / 0.998, int8 0.917 / 0.957 (torch's default per-tensor 7-bit scheme: far lower)
-        floor = {"bf16": (0.97, 0.97), "int8": (0.88, 0.93)}[precision]
+        # measured: bf16 1.0 / 0.998, int8 0.917 / 0.957 with VNNI, 0.900 / 0.928 with 7-bit activations on an
+        # AVX2-only CPU (torch's default per-tensor 7-bit scheme: far lower)
+        floor = {"bf16": (0.97, 0.97), "int8": (0.88, 0.93 if vnni_available() else 0.91)}[precision]
         assert same_first >= floor[0] and overlap5 >= floor[1], (precision, same_first, overlap5)
 
 

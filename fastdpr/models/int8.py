@@ -16,12 +16,22 @@ def onednn_int8_available() -> bool:
             and hasattr(torch.ops.onednn, "qlinear_prepack") and hasattr(torch.ops.onednn, "qlinear_pointwise"))
 
 
+def vnni_available() -> bool:
+    """Whether the CPU has VNNI (AVX512-VNNI or AMX-INT8): its int8 products add u8 x s8 pairs in 32 bits. Without
+    it oneDNN and fbgemm add each pair in 16 bits first (VPMADDUBSW), which saturates once two products of 8-bit
+    activations and 7-bit weights pass 32,767: the answer is silently wrong (errors of 15% of the output's range on
+    an AVX2-only CPU), so activations there keep 7 bits, as torch's own dynamic quantization does."""
+    from fastdpr import cpu_features
+
+    features = cpu_features(detected=True)
+    return bool(features.get("avx512_vnni") or features.get("amx"))
+
+
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights (symmetric, one scale per output row) and activations quantized per call
-    to 0..255 (one scale and zero point for the call's whole input, from its range); the output in ``out_dtype``
-    (float32, or bfloat16 with oneDNN). torch's ``quantize_dynamic``
-    default keeps weights per tensor and activations at 7 bits (for CPUs without VNNI), which costs MiniLM ~0.07 of
-    cosine; this costs ~0.005.
+    to 0..255 on CPUs with VNNI, 0..127 without (:func:`vnni_available`; one scale and zero point for the call's
+    whole input, from its range); the output in ``out_dtype`` (float32, or bfloat16 with oneDNN). torch's
+    ``quantize_dynamic`` default keeps weights per tensor and activations at 7 bits everywhere.
 
     Two kernels with the same integer arithmetic: oneDNN's int8 linear with the weight pre-packed and the activation
     fused (``backend="onednn"``, AMX-INT8 / VNNI), else fbgemm's dynamic linear (``"fbgemm"``, torch's quantized
@@ -38,6 +48,7 @@ class Int8Linear(nn.Module):
         if out_dtype != torch.float32 and self.backend != "onednn":
             raise ValueError(f"Int8Linear: output dtype {out_dtype} needs the onednn backend")
         self.out_dtype = out_dtype
+        self.levels = 255 if vnni_available() else 127
         if self.backend == "onednn":
             qweight = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
             self.packed = torch.ops.onednn.qlinear_prepack(qweight, None)
@@ -56,7 +67,7 @@ class Int8Linear(nn.Module):
             x = x.contiguous()
             lo, hi = torch.aminmax(x)
             lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
-            step = (hi - lo) / 255.0 or 1.0
+            step = (hi - lo) / self.levels or 1.0
             zero = int(round(-lo / step))
             xq = _quantize_u8(x, step, zero)
             attr, algorithm = ONEDNN_ACTIVATIONS[self.activation]
@@ -64,7 +75,7 @@ class Int8Linear(nn.Module):
                                                    self.bias, 1.0, 0, self.out_dtype, attr,
                                                    [None] if attr == "none" else [], algorithm)
         else:
-            y = torch.ops.quantized.linear_dynamic(x, self.packed, False)
+            y = torch.ops.quantized.linear_dynamic(x, self.packed, self.levels < 255)  # reduce_range
             if self.activation is not None:
                 y = ACTIVATIONS[self.activation](y)
         return y.add_(residual) if residual is not None else y
