@@ -190,8 +190,8 @@ def _report(args, config, batches: list[int], stages: dict, wall: float | None) 
     verdict = ("fewer than two batch sizes finished: nothing to compare" if len(batches) < 2 else
                f"unseen-domain top-20 (mean of Reddit and Amazon) rises with the batch ({shown})" if rises else
                f"unseen-domain top-20 (mean of Reddit and Amazon) does not rise monotonically with the batch "
-               f"({shown}); best at batch {best}. At equal examples seen, a batch of B makes {args.examples}/B optimizer "
-               "steps: large batches get few updates here, while DPR and GTR compare batch sizes trained to "
+               f"({shown}); best at batch {best}. At equal examples seen, a batch of B makes {args.examples}/B "
+               "optimizer steps: large batches get few updates here, while DPR and GTR compare batch sizes trained to "
                "convergence (many epochs, thousands of steps).")
     payload = {
         "examples_seen": args.examples, "batches": batches, "chunk": args.chunk, "base_lr": args.base_lr,
