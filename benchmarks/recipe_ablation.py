@@ -33,8 +33,9 @@ TRAIN_SOURCES = ex.TRAIN_SOURCES
 def workspace():
     """The quickstart's corpus and question files in ``OUT/quickstart`` (built once, then reused)."""
     n_passages = os.environ.get("N_PASSAGES")
+    # no validation questions: every run trains for a fixed number of steps
     return quickstart_data(f"{OUT}/quickstart", test_questions=int(os.environ.get("N_TEST", "300")),
-                           max_passages=int(n_passages) if n_passages else None)
+                           dev_questions=0, max_passages=int(n_passages) if n_passages else None)
 
 def mine(ws, n_hard=2, depth=30):
     from fastdpr.data import Corpus
