@@ -14,8 +14,8 @@ Commands (results go to benchmarks/results/ann_<dataset>.{json,md,png}):
 
     # the real passage pool (the quickstart's corpus, the packaged MiniLM, 1,000 NQ-open dev questions;
     # ann_data.py encodes it once), mean pooling and raw [CLS] into one file, benchmarks/results/ann_real.{json,md};
-    # sweeps around recall@100 = 0.95 (measured with spherical IVF lists; with balanced L2 lists, the default since, IVF-PQ
-    # needs 5-10% of its lists on mean pooling, so sweep nprobe from 16; benchmarks/ann_paired.py times the
+    # sweeps around recall@100 = 0.95 (measured with spherical IVF lists; with balanced L2 lists, the default since,
+    # IVF-PQ needs 5-10% of its lists on mean pooling, so sweep nprobe from 16; benchmarks/ann_paired.py times the
     # cheapest settings of IVF-PQ, ScaNN and faiss fast scan in alternating blocks).
     # Each pooling can be measured by its own process first (--real-pool mean, --real-pool cls, same options,
     # --out elsewhere); the joint command then finds every row in the resumable state and only writes the file.
