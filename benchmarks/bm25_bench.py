@@ -4,10 +4,12 @@ Same passages, same questions, same parameters (k1=0.9, b=0.4, English stopwords
 Reports index time, queries/second with 1 thread and all threads (median of repeated runs, after a warm-up that
 also pays numba's compilation), top-10 overlap between the two, and each one's top-k answer accuracy.
 
-    python benchmarks/bm25_bench.py                       # SQuAD dev + NQ + SQuADShifts paragraphs
-    python benchmarks/bm25_bench.py --datasets squad_dev --questions 1000 --repeats 3
+    python benchmarks/bm25_bench.py                       # questions of the quickstart's five test sets
+    python benchmarks/bm25_bench.py --datasets squad --questions 1000 --repeats 3
 
-Data: the bigbench 1.0.0 sdist (``pip download --no-deps bigbench==1.0.0``), read with ``tarfile``.
+Data: the quickstart's corpus (every paragraph of the published QA sets, one passage each) and the questions of
+its test sets (``fastdpr.quickstart.experiment.EVAL_SETS``), written into ``--work`` by its data and corpus stages
+from the files ``fastdpr data fetch`` checks into the cache.
 Results: ``benchmarks/results/bm25.json`` and ``bm25.md``.
 """
 from __future__ import annotations
@@ -31,12 +33,12 @@ import _common  # noqa: E402
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tarball", default=None,
-                   help="a local bigbench-1.0.0.tar.gz (default: fetched once into the fastdpr cache)")
     p.add_argument("--cache", default=None, help="fastdpr data cache (default: $FASTDPR_CACHE or ~/.cache/fastdpr)")
-    p.add_argument("--quick", action="store_true", help="SQuAD dev only, 200 questions, 1 repeat (smoke run)")
-    p.add_argument("--datasets", default="nq,squad_dev,new_wiki,nyt,reddit,amazon_reviews",
-                   help="comma-separated sources whose passages form the corpus")
+    p.add_argument("--work", default=None, help="corpus and question files (default: <cache>/bm25_bench)")
+    p.add_argument("--quick", action="store_true", help="SQuAD questions only, 200 of them, 1 repeat (smoke run)")
+    p.add_argument("--datasets", default="nq_test,squad,new_wiki_test,reddit,amazon",
+                   help="comma-separated test sets the questions are sampled from (the corpus is always every "
+                        "paragraph)")
     p.add_argument("--questions", type=int, default=2000, help="questions sampled from those sources")
     p.add_argument("-k", type=int, default=100, help="passages retrieved per question when timing (default 100)")
     p.add_argument("--repeats", type=int, default=3, help="timed search runs per setting (median reported)")
@@ -45,28 +47,22 @@ def parse_args(argv=None):
     p.add_argument("--out", default=str(HERE / "results"), help="results directory")
     args = p.parse_args(argv)
     if args.quick:
-        args.datasets, args.questions, args.repeats = "squad_dev", min(args.questions, 200), 1
+        args.datasets, args.questions, args.repeats = "squad", min(args.questions, 200), 1
     return args
 
 
 def load_data(args):
     from fastdpr.data import sources
+    from fastdpr.quickstart.experiment import EVAL_SETS
 
-    if args.tarball:
-        args.cache = args.cache or sources.default_cache()
-        paths = sources.extract_bigbench(args.tarball, args.cache)
-    else:
-        args.cache = sources.fetch(args.cache, show_progress=False, with_topics=False)
-        paths = {name: sources.member_path(args.cache, name) for name in sources.BIGBENCH_MEMBERS}
     names = [n for n in args.datasets.split(",") if n]
-    passage_lists, questions = [], []
-    for name in names:
-        if name not in paths:
-            raise SystemExit(f"unknown dataset {name!r}; choose from {', '.join(paths)}")
-        passages, qs = sources.load(args.cache, name)
-        passage_lists.append(passages)
-        questions += qs
-    passages = sources.deduplicate(passage_lists)
+    unknown = [n for n in names if n not in EVAL_SETS]
+    if unknown:
+        raise SystemExit(f"unknown dataset(s) {unknown}; choose from {', '.join(EVAL_SETS)}")
+    work = Path(args.work) if args.work else _common.default_work("bm25_bench", args.cache)
+    ws = _common.quickstart_data(work, cache=args.cache, test_questions=None)
+    passages = list(sources.read_jsonl(work / "corpus.jsonl"))
+    questions = [q for name in names for q in ws.questions(name)]
     rng = np.random.default_rng(args.seed)
     chosen = rng.choice(len(questions), size=min(args.questions, len(questions)), replace=False)
     return passages, [questions[i] for i in sorted(chosen)], names
@@ -194,7 +190,8 @@ def write(result, out: Path):
         f"Command: `{result['command']}`",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores (shared), Python {m['python']}. Corpus: {result['passages']} "
-        f"passages from {', '.join(result['datasets'])}; {result['questions']} questions; top-{result['k']}; "
+        f"paragraphs (the quickstart's corpus); {result['questions']} questions of "
+        f"{', '.join(result['datasets'])}; top-{result['k']}; "
         f"median of {result['repeats']} runs. k1=0.9, b=0.4, English stopwords, Porter stemming, title + text. "
         f"Load average when started: {', '.join(f'{x:.1f}' for x in m['load_average_at_start'])} (other work "
         "was running on the machine).",

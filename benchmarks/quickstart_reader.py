@@ -1,6 +1,7 @@
-"""The quickstart's reader stage alone, as a fresh machine runs it (no cached reader), on top of a finished
-quickstart run: train the reader for a fixed number of steps, read the top passages of the hybrid retriever for
-the held-out NQ test questions, and report EM from the top 1 and the top k with the CPU seconds the stage took.
+"""The quickstart's reader stage alone, on top of a finished quickstart run: train the reader for a fixed number of
+steps on the run's training questions (new Wikipedia and QED), read the top passages of the hybrid retriever for
+the held-out NQ test questions (QED's test articles) and the SQuAD questions (XQuAD) from their gold paragraph, and
+report EM from the top 1 and the top k with the CPU seconds the stage took.
 
     fastdpr quickstart --out qs                      # once: every stage the reader stage builds on
     python benchmarks/quickstart_reader.py qs [--steps 300 --lr 1e-4 --passages 2 --train-length 192] \\
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (source / "index_zero_shot").exists() or not (source / "questions").is_dir():
         parser.error(f"{source}: not a finished quickstart run (run `fastdpr quickstart --out {source}` first)")
     config = QuickstartConfig.preset(
-        out=str(source), cache=args.cache, threads=args.threads, show_progress=False, reader_from_cache=False,
+        out=str(source), cache=args.cache, threads=args.threads, show_progress=False,
         reader_steps=args.steps, reader_batch_size=args.batch_size, reader_passages=args.passages,
         reader_lr=args.lr, reader_train_length=args.train_length, reader_train_questions=args.train_questions,
     )
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         "recipe": recipe, "threads": torch.get_num_threads(),
         "em_top1": result["by_top_k"]["top1"]["em"], f"em_top{config.reader_top_k}": result["em"],
         "f1_top1": result["by_top_k"]["top1"]["f1"], f"f1_top{config.reader_top_k}": result["f1"],
-        "questions": result["n"], "stage_cpu_s": round(cpu, 1), "stage_wall_s": round(wall, 1),
+        "questions": result["n"], "squad_gold_paragraph": result["squad_gold_paragraph"],
+        "stage_cpu_s": round(cpu, 1), "stage_wall_s": round(wall, 1),
         "train": result["train"], "load_average": os.getloadavg(), "machine": machine(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }

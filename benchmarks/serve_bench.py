@@ -1,19 +1,20 @@
 """``fastdpr serve`` under load, against the same retrievers called in-process.
 
-A finished quickstart run provides the model (fine-tuned MiniLM), its flat index and BM25 over the 5,000-passage
-pool, and NQ test questions; each request asks one question, k=10:
+A finished quickstart run provides the model (fine-tuned MiniLM), its flat index and BM25 over its corpus (every
+paragraph of the published QA sets, 7,247 passages); the questions are a real query stream, NQ-open's dev
+questions (``fastdpr data fetch`` puts them in the cache); each request asks one question, k=10:
 
     fastdpr quickstart --out RUN
     python benchmarks/serve_bench.py --run RUN                  # the full protocol (about 20 minutes)
     python benchmarks/serve_bench.py --run RUN --quick          # short phases and a 60 s soak, a smoke run
 
-Without a quickstart run (its data archive must come from a package index), ``--standin DIR`` builds a pool of the
-same size and shape from files in the repository: the packaged MiniLM as the quickstart loads it, the 120
-SQuAD v1.1 dev paragraphs of ``tests/data/sparse_squad_passages.jsonl`` repeated to 5,000 passages (copies keep
-their text, get their own ids, and share their vector), a flat index and BM25 over them, and those paragraphs'
-240 questions. What a server spends per request (encoding one question, scanning 5,000 vectors, BM25 over
-5,000 passages of similar length, fusing, answering ten passages) is the same kind and amount of work as on the
-quickstart's pool, though not the same retrieval quality, which this benchmark does not measure:
+Without a quickstart run or the published files at hand, ``--standin DIR`` builds a pool of the same size and
+shape from files in the repository: the packaged MiniLM as the quickstart loads it, the 120 SQuAD v1.1 dev
+paragraphs of ``tests/data/sparse_squad_passages.jsonl`` repeated to 7,247 passages (copies keep their text, get
+their own ids, and share their vector), a flat index and BM25 over them, and those paragraphs' 240 questions. What
+a server spends per request (encoding one question, scanning 7,247 vectors, BM25 over 7,247 passages of similar
+length, fusing, answering ten passages) is the same kind and amount of work as on the quickstart's corpus, though
+not the same retrieval quality, which this benchmark does not measure:
 
     python benchmarks/serve_bench.py --standin /tmp/serve_pool
 
@@ -48,7 +49,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown_table, write_results  # noqa: E402
+from _common import exit_if_data_unavailable, markdown_table, write_results  # noqa: E402
 
 K = 10
 LEVELS = (1, 8, 32, 128)
@@ -60,13 +61,13 @@ LEVELS = (1, 8, 32, 128)
 def run_files(run: Path) -> dict:
     """The files a server needs from a quickstart run: its fine-tuned model and index when the run got that far,
     else the packaged starting model and the zero-shot index (same architecture and size, so the same speed)."""
+    from fastdpr.data import sources
     from fastdpr.quickstart.config import QuickstartConfig
     from fastdpr.quickstart.experiment import Workspace, load_model, trained_model_path
 
     config = QuickstartConfig()
-    needed = [run / "corpus.jsonl", run / "bm25", run / "questions" / "nq_test.jsonl"]
-    if any(not p.exists() for p in needed):
-        raise SystemExit(f"--run {run}: not a quickstart run (corpus.jsonl, bm25/, questions/nq_test.jsonl)")
+    if not ((run / "corpus.jsonl").is_file() and (run / "bm25").exists()):
+        raise SystemExit(f"--run {run}: not a quickstart run (corpus.jsonl, bm25/)")
     model = trained_model_path(Workspace(config, run, run, print))
     if (model / "fastdpr.json").is_file() and (run / "index_dense").exists():
         model, index, which = str(model), str(run / "index_dense"), "fine-tuned"
@@ -78,12 +79,17 @@ def run_files(run: Path) -> dict:
         model, index, which = str(saved), str(run / "index_zero_shot"), "zero-shot (packaged, not fine-tuned)"
     else:
         raise SystemExit(f"--run {run}: no dense index yet (index_dense or index_zero_shot)")
-    questions = [json.loads(line)["question"] for line in open(needed[2], encoding="utf-8")]
+    cache = sources.fetch(names=[sources.DATASETS["nq_open_dev"][0]], show_progress=False)
+    questions = [q["question"] for q in sources.load(cache, "nq_open_dev")[1]]
+    with open(run / "corpus.jsonl", encoding="utf-8") as fh:
+        passages = sum(1 for line in fh if line.strip())
     return {"model": model, "index": index, "which_model": which, "bm25": str(run / "bm25"),
-            "corpus": str(run / "corpus.jsonl"), "questions": questions, "k_union": config.k_union}
+            "corpus": str(run / "corpus.jsonl"), "passages": passages, "questions": questions,
+            "k_union": config.k_union}
 
 
-STANDIN_PASSAGES = 5000
+# the quickstart's corpus: every paragraph of the published QA sets
+STANDIN_PASSAGES = 7247
 _SAMPLES = Path(__file__).resolve().parent.parent / "tests" / "data"
 
 
@@ -101,7 +107,8 @@ def standin_files(out: Path) -> dict:
     questions = [json.loads(line)["question"]
                  for line in open(_SAMPLES / "sparse_squad_questions.jsonl", encoding="utf-8")]
     files = {"model": str(out / "model"), "index": str(out / "index_flat"), "bm25": str(out / "bm25"),
-             "corpus": str(out / "corpus.jsonl"), "questions": questions, "k_union": config.k_union,
+             "corpus": str(out / "corpus.jsonl"), "passages": STANDIN_PASSAGES, "questions": questions,
+             "k_union": config.k_union,
              "which_model": f"packaged (not fine-tuned); stand-in pool: {len(unique)} SQuAD paragraphs repeated to "
                             f"{STANDIN_PASSAGES:,} passages"}
     if (out / "done").is_file():
@@ -484,15 +491,15 @@ def main() -> None:
     checks["after_overload_ok"] = f"{after['ok']}/{after['requests']}"
     checks["sigterm_exit_codes"] = [batched_rc, single_rc]
     payload = {"settings": {k: v for k, v in vars(args).items() if k not in ("run", "standin", "out")} | {"k": K,
-               "k_union": files["k_union"], "model": files["which_model"], "passages": STANDIN_PASSAGES,
+               "k_union": files["k_union"], "model": files["which_model"], "passages": files["passages"],
                "pool": "quickstart run" if args.run else "stand-in", "questions": len(qs), "precision": "bf16"},
                "in_process": baseline, "levels": levels + one_at_a_time, "half_saturation": half,
                "saturation_qps": saturation, "soak": soak, "soak_rss_mib": rss, "overload": overload,
                "after_overload": after, "checks": checks}
     cols = ["server", "mode", "clients", "qps", "p50_ms", "p95_ms", "p99_ms", "ok", "requests"]
-    asked = "one NQ test question" if args.run else "one of the sample's SQuAD questions"
+    asked = "one NQ-open dev question" if args.run else "one of the sample's SQuAD questions"
     md = (f"`fastdpr serve` with MiniLM ({files['which_model']}; bf16 questions), a flat index and BM25 over "
-          f"5,000 passages (hybrid: k_union {files['k_union']}); {asked} per request, k={K}; "
+          f"{files['passages']:,} passages (hybrid: k_union {files['k_union']}); {asked} per request, k={K}; "
           "server and load generator (asyncio, a minimal HTTP/1.1 client) share the machine's cores over loopback. "
           "The machine is shared: "
           "read the ratios of rows measured in this one run rather than absolute numbers.\n\n"
@@ -519,4 +526,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_if_data_unavailable(main)

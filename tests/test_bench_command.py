@@ -10,7 +10,7 @@ def _benchmarks(tmp_path, codes: dict) -> str:
     for script, code in codes.items():
         (tmp_path / script).write_text(textwrap.dedent(f"""
             import sys
-            print("why: the archive is not listed", file=sys.stderr)
+            print("why: qed-dev.jsonlines is not in the cache", file=sys.stderr)
             sys.exit({code})
         """))
     return str(tmp_path)
@@ -48,3 +48,18 @@ def test_a_benchmark_script_turns_data_unavailable_into_its_exit_status(monkeypa
         _common.exit_if_data_unavailable(needs_data)
     assert stop.value.code == DATA_UNAVAILABLE
     assert _common.exit_if_data_unavailable(lambda: 7) == 7
+
+
+def test_the_quickstart_data_of_a_benchmark_without_the_files_exits_as_unavailable(tmp_path, monkeypatch):
+    import pytest
+
+    # an empty local folder stands in for the network: nothing is downloaded
+    monkeypatch.setenv("FASTDPR_DATA_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("FASTDPR_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "empty").mkdir()
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import _common
+
+    with pytest.raises(SystemExit) as stop:
+        _common.exit_if_data_unavailable(lambda: _common.quickstart_data(tmp_path / "work"))
+    assert stop.value.code == DATA_UNAVAILABLE
