@@ -73,6 +73,8 @@ def load_set(name: str, n_queries: int):
 
 
 def sweep_fastdpr(index, q, gt) -> list[dict]:
+    if not hasattr(index, "nlist"):
+        return []  # `auto` chose exact search: nothing to sweep
     rows = []
     for rerank in RERANK:
         for nprobe in NPROBE:
