@@ -30,7 +30,7 @@ setting with recall@100 >= 0.95 (no interpolation) and compares fastdpr's fastes
 peer and with exact search; the frontier of every method follows it.
 
 How the synthetic mixture compares with real embeddings (``benchmarks/ann_calibrate.py``, results in
-``benchmarks/results/ann_calibration.md``), measured on the real pool of that time (23,582 passages of the
+``ann_calibration.md`` in git at c97483c), measured on the real pool of that time (23,582 passages of the
 earlier data sets) at equal N and d = 384 with 1,000 queries. The
 mixture is far easier for partitioning than real vectors, so a result on it alone can mislead:
 

@@ -6,7 +6,7 @@ corpus stages; the queries are the first ``n_queries`` of NQ-open's dev question
 pass gives both poolings: ``mean`` (sentence-transformers' mean pooling, left
 unnormalised, so norms vary as they do in DPR-style indexes) and ``cls`` (the raw last-layer [CLS] state, DPR's
 pooling applied to a model not trained for it). Encoding runs once (1 thread; bf16 weights with the token states
-pooled in fp32, which gives cosine 0.9999 to fp32 vectors in benchmarks/results/encode.md; about 10 minutes on a
+pooled in fp32, which gives cosine 0.9999 to fp32 vectors (encode.md in git at c97483c); about 10 minutes on a
 free core) and is cached under ``<fastdpr cache>/bench/ann-real-pool/``, keyed by the passages and questions
 encoded; later runs load the ``.npy`` files.
 

@@ -10,9 +10,8 @@ interpolation with the starting model (WiSE-FT).
 
 The corpus, question sets and training pool are the quickstart's (its data and corpus stages); training examples
 are the training questions of ``TRAIN_SOURCES`` with their gold paragraph as the positive and one BM25 hard
-negative mined from the training pool. One JSON line per run on stdout;
-``benchmarks/results/recipe_ablation.md`` holds the runs made for the recipe on the data of that time. Intermediate
-files go to ``$FASTDPR_ABLATION`` (default /tmp/fastdpr-ablation); ``N_TEST`` (default 300) and ``N_PASSAGES``
+negative mined from the training pool. One JSON line per run on stdout; ``benchmarks/results/recipe_ablation.md``
+in git at c97483c holds the runs made for the recipe on the data of that time. Intermediate files go to ``$FASTDPR_ABLATION`` (default /tmp/fastdpr-ablation); ``N_TEST`` (default 300) and ``N_PASSAGES``
 (default: every paragraph) size a smaller run.
 """
 import json, os, pickle, sys, time
