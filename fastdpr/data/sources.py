@@ -238,9 +238,11 @@ def fetch(cache: str | os.PathLike | None = None, source_dir: str | os.PathLike 
 
 def dataset_path(cache: str | os.PathLike, dataset: str) -> Path:
     """The fetched file of ``dataset`` (a key of ``DATASETS`` or ``"dpr:<set>"``), checked to be there."""
-    name = f"topics.dpr.{dataset[4:]}.txt" if dataset.startswith("dpr:") else DATASETS[dataset][0] \
-        if dataset in DATASETS else None
-    if name is None or name not in FILES:
+    if dataset.startswith("dpr:"):
+        name = f"topics.dpr.{dataset[4:]}.txt"
+    else:
+        name = DATASETS[dataset][0] if dataset in DATASETS else None
+    if name not in FILES:
         raise KeyError(f"unknown dataset {dataset!r}; known: {sorted(DATASETS)} and dpr:<{'|'.join(DPR_TOPICS)}>")
     path = cached_path(name, cache)
     if not path.is_file():
