@@ -20,7 +20,6 @@ Why the data is laid out this way (docs/architecture.md, "Real data"):
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -104,18 +103,16 @@ def stage_data(ws: Workspace) -> dict:
     return {name: info["counts"] for name, info in prepared.items()}
 
 
-def _fold(text: str) -> str:
-    return hashlib.sha1(" ".join(text.split()).lower().encode("utf-8")).hexdigest()
-
-
 def _paragraphs(cache: Path) -> tuple[dict[str, dict], dict[str, str]]:
     """Every paragraph once (a repeated text keeps its first copy, in ``PASSAGE_SETS`` order), and the id each
     paragraph id stands for."""
+    from fastdpr.reader.data import text_key
+
     kept: dict[str, dict] = {}
     alias: dict[str, str] = {}
     for name in sources.PASSAGE_SETS:
         for p in sources.read_jsonl(cache / "prepared" / name / "passages.jsonl"):
-            first = kept.setdefault(_fold(p["text"]), p)
+            first = kept.setdefault(text_key(p["text"]), p)
             alias[p["id"]] = first["id"]
     return {p["id"]: p for p in kept.values()}, alias
 
