@@ -32,10 +32,10 @@ class DenseRetriever(Retriever):
     """Questions -> ``model.encode_questions`` -> ``index.search`` -> passages (scores are inner products).
 
     ``search``, ``ranked_ids`` and ``retrieve`` take question texts or their vectors: a float array of shape
-    ``(n, d)`` (``(d,)`` for one question), searched as they are, as ``encode`` gives them (the question encoder
-    as this retriever runs it: its precision, batch size and device, no normalisation added). Searching
-    ``encode(questions)`` returns exactly what searching ``questions`` does: both encode and search in the same
-    rounds of ``chunk_size`` questions.
+    ``(n, d)`` (``(d,)`` for one question), searched as given. ``encode(questions)`` gives the vectors a search of
+    the texts computes (the question encoder as this retriever runs it: its precision, batch size and device; no
+    normalisation added), and searching them returns exactly what searching the texts does: both go to the index
+    in the same rounds of ``chunk_size`` questions.
 
     ``index`` ids are corpus rows (int64; −1 marks "fewer than k found" and is skipped). An index that records
     the fingerprint of the model that encoded its passages refuses another ``model`` (:func:`check_same_model`)
@@ -87,13 +87,12 @@ class DenseRetriever(Retriever):
         """Raw index output for ``questions`` (texts or vectors): ``(scores float32 (n, k), rows int64 (n, k))``."""
         k = check_k(k)
         if isinstance(questions, np.ndarray):
-            vectors = check_question_vectors(questions, self.dim)
-            rounds = (vectors[start : start + self.chunk_size] for start in range(0, len(vectors), self.chunk_size))
+            rounds = self._rounds(check_question_vectors(questions, self.dim))
         else:
             rounds = self._encoded_rounds(check_questions(questions))
         all_scores, all_rows = [], []
-        for round_vectors in rounds:
-            scores, rows = self.index.search(round_vectors, k, **self.search_params)
+        for vectors in rounds:
+            scores, rows = self.index.search(vectors, k, **self.search_params)
             all_scores.append(np.asarray(scores, dtype=np.float32))
             all_rows.append(np.asarray(rows, dtype=np.int64))
         if not all_scores:
@@ -103,6 +102,11 @@ class DenseRetriever(Retriever):
             raise InputError(f"the index answered row {int(rows.max())} but the corpus has {len(self.corpus)} "
                              "passages: they were not built from the same passage file")
         return np.concatenate(all_scores), rows
+
+    def _rounds(self, vectors: np.ndarray) -> Iterator[np.ndarray]:
+        """``vectors`` in the rounds the texts they stand for would be encoded and searched in."""
+        for start in range(0, len(vectors), self.chunk_size):
+            yield vectors[start : start + self.chunk_size]
 
     def _encoded_rounds(self, questions: list[str]) -> Iterator[np.ndarray]:
         """The vectors of ``questions``, ``chunk_size`` at a time, float32 and C-contiguous as indexes take them."""
