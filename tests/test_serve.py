@@ -143,6 +143,18 @@ def test_encode_equals_the_model(world):
     assert status == 200 and json.loads(body)["dim"] == got.shape[1]
 
 
+def test_encode_answers_the_vectors_dense_search_uses(world):
+    """/encode is the dense retriever's ``encode``: its precision and batch size, exactly the vectors searched."""
+    from fastdpr.retrieve import DenseRetriever
+
+    dense = DenseRetriever(world["model"], world["index"], world["corpus"], batch_size=3, precision="bf16")
+    backend = Backend(dense=dense)
+    qs = world["questions"][:5]
+    got = np.array(backend.run(("encode",), qs), dtype=np.float32)
+    np.testing.assert_array_equal(got, dense.encode(qs))
+    assert [json.loads(t) for t in backend.run(("search", "dense", 4), qs)] == dense.retrieve(got, 4)
+
+
 MALFORMED = [
     (b"{not json", 400, "not valid JSON"),
     (b"\xff\xfe", 400, "not valid JSON"),
