@@ -423,3 +423,139 @@ def test_an_index_larger_than_the_corpus_is_a_clear_error(world):
     bigger = BruteForceIndex(np.concatenate([vectors, vectors[:5]]))
     with pytest.raises(InputError, match=f"the index has {len(vectors) + 5} vectors but the corpus {len(corpus)}"):
         DenseRetriever(FakeModel(), bigger, corpus)
+
+
+# ---------------------------------------------------------------------------------------------- search by vectors
+def test_dense_encode_gives_the_vectors_search_uses_and_searching_them_gives_the_same(world):
+    corpus, vectors, _, questions = world
+    texts = [q["question"] for q in questions[:20]]
+    model = FakeModel()
+    dense = DenseRetriever(model, BruteForceIndex(vectors), corpus, chunk_size=6)
+    encoded = dense.encode(texts)
+    assert model.calls == [6, 6, 6, 2]  # the rounds search encodes in
+    assert encoded.dtype == np.float32 and encoded.shape == (20, DIM) and encoded.flags.c_contiguous
+    np.testing.assert_array_equal(encoded, np.stack([_embed(t) for t in texts]).astype(np.float32))
+    by_text, by_vector = dense.search(texts, 7), dense.search(encoded, 7)
+    np.testing.assert_array_equal(by_vector[0], by_text[0])
+    np.testing.assert_array_equal(by_vector[1], by_text[1])
+    assert dense.retrieve(encoded, 7) == dense.retrieve(texts, 7)
+    assert dense.ranked_ids(encoded, 7) == dense.ranked_ids(texts, 7)
+    assert len(model.calls) == 4 * 4  # encode and the three searches of texts; searching vectors encodes nothing
+
+
+def test_dense_search_by_vectors_with_the_real_model_and_index(world, tmp_path):
+    """A BiEncoder and a flat index, fp32 and bf16: searching ``encode(texts)`` is searching the texts, bit for bit;
+    one 1-D vector is one question; float16 and float64 vectors are searched as float32."""
+    from tiny_models import tiny_biencoder
+
+    from fastdpr.index import build_index
+
+    corpus, _, _, questions = world
+    texts = [q["question"] for q in questions[:9]]
+    model = tiny_biencoder(tmp_path)
+    model.eval()
+    index = build_index(model.encode_passages([corpus[r] for r in range(len(corpus))], batch_size=16), "flat")
+    for precision in ("auto", "bf16"):
+        dense = DenseRetriever(model, index, corpus, batch_size=4, chunk_size=5, precision=precision)
+        encoded = dense.encode(texts)
+        assert encoded.shape == (9, dense.dim) == (9, model.dim)
+        by_text, by_vector = dense.search(texts, 6), dense.search(encoded, 6)
+        np.testing.assert_array_equal(by_vector[1], by_text[1])
+        np.testing.assert_array_equal(by_vector[0], by_text[0])
+        one = dense.search(encoded[3], 6)
+        assert one[0].shape == one[1].shape == (1, 6)
+        np.testing.assert_array_equal(one[1][0], by_text[1][3])
+    for dtype in (np.float16, np.float64):
+        scores, rows = dense.search(encoded.astype(dtype), 6)
+        as_float32 = dense.search(encoded.astype(dtype).astype(np.float32), 6)
+        np.testing.assert_array_equal(scores, as_float32[0])
+        np.testing.assert_array_equal(rows, as_float32[1])
+        assert scores.dtype == np.float32 and rows.dtype == np.int64
+    empty = dense.search(np.zeros((0, model.dim), np.float32), 6)
+    assert empty[0].shape == empty[1].shape == (0, 6)
+    assert dense.encode([]).shape == (0, model.dim) and dense.retrieve(np.zeros((0, model.dim)), 3) == []
+
+
+def test_bad_question_vectors_are_clear_errors_before_the_index_sees_them(world):
+    from fastdpr.errors import InputError
+    from fastdpr.index import build_index
+
+    corpus, vectors, _, _ = world
+    dense = DenseRetriever(FakeModel(), build_index(vectors, "flat"), corpus)
+    good = np.ones((3, DIM), np.float32)
+    with pytest.raises(InputError, match=f"question vectors have d={DIM + 1} but the index holds vectors of d={DIM}"):
+        dense.search(np.ones((3, DIM + 1), np.float32), 5)
+    with pytest.raises(InputError, match=f"d=5 but the index holds vectors of d={DIM}"):
+        dense.search(np.ones(5, np.float32), 5)
+    with pytest.raises(InputError, match=r"shape \(n, d\), or \(d,\) for one question; got \(2, 3, 24\)"):
+        dense.search(np.ones((2, 3, DIM), np.float32), 5)
+    with pytest.raises(InputError, match=r"shape \(n, d\), or \(d,\) for one question; got \(\)"):
+        dense.search(np.ones((), np.float32), 5)
+    for dtype in (np.int64, np.int32, np.bool_, np.complex64, object):
+        with pytest.raises(InputError, match=f"floating point \\(float32\\), got dtype {np.dtype(dtype)}"):
+            dense.search(good.astype(dtype), 5)
+    for bad in (np.nan, np.inf, -np.inf):
+        poisoned = good.copy()
+        poisoned[2, 7] = bad
+        with pytest.raises(InputError, match="question vector 2 holds NaN or infinity"):
+            dense.search(poisoned, 5)
+    with pytest.raises(InputError, match="question vector 1 holds NaN or infinity"):  # past float32's range
+        dense.search(np.array([[1.0] * DIM, [1e39] * DIM]), 5)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        dense.search(good, 0)
+    with pytest.raises(TypeError, match="question #0 is list"):  # vectors go as an array, not nested lists
+        dense.search(good.tolist(), 5)
+
+
+def test_the_index_dimension_is_read_from_fastdpr_and_faiss_indexes_else_from_the_model(world):
+    corpus, vectors, _, _ = world
+
+    class FaissLike(BruteForceIndex):
+        d = DIM
+
+    class ModelWithDim(FakeModel):
+        dim = DIM
+
+    assert DenseRetriever(FakeModel(), FaissLike(vectors), corpus).dim == DIM
+    assert DenseRetriever(ModelWithDim(), BruteForceIndex(vectors), corpus).dim == DIM
+    unknown = DenseRetriever(FakeModel(), BruteForceIndex(vectors), corpus)
+    assert unknown.dim is None
+    assert unknown.search(np.ones(DIM, np.float32), 3)[1].shape == (1, 3)  # the index is left to judge the size
+    with pytest.raises(Exception, match="d=3 but the index holds vectors of d=24"):
+        DenseRetriever(FakeModel(), FaissLike(vectors), corpus).search(np.ones((1, 3), np.float32), 3)
+
+
+def test_sparse_search_by_vectors_is_a_clear_error(world):
+    corpus, _, bm25, _ = world
+    with pytest.raises(TypeError, match="only dense search takes question vectors"):
+        SparseRetriever(bm25, corpus, threads=1).search(np.ones((2, DIM), np.float32), 3)
+
+
+def test_hybrid_takes_the_dense_sides_vectors_beside_the_texts(world):
+    from fastdpr.errors import InputError
+
+    corpus, vectors, bm25, questions = world
+    texts = [q["question"] for q in questions[:11]]
+    model = FakeModel()
+    dense = DenseRetriever(model, BruteForceIndex(vectors), corpus)
+    hybrid = HybridRetriever(dense, SparseRetriever(bm25, corpus, threads=1), k_union=15, chunk_size=4)
+    encoded = dense.encode(texts)
+    calls = len(model.calls)
+    by_text = hybrid.search(texts, 8)
+    assert len(model.calls) == calls + 3
+    by_vector = hybrid.search(texts, 8, vectors=encoded)
+    assert len(model.calls) == calls + 3  # the dense side searched the vectors given, and encoded nothing
+    np.testing.assert_array_equal(by_vector[0], by_text[0])
+    np.testing.assert_array_equal(by_vector[1], by_text[1])
+    assert hybrid.retrieve(texts, 8, vectors=encoded) == hybrid.retrieve(texts, 8)
+    assert hybrid.ranked_ids(texts, 8, vectors=encoded) == hybrid.ranked_ids(texts, 8)
+    # the vectors are what the dense side searches: other vectors, another ranking
+    assert hybrid.search(texts, 8, vectors=encoded[::-1].copy())[1].tolist() != by_text[1].tolist()
+    with pytest.raises(InputError, match="hybrid search needs the question texts"):
+        hybrid.search(encoded, 8)
+    with pytest.raises(InputError, match="10 question vectors for 11 questions"):
+        hybrid.search(texts, 8, vectors=encoded[:10])
+    with pytest.raises(InputError, match="question vector 0 holds NaN"):
+        hybrid.search(texts[:1], 8, vectors=np.full(DIM, np.nan))
+    with pytest.raises(InputError, match="got dtype int64"):
+        hybrid.search(texts[:1], 8, vectors=np.ones((1, DIM), np.int64))

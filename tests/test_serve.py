@@ -143,6 +143,18 @@ def test_encode_equals_the_model(world):
     assert status == 200 and json.loads(body)["dim"] == got.shape[1]
 
 
+def test_encode_answers_the_vectors_dense_search_uses(world):
+    """/encode is the dense retriever's ``encode``: its precision and batch size, exactly the vectors searched."""
+    from fastdpr.retrieve import DenseRetriever
+
+    dense = DenseRetriever(world["model"], world["index"], world["corpus"], batch_size=3, precision="bf16")
+    backend = Backend(dense=dense)
+    qs = world["questions"][:5]
+    got = np.array(backend.run(("encode",), qs), dtype=np.float32)
+    np.testing.assert_array_equal(got, dense.encode(qs))
+    assert [json.loads(t) for t in backend.run(("search", "dense", 4), qs)] == dense.retrieve(got, 4)
+
+
 MALFORMED = [
     (b"{not json", 400, "not valid JSON"),
     (b"\xff\xfe", 400, "not valid JSON"),
@@ -296,6 +308,77 @@ def test_api_key(world):
         about = Client(server.url, api_key="s3cret").describe()
     assert len(hits[0]) == 2
     assert about["passages"] == 40 and about["modes"] == ["dense", "sparse", "hybrid"]
+
+
+def test_every_route_but_the_open_ones_needs_the_key_and_a_route_added_later_does_too(world):
+    """The key is checked for every path outside OPEN_ENDPOINTS before any route runs: the routes there are now,
+    one added to the application afterwards (which checks nothing itself) and paths no route answers."""
+    from fastdpr.serve.app import ENDPOINTS, OPEN_ENDPOINTS
+
+    app = _app(world, api_key="s3cret")
+    assert app.paths == sorted(ENDPOINTS)  # the list the metrics label by names every route
+    assert set(OPEN_ENDPOINTS) < set(ENDPOINTS)
+
+    @app.app.get("/added")
+    async def added():
+        return {"added": True}
+
+    assert "/added" in app.paths
+    key = {"Authorization": "Bearer s3cret"}
+    refused = 0
+    with serving(app) as server:
+        for path in [*app.paths, "/no-such-route"]:
+            for method in ("GET", "POST"):
+                body = b"{}" if method == "POST" else None
+                status, headers, text = _request(server.url, method, path, body)
+                keyed = _request(server.url, method, path, body, key)[0]
+                if path in OPEN_ENDPOINTS:
+                    assert status != 401 and status == keyed, (method, path)
+                else:
+                    refused += 1
+                    assert status == 401 and headers["www-authenticate"] == "Bearer", (method, path, status)
+                    assert "bearer token is required" in json.loads(text)["error"]
+                    assert keyed != 401, (method, path)
+        assert json.loads(_get(server.url, "/added", key)[2]) == {"added": True}
+        text = _get(server.url, "/metrics", key)[2]
+    assert refused == 2 * (len(app.paths) + 1 - len(OPEN_ENDPOINTS))
+    assert metric(text, "fastdpr_errors_total", reason="unauthorized") == refused
+
+
+def test_a_websocket_without_the_key_is_closed_before_any_route_sees_it(world):
+    import asyncio
+
+    from fastapi import WebSocket
+
+    app = _app(world, api_key="s3cret")
+    reached = []
+
+    @app.app.websocket("/socket")
+    async def socket(websocket: WebSocket):
+        reached.append(True)
+        await websocket.accept()
+        await websocket.close()
+
+    def connect(headers):
+        scope = {"type": "websocket", "path": "/socket", "raw_path": b"/socket", "root_path": "", "query_string": b"",
+                 "headers": headers, "scheme": "ws", "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1),
+                 "subprotocols": [], "asgi": {"version": "3.0"}}
+        sent, incoming = [], iter([{"type": "websocket.connect"}, {"type": "websocket.disconnect", "code": 1000}])
+
+        async def receive():
+            return next(incoming)
+
+        async def send(message):
+            sent.append(message)
+
+        asyncio.run(app(scope, receive, send))
+        return sent
+
+    assert connect([]) == [{"type": "websocket.close", "code": 1008}]
+    assert connect([(b"authorization", b"Bearer wrong")]) == [{"type": "websocket.close", "code": 1008}]
+    assert not reached
+    got = connect([(b"authorization", b"Bearer s3cret")])
+    assert got[0]["type"] == "websocket.accept" and reached, got
 
 
 def test_what_is_loaded_leaves_the_collectors_sight_once_warm(world):

@@ -25,7 +25,8 @@ from typing import Sequence
 
 import numpy as np
 
-from fastdpr.retrieve.base import Ranked, Retriever, check_k, check_questions, empty_result
+from fastdpr.errors import InputError
+from fastdpr.retrieve.base import Ranked, Retriever, check_k, check_question_vectors, check_questions, empty_result
 
 DEFAULT_ALPHA_GRID = (0.0,) + tuple(round(10 ** (e / 4), 6) for e in range(-12, 9))  # 0, 0.001 .. 100
 METHODS = ("linear", "linear-raw", "rrf")
@@ -175,6 +176,10 @@ class HybridRetriever(Retriever):
     The default fusion (min-max normalised linear, ``alpha = 1``) needs no tuning; ``tune_alpha`` on a dev split
     can still pick a better weight for any linear fusion.
 
+    Questions are texts: BM25 scores their words. Vectors the dense side would compute anyway (a
+    ``DenseRetriever.encode`` run elsewhere) go alongside them, ``search(questions, k, vectors=...)`` (also
+    ``ranked_ids`` and ``retrieve``), and the dense side searches those instead of encoding the texts.
+
     Example::
 
         hybrid = HybridRetriever(DenseRetriever(model, index, corpus), SparseRetriever(bm25, corpus))
@@ -199,12 +204,23 @@ class HybridRetriever(Retriever):
         self.corpus = dense.corpus if dense.corpus is not None else sparse.corpus
         self.tuning_table: list[dict] = []
 
-    def _union(self, questions: list[str]) -> _Union:
-        return _Union(*self.dense.search(questions, self.k_union), *self.sparse.search(questions, self.k_union))
+    def _union(self, questions: list[str], vectors: np.ndarray | None = None) -> _Union:
+        dense = self.dense.search(questions if vectors is None else vectors, self.k_union)
+        return _Union(*dense, *self.sparse.search(questions, self.k_union))
 
-    def search(self, questions: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, questions: Sequence[str], k: int, *, vectors: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Fused ``(scores, corpus rows)`` of ``questions`` (texts), the dense side searching ``vectors`` (one
+        row per question) when given."""
+        if isinstance(questions, np.ndarray):
+            raise InputError("hybrid search needs the question texts (BM25 scores their words); pass the texts, and "
+                             "their vectors as vectors=... to search the dense side with them")
         questions = check_questions(questions)
         k = check_k(k)
+        if vectors is not None:
+            vectors = check_question_vectors(np.asarray(vectors), getattr(self.dense, "dim", None))
+            if len(vectors) != len(questions):
+                raise InputError(f"{len(vectors)} question vectors for {len(questions)} questions: give one each")
         if not questions:
             return empty_result(0, k)
         if self.corpus is not None:
@@ -213,7 +229,8 @@ class HybridRetriever(Retriever):
             check_padding(len(questions), k, len(self.corpus), "the corpus", "passages")  # before the (n, k) arrays
         parts = []
         for start in range(0, len(questions), self.chunk_size):
-            union = self._union(questions[start : start + self.chunk_size])
+            chunk = slice(start, start + self.chunk_size)
+            union = self._union(questions[chunk], None if vectors is None else vectors[chunk])
             parts.append(union.top(union.fused(self.alpha, self.method, self.rrf_k), k))
         return np.concatenate([s for s, _ in parts]), np.concatenate([r for _, r in parts])
 

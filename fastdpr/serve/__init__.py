@@ -13,7 +13,7 @@ Endpoints:
   (Prometheus text), ``GET /`` (model, index, passages, modes, limits).
 
 Refusals are one line, ``{"error": "..."}``: 400 not JSON, nested too deep or a question that is not text, 401 no or
-wrong bearer token, 408 request not complete in time, 413 body, questions x k or answer too large, 422 invalid
+wrong bearer token (with an API key, on every path but ``/healthz`` and ``/readyz``: ``app.OPEN_ENDPOINTS``), 408 request not complete in time, 413 body, questions x k or answer too large, 422 invalid
 request, 431 headers too large, 503 queue full or waited too long (with ``Retry-After``), a file changed under the
 server, or shutting down. The limits of connections are ``fastdpr.serve.protocol.ConnectionLimits``.
 

@@ -5,7 +5,10 @@ answers the rest (``/``, ``/healthz``, ``/readyz``, ``/metrics``, unknown paths)
 would otherwise cross FastAPI's and Starlette's middleware, routing, request and response objects, which under
 load were a large share of the event loop's work for each search request, on cores the model's worker shares.
 Bodies are read and checked by hand (``fastdpr.serve.requests``) rather than through pydantic
-models, so that each refusal is one line naming the field and the configured limits apply."""
+models, so that each refusal is one line naming the field and the configured limits apply.
+
+With an API key, every path needs it but those in ``OPEN_ENDPOINTS`` (the probes). The check is made once, at the
+entry (``_Front``), before any route runs, so a route added later is closed until it is listed there."""
 
 import asyncio
 import gc
@@ -24,7 +27,7 @@ from fastdpr.serve.requests import Limits, RequestError, parse_encode, parse_jso
 log = logging.getLogger("fastdpr.serve")
 
 ENDPOINTS = ("/", "/search", "/encode", "/healthz", "/readyz", "/metrics")
-OPEN_ENDPOINTS = ("/healthz", "/readyz")  # probes answer without the API key
+OPEN_ENDPOINTS = ("/healthz", "/readyz")  # the only paths answered without the API key: probes
 # a declared body this much over the limit is refused without reading it (the connection is then closed); a
 # smaller one is read and dropped first, so that the client, still sending, is not cut off before the answer
 _DRAIN_FACTOR = 64
@@ -82,7 +85,7 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
     metrics = Metrics(lambda: batcher.depth)
     batcher.on_batch = metrics.observe_batch
     app.state.batcher, app.state.metrics, app.state.backend = batcher, metrics, backend
-    authorize = _Authorizer(api_key)
+    authorize = _Authorizer(api_key)  # checked by _Front for every path outside OPEN_ENDPOINTS
 
     def _fail(request: Request, err: RequestError) -> Response:
         request.state.error_reason = err.reason or _REASONS.get(err.status, str(err.status))
@@ -121,14 +124,12 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
         return _json({"status": "ready"})
 
     @app.get("/metrics")
-    async def prometheus(request: Request):
-        authorize(request.headers.get("authorization", ""))
+    async def prometheus():
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
     @app.get("/")
-    async def describe(request: Request):
-        authorize(request.headers.get("authorization", ""))
+    async def describe():
         from fastdpr import __version__
 
         return _json({
@@ -145,7 +146,7 @@ def create_app(backend: Backend, *, limits: Limits | None = None, max_batch: int
                        "max_queue_ms": max_queue_ms},
         })
 
-    return _Front(app, metrics, _BatchedRoutes(backend, batcher, limits, authorize))
+    return _Front(app, metrics, _BatchedRoutes(backend, batcher, limits), authorize)
 
 
 _REASONS = {400: "bad_json", 401: "unauthorized", 405: "method", 413: "too_large", 422: "invalid",
@@ -186,28 +187,22 @@ class _BatchedRoutes:
     """``POST /search`` and ``POST /encode`` as plain ASGI: read and check the body, queue the questions, answer
     with their batch's results (module docstring: why not through FastAPI)."""
 
-    def __init__(self, backend: Backend, batcher: Batcher, limits: Limits, authorize: _Authorizer):
-        self.backend, self.batcher, self.limits, self.authorize = backend, batcher, limits, authorize
+    def __init__(self, backend: Backend, batcher: Batcher, limits: Limits):
+        self.backend, self.batcher, self.limits = backend, batcher, limits
         self.paths = {"/search": self.search, "/encode": self.encode}
 
     async def __call__(self, scope, receive, send) -> None:
-        status, headers = 200, {}
         try:
             if scope["method"] != "POST":
                 raise RequestError(405, f"{scope['path']} takes POST", {"Allow": "POST"})
-            self.authorize(_header(scope, b"authorization"))
             body = await self.paths[scope["path"]](scope, await self._body(scope, receive), receive)
         except RequestError as err:
-            scope["state"]["error_reason"] = err.reason or _REASONS.get(err.status, str(err.status))
-            status, headers, body = err.status, err.headers, _dumps({"error": err.message})
+            return await _refuse(scope, send, err)
         except Exception as err:
             log.exception("internal error on %s", scope["path"])
             scope["state"]["error_reason"] = "internal"
-            status, body = 500, _dumps({"error": _internal_message(err)})
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                *((k.lower().encode(), str(v).encode()) for k, v in headers.items())]})
-        await send({"type": "http.response.body", "body": body})
+            return await _send_json(send, 500, _dumps({"error": _internal_message(err)}))
+        await _send_json(send, 200, body)
 
     async def search(self, scope, body: bytes, receive) -> bytes:
         s = parse_search(parse_json(body), self.limits, self.backend.modes, self.backend.default_mode)
@@ -288,6 +283,18 @@ class _BatchedRoutes:
             gone.cancel()
 
 
+async def _refuse(scope, send, err: RequestError) -> None:
+    scope["state"]["error_reason"] = err.reason or _REASONS.get(err.status, str(err.status))
+    await _send_json(send, err.status, _dumps({"error": err.message}), err.headers)
+
+
+async def _send_json(send, status: int, body: bytes, headers: dict | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *((k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items())]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _disconnected(receiving: asyncio.Future) -> bool:
     return (receiving.done() and not receiving.cancelled() and receiving.exception() is None
             and receiving.result().get("type") == "http.disconnect")
@@ -308,16 +315,33 @@ async def _drain(receive) -> None:
 
 
 class _Front:
-    """The ASGI entry: the batched routes, else FastAPI; counts every response (status, latency, error reason)
+    """The ASGI entry: the API key (for every path outside ``OPEN_ENDPOINTS``: routes need not, and do not, check
+    it themselves), then the batched routes, else FastAPI; counts every response (status, latency, error reason)
     into the metrics. Plain ASGI rather than a Starlette middleware, which would cost a task per request."""
 
-    def __init__(self, app, metrics: Metrics, batched: _BatchedRoutes):
+    def __init__(self, app, metrics: Metrics, batched: _BatchedRoutes, authorize: _Authorizer):
         self.app = app
         self.metrics = metrics
         self.batched = batched
+        self.authorize = authorize
         self.state = app.state
 
+    @property
+    def paths(self) -> list[str]:
+        """Every path a route answers: the batched ones and FastAPI's."""
+        return sorted({*self.batched.paths, *(route.path for route in self.app.routes)})
+
+    def _require_key(self, scope) -> None:
+        """:class:`RequestError` 401 unless the path is open or the request carries the key."""
+        if scope.get("path", "") not in OPEN_ENDPOINTS:
+            self.authorize(_header(scope, b"authorization"))
+
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":  # no route takes one now; one added later is closed like the rest
+            try:
+                self._require_key(scope)
+            except RequestError:
+                return await send({"type": "websocket.close", "code": 1008})  # policy violation: HTTP 403
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.perf_counter()
@@ -332,10 +356,15 @@ class _Front:
 
         path = scope.get("path", "")
         try:
-            if path in self.batched.paths:
-                await self.batched(scope, receive, watch)
+            try:
+                self._require_key(scope)
+            except RequestError as err:
+                await _refuse(scope, watch, err)
             else:
-                await self.app(scope, receive, watch)
+                if path in self.batched.paths:
+                    await self.batched(scope, receive, watch)
+                else:
+                    await self.app(scope, receive, watch)
         finally:
             endpoint = path if path in ENDPOINTS else "other"
             reason = scope["state"].get("error_reason")

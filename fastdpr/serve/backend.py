@@ -8,13 +8,15 @@ import sys
 from functools import lru_cache
 from typing import Any
 
+from fastdpr.retrieve.base import found, passage_fields
 from fastdpr.serve.files import WatchedFiles
 from fastdpr.serve.requests import MODES
 
 
 class Backend:
     """The retrievers a server answers with, by mode. ``hybrid`` alone is enough (its ``dense`` and ``sparse``
-    sides serve those modes); ``dense`` is needed for ``/encode``.
+    sides serve those modes); ``dense`` is needed for ``/encode``, which answers its ``encode``: the vectors its
+    search uses.
 
     ``run(key, questions)`` is the batcher's ``run_batch``: ``key`` is ``("search", mode, k)`` or
     ``("encode",)``, and the result one entry per question: the JSON text of its passage list (``[{"id", "title",
@@ -61,7 +63,7 @@ class Backend:
 
     @property
     def can_encode(self) -> bool:
-        return "dense" in self.retrievers
+        return callable(getattr(self.retrievers.get("dense"), "encode", None))
 
     def run(self, key: tuple, questions: list[str]) -> list[Any]:
         if self.threads is not None and "torch" in sys.modules:
@@ -91,10 +93,7 @@ class Backend:
             watched.check()
 
     def encode(self, questions: list[str]):
-        dense = self.retrievers["dense"]
-        extra = {"precision": dense.precision} if getattr(dense, "precision", "auto") != "auto" else {}
-        return dense.model.encode_questions(questions, batch_size=max(1, len(questions)), device=dense.device,
-                                            show_progress=False, **extra)
+        return self.retrievers["dense"].encode(questions)
 
     def warm_up(self) -> None:
         """One question and a small batch through every mode: the first call of a path builds what it caches
@@ -117,18 +116,14 @@ def _corpus_files(retriever) -> list:
 
 def _passage_text(corpus):
     def text(row: int) -> str:
-        p = corpus[row]
-        fields = {"id": p["id"], "title": p.get("title", ""), "text": p.get("text", "")}
-        return json.dumps(fields, ensure_ascii=False)[:-1] + ', "score": '  # the score closes it
+        return json.dumps(passage_fields(corpus, row), ensure_ascii=False)[:-1] + ', "score": '  # the score closes it
     return text
 
 
 def _passages_json(text, scores: list[float], rows: list[int]) -> str:
     """``json.dumps(passages_from_rows(...)[i])`` of one question, from the cached passage texts."""
     parts = []
-    for s, r in zip(scores, rows):
-        if r < 0:  # fewer than k found
-            continue
+    for s, r in found(scores, rows):
         if not math.isfinite(s):
             raise ValueError(f"score {s} of corpus row {r} is not a finite number")
         parts.append(text(r) + repr(s) + "}")
