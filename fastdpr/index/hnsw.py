@@ -46,9 +46,11 @@ import numpy as np
 
 from fastdpr.errors import InputError
 from fastdpr.index._native import native
-from fastdpr.index.base import Index, check_storage_flags, take_params
-from fastdpr.index.flat import numpy_exact_search
+from fastdpr.index.base import Index
+from fastdpr.index.checks import take_params
+from fastdpr.index.exact import numpy_exact_search
 from fastdpr.index.rows import RowStore
+from fastdpr.index.spec import check_storage_flags
 
 DEFAULTS = {"M": 32, "efc": 200, "ef": 128, "fp16": False, "fp32": False, "graph": "ip", "mips": "ip", "phi": 0.0,
             "entry": 1, "seed": 12345, "floor": -1}
