@@ -17,20 +17,18 @@ from pathlib import Path
 import numpy as np
 
 from fastdpr.atomic import atomic_open, remove_stale_temp_files_in, write_json
-from fastdpr.encode.fingerprint import model_fingerprint
-from fastdpr.encode.layout import (
-    _IDENTITY,
+from fastdpr.data.vectors import (
     DTYPES,
     FORMAT,
     MANIFEST,
     VERSION,
-    parse_shard_spec,
     part_manifest_name,
+    read_manifest_file,
+    shard_intact,
     shard_name,
-    worker_from_env,
-    worker_shards,
 )
-from fastdpr.encode.reader import _read_manifest, _shard_intact
+from fastdpr.encode.fingerprint import model_fingerprint
+from fastdpr.encode.layout import _IDENTITY, parse_shard_spec, worker_from_env, worker_shards
 from fastdpr.errors import InputError
 from fastdpr.models.inference import resolve_precision
 from fastdpr.progress import progress
@@ -211,7 +209,7 @@ def encode_corpus(model, corpus, out_dir: str | os.PathLike, batch_size: int = 1
 
 def _resume_or_start(manifest_path: Path, identity: dict, out_dir: Path, view: _CorpusView) -> dict:
     if manifest_path.exists():
-        old = _read_manifest(manifest_path)
+        old = read_manifest_file(manifest_path)
         differ = [k for k in _IDENTITY if old.get(k) != identity.get(k)]
         if differ:
             details = ", ".join(f"{k}: {old.get(k)!r} there vs {identity.get(k)!r} now" for k in differ)
@@ -219,7 +217,7 @@ def _resume_or_start(manifest_path: Path, identity: dict, out_dir: Path, view: _
                              "directory or delete this one", path=str(manifest_path))
         kept, dropped = [], []
         for entry in old.get("shards", []):
-            if _shard_intact(out_dir, entry) and _ids_match(entry, out_dir, view):
+            if shard_intact(out_dir, entry) and _ids_match(entry, out_dir, view):
                 kept.append(entry)
             else:
                 dropped.append(entry["index"])
