@@ -15,10 +15,10 @@ Spec: ``"hnsw,M=32,efc=200,ef=128,fp16,graph=ip|cos|l2,mips=l2,phi=...,entry=1,f
   heuristic prunes a candidate when a kept neighbour is more similar to it than the node is, and under inner
   product a few high-norm nodes are "more similar" to everything, so the plain heuristic can leave nodes with few
   links, most of them to those hubs; this graph tops every list back up to M with the best pruned candidates (see
-  ``select_neighbors`` in ``csrc/hnsw.cpp``), which keeps local structure reachable around the hubs. Measured
-  with ``benchmarks/index_core_bench.py hnsw`` (50k x 384, M=16, efc=200, k=100, ef=128, 1 thread): recall@100
-  0.949 here against 0.81 (hnswlib) and 0.76 (faiss HNSW-IP). ``floor`` sets that top-up (default M; 0 is the
-  plain heuristic, close to hnswlib's graph, with a quarter of the links): on the real MiniLM mean-pooled pool it
+  ``select_neighbors`` in ``csrc/hnsw.cpp``), which keeps local structure reachable around the hubs
+  (``benchmarks/index_core_bench.py hnsw`` compares the recall with hnswlib's and faiss's HNSW). ``floor`` sets
+  that top-up (default M; 0 is the plain heuristic, close to hnswlib's graph, with a quarter of the links): on
+  the real MiniLM mean-pooled pool it
   searches ~1.1x faster at equal recall and builds ~1.4x faster than the default; on the calibrated synthetic set
   it never reaches recall@100 0.95 below ef 320, where the default does at ef 160
   (``benchmarks/results/hnsw_paired_*.md``).
