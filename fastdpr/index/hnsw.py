@@ -18,8 +18,8 @@ Spec: ``"hnsw,M=32,efc=200,ef=128,fp16,graph=ip|cos|l2,mips=l2,phi=...,entry=1,f
   ``select_neighbors`` in ``csrc/hnsw.cpp``), which keeps local structure reachable around the hubs
   (``benchmarks/index_core_bench.py hnsw`` compares the recall with hnswlib's and faiss's HNSW). ``floor`` sets
   that top-up (default M; 0 is the plain heuristic, close to hnswlib's graph, with a quarter of the links): on
-  the real MiniLM mean-pooled pool it
-  searches ~1.1x faster at equal recall and builds ~1.4x faster than the default; on the calibrated synthetic set
+  the real MiniLM mean-pooled pool it searches ~1.1x faster at equal recall and builds ~1.4x faster than the
+  default; on the calibrated synthetic set
   it never reaches recall@100 0.95 below ef 320, where the default does at ef 160
   (``benchmarks/results/hnsw_paired_*.md``).
 - Memory layout: one record per node with the level-0 links next to a half-precision copy of the vector, which is
