@@ -78,7 +78,6 @@ def test_tuning_and_on_disk(vec_dir, tmp_path):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda d, t: index_from_vectors(d, "flat", None), "give out"),
     (lambda d, t: index_from_vectors(np.zeros((0, 8), np.float32), "flat", t), "no vectors"),
     (lambda d, t: index_from_vectors(d, "flat", t, ids=[1, 2]), "ids"),
     (lambda d, t: index_from_vectors(d, "flat", t, train_size=0), "train_size"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,12 +57,12 @@ class _Source:
     count: int
     dim: int
     fingerprint: str | None
-    shards: Any  # () -> Iterator[tuple[np.ndarray, np.ndarray | None]]
+    shards: Callable[[], Iterator[tuple[np.ndarray, np.ndarray | None]]]
     directory: Path | None = None
 
 
-def index_from_vectors(vectors: str | os.PathLike | np.ndarray, spec: str = "auto",
-                       out: str | os.PathLike | None = None, *, fingerprint: str | None = None,
+def index_from_vectors(vectors: str | os.PathLike | np.ndarray, spec: str, out: str | os.PathLike, *,
+                       fingerprint: str | None = None,
                        ids: Any = None, memory_budget: Any = None, train_size: int = 100_000, seed: int = 0,
                        verify: bool = True, tune_queries: Any = None, target_recall: float = 0.95,
                        tune_k: int = 100, on_disk: bool = False, show_progress: bool = False) -> BuiltIndex:
@@ -80,8 +80,6 @@ def index_from_vectors(vectors: str | os.PathLike | np.ndarray, spec: str = "aut
     rows only, streamed into the file and never held in memory (``fastdpr.index.disk_build``); resumes an
     interrupted build of the same ``out``.
     """
-    if out is None:
-        raise InputError("index_from_vectors: give out, the index file (or directory) to write")
     if isinstance(train_size, bool) or not isinstance(train_size, (int, np.integer)) or train_size < 1:
         raise InputError(f"train_size must be an integer >= 1, got {train_size!r}")
     if not 0 < target_recall <= 1:  # (NaN fails this too)
