@@ -1,5 +1,5 @@
 """The files of encoded passage vectors (what ``fastdpr encode`` writes and ``fastdpr index`` reads): names, the
-manifest and its checks, reading the shards. Needs numpy only, never torch: a program that only indexes or searches
+manifest and its checks, writing and reading the shards. Needs numpy only, never torch: a program that only indexes or searches
 vectors encoded elsewhere imports this module, not ``fastdpr.encode``.
 
 Layout of a vectors directory::
@@ -15,6 +15,7 @@ The manifest records ``format``, ``version``, ``dim``, ``dtype``, ``model_finger
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fastdpr.atomic import atomic_open
 from fastdpr.errors import InputError
 
 FORMAT = "fastdpr-vectors"
@@ -39,6 +41,28 @@ def shard_name(index: int) -> str:
 
 def part_manifest_name(worker: int, workers: int) -> str:
     return MANIFEST if workers == 1 else f"manifest.part-{worker}-of-{workers}.json"
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _write_bytes(path: Path, data: bytes) -> str:
+    with atomic_open(path, "wb") as fh:
+        fh.write(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_shard(out_dir: Path, index: int, row_start: int, vectors: np.ndarray, ids: list[str]) -> dict:
+    """Shard ``index`` of the corpus (rows ``row_start ..``): its vectors then its ids, each atomically; returns
+    its manifest entry, which the caller records afterwards (only then does the shard count)."""
+    name = shard_name(index)
+    vec_sha = _write_bytes(out_dir / f"{name}.npy", _npy_bytes(vectors))
+    ids_sha = _write_bytes(out_dir / f"{name}.ids.json", json.dumps(ids, ensure_ascii=False).encode("utf-8"))
+    return {"index": index, "vectors": f"{name}.npy", "ids": f"{name}.ids.json", "row_start": row_start,
+            "count": len(ids), "sha256": vec_sha, "ids_sha256": ids_sha}
 
 
 def sha256_file(path: Path) -> str:

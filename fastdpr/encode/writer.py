@@ -2,8 +2,6 @@
 atomically, and resuming from the last complete shard."""
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import logging
 import os
@@ -16,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fastdpr.atomic import atomic_open, remove_stale_temp_files_in, write_json
+from fastdpr.atomic import remove_stale_temp_files_in, write_json
+from fastdpr.data import vectors as vector_files  # write_shard through the module: tests interrupt it there
 from fastdpr.data.vectors import (
     DTYPES,
     FORMAT,
@@ -66,27 +65,6 @@ class _CorpusView:
                 ids.append(str(row))
             passages.append(p)
         return ids, passages
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return buf.getvalue()
-
-
-def _write_bytes(path: Path, data: bytes) -> str:
-    with atomic_open(path, "wb") as fh:
-        fh.write(data)
-    return hashlib.sha256(data).hexdigest()
-
-
-def _write_shard(out_dir: Path, index: int, row_start: int, vectors: np.ndarray, ids: list[str]) -> dict:
-    """Vectors then ids, each atomically; the caller records the returned entry in the manifest afterwards."""
-    name = shard_name(index)
-    vec_sha = _write_bytes(out_dir / f"{name}.npy", _npy_bytes(vectors))
-    ids_sha = _write_bytes(out_dir / f"{name}.ids.json", json.dumps(ids, ensure_ascii=False).encode("utf-8"))
-    return {"index": index, "vectors": f"{name}.npy", "ids": f"{name}.ids.json", "row_start": row_start,
-            "count": len(ids), "sha256": vec_sha, "ids_sha256": ids_sha}
 
 
 def _remove_stale_temp_files(out_dir: Path) -> int:
@@ -178,7 +156,7 @@ def encode_corpus(model, corpus, out_dir: str | os.PathLike, batch_size: int = 1
             before = bar.n
             vectors = model.encode_token_lists(prepared.seqs, "passage", batch_size=batch_size,
                                                precision=precision, bar=bar)
-            entry = _write_shard(out_dir, prepared.index, prepared.row_start, vectors.astype(dtype, copy=False),
+            entry = vector_files.write_shard(out_dir, prepared.index, prepared.row_start, vectors.astype(dtype, copy=False),
                                  prepared.ids)
             manifest["shards"].append(entry)
             manifest["shards"].sort(key=lambda e: e["index"])
