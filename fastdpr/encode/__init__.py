@@ -1,8 +1,9 @@
 """Encoding a corpus into vector shards: batched, length-sorted, resumable, splittable across workers.
 
 Modules: ``layout`` (the worker split, a run's identity), ``fingerprint`` (the tower's hash), ``writer``
-(encoding, shard writing, resume), ``merge`` (joining workers' parts). The files themselves (names, manifests,
-reading the shards) are ``fastdpr.data.vectors``, which needs no torch; their names are importable from here too.
+(encoding, resume), ``merge`` (joining workers' parts). The files themselves (names, manifests, writing and
+reading the shards) are ``fastdpr.data.vectors``, which needs no torch; its public names are importable from here
+too.
 
 Layout of an output directory::
 
