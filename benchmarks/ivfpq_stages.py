@@ -62,7 +62,7 @@ WORKER = r"""
 import json, sys, time
 import numpy as np
 import fastdpr
-from fastdpr.index.base import load_index
+from fastdpr.index import load_index
 path, queries, out, rerank, exact, spread, nprobe, batch, k, reps, mmap = sys.argv[1:12]
 index = load_index(path, mmap=bool(int(mmap)))
 q = np.load(queries)

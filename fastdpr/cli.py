@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util  # find_spec: importlib alone does not load its util submodule
 import re
 import sys
 

@@ -13,7 +13,7 @@ import pytest
 from tiny_models import tiny_biencoder
 
 import fastdpr.encode as enc
-import fastdpr.encode.writer as writer
+import fastdpr.data.vectors as vector_files
 from fastdpr.data import Corpus
 from fastdpr.encode import encode_corpus, iter_vector_shards, load_vectors, merge_shards
 from fastdpr.errors import InputError
@@ -80,7 +80,7 @@ def test_single_shard_is_memory_mapped(model, corpus, tmp_path):
 
 
 def _interrupt_after(monkeypatch, k):
-    real = writer._write_shard
+    real = vector_files.write_shard
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -89,7 +89,7 @@ def _interrupt_after(monkeypatch, k):
         calls["n"] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(writer, "_write_shard", flaky)
+    monkeypatch.setattr(vector_files, "write_shard", flaky)
 
 
 def test_resume_after_interruption_equals_uninterrupted_run(model, corpus, reference, tmp_path, monkeypatch):
@@ -245,11 +245,12 @@ def test_torchrun_environment_picks_the_worker(model, corpus, tmp_path, monkeypa
 _KILLER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
+    import fastdpr.data.vectors as files
     import fastdpr.encode.writer as enc
     from fastdpr.models import BiEncoder
     from fastdpr.data import Corpus
     import json
-    real = enc._write_bytes
+    real = files._write_bytes
     state = {{"n": 0}}
     def dying(path, data):
         state["n"] += 1
@@ -261,7 +262,7 @@ _KILLER = textwrap.dedent("""
                 fh.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         return real(path, data)
-    enc._write_bytes = dying
+    files._write_bytes = dying
     model = BiEncoder.from_pretrained({model!r})
     passages = json.load(open({passages!r}))
     enc.encode_corpus(model, Corpus.from_passages(passages), {out!r}, batch_size=8, dtype="float32",

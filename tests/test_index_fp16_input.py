@@ -24,7 +24,7 @@ def data():
 
 
 def _build(spec, x, train):
-    from fastdpr.index.base import make_index
+    from fastdpr.index import make_index
 
     index = make_index(spec, x.shape[1], n_hint=len(x))
     if not index.is_trained:

@@ -424,7 +424,7 @@ def test_shape_check_message_names_what_is_accepted():
 
 def test_search_param_values_are_parsed_in_one_place():
     from fastdpr.commands.search import _search_params
-    from fastdpr.index.base import parse_spec, parse_value
+    from fastdpr.index.spec import parse_spec, parse_value
 
     assert _search_params(["ef=256", "alpha=0.5", "rerank=auto"]) == {"ef": 256, "alpha": 0.5, "rerank": "auto"}
     assert parse_spec("ivfpq,rerank=auto,nprobe=8")[1] == {"rerank": "auto", "nprobe": 8}

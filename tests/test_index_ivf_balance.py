@@ -7,7 +7,7 @@ import pytest
 from compiled_extension import extension
 
 from fastdpr.errors import InputError
-from fastdpr.index.base import build_index, load_index
+from fastdpr.index import build_index, load_index
 from fastdpr.index.ivfpq import SPEC_PARAMS, IVFPQIndex
 from fastdpr.index.kmeans import kmeans, nearest, small_cluster_floor
 

@@ -11,7 +11,7 @@ from compiled_extension import SIMD_LEVELS, extension, skip_unrun
 
 from fastdpr.errors import InputError
 from fastdpr.index import fileformat
-from fastdpr.index.base import build_index, load_index
+from fastdpr.index import build_index, load_index
 from fastdpr.index.ivfpq import IVFPQIndex, NumpyIVFPQ, default_m, default_nlist, kmeans
 
 _C = extension("IVFPQ")

@@ -13,7 +13,7 @@ from compiled_extension import SIMD_LEVELS, extension, simd_levels, skip_unrun
 from fastdpr.errors import InputError, MissingDependency
 from fastdpr.index import fileformat, numpy_pq4
 from fastdpr.index._native import force_fallback
-from fastdpr.index.base import build_index, load_index
+from fastdpr.index import build_index, load_index
 from fastdpr.index.ivfpq import IVFPQIndex, NumpyIVFPQ
 
 _C = extension("pq4_quantize_lut")

@@ -10,7 +10,7 @@ from compiled_extension import extension
 
 from fastdpr.errors import InputError
 from fastdpr.index import fileformat
-from fastdpr.index.base import build_index, load_index
+from fastdpr.index import build_index, load_index
 from fastdpr.index.ivfpq import IVFPQIndex
 
 _C = extension("IVFPQ")

@@ -9,7 +9,7 @@ from compiled_extension import SIMD_LEVELS, extension, simd_levels, skip_unrun
 
 from fastdpr.errors import InputError
 from fastdpr.index import pq4
-from fastdpr.index.base import build_index, load_index
+from fastdpr.index import build_index, load_index
 
 _C = extension("pq4_scan")
 HAVE_C = _C is not None

@@ -333,3 +333,40 @@ def test_quickstart_fast_end_to_end(tmp_path):
     assert main(["quickstart", "--fast", "--out", str(out), "--cache", cache, "--quiet"]) == 0
     again = json.loads((out / "results.json").read_text())
     assert again["retrieval"] == results["retrieval"] and again["wall_s_this_invocation"] < 60
+
+
+def test_stale_vectors_are_found_by_their_fingerprint(tmp_path):
+    """The dense stages' vectors are encoded again when the model's fingerprint is not the one they record (a new
+    fine-tuning), kept when it is, and the index carries that fingerprint."""
+    import torch
+
+    from fastdpr.encode import model_fingerprint
+    from fastdpr.index import load_index
+    from tiny_models import tiny_biencoder
+
+    ws = _workspace(tmp_path, tmp_path / "cache", encode_precision="fp32")
+    lines = []
+    ws.log = lines.append
+    ws.out.mkdir(parents=True)
+    words = ["river", "king", "city", "war", "song", "law"]
+    sources.write_passages_jsonl(ws.out / "corpus.jsonl", [
+        {"id": f"p{i}", "title": f"t{i}", "text": " ".join(words[(i * j) % 6] for j in range(i % 5 + 2))}
+        for i in range(40)])
+    model = tiny_biencoder(tmp_path / "m", pooling="mean", similarity="dot", max_passage_length=16)
+    first = ex._encode_and_index(ws, model, "zero_shot")
+    before = model_fingerprint(model)
+    assert load_index(first["index_path"]).model_fingerprint == before
+    shard = ws.out / "vectors_zero_shot" / "shard-00000.npy"
+    written = shard.stat().st_mtime_ns
+
+    ex._encode_and_index(ws, model, "zero_shot")  # the same model: the vectors stand
+    assert shard.stat().st_mtime_ns == written and not lines
+
+    with torch.no_grad():  # another model: the passage tower's weights moved
+        next(model.passage_encoder.parameters()).add_(0.01)
+    after = model_fingerprint(model)
+    assert after != before
+    ex._encode_and_index(ws, model, "zero_shot")
+    assert any("stale vectors" in line for line in lines), lines
+    assert load_index(first["index_path"]).model_fingerprint == after
+    assert json.loads((ws.out / "vectors_zero_shot" / "manifest.json").read_text())["model_fingerprint"] == after

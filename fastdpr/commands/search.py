@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _search_params(items: list[str]) -> dict:
     from fastdpr.errors import InputError
-    from fastdpr.index.base import parse_value
+    from fastdpr.index.spec import parse_value
 
     params = {}
     for item in items:

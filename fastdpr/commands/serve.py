@@ -159,7 +159,7 @@ def api_key_of(args) -> str | None:
 def build_backend(args):
     """The retrievers the arguments name, loaded once, as a :class:`fastdpr.serve.Backend`."""
     from fastdpr.commands.search import _fusion, build_retriever
-    from fastdpr.index.base import resolve_index_path
+    from fastdpr.index.factory import resolve_index_path
     from fastdpr.serve.backend import Backend
 
     mode = "hybrid" if args.model and args.bm25 else ("dense" if args.model else "bm25")

@@ -1,7 +1,9 @@
 """Encoding a corpus into vector shards: batched, length-sorted, resumable, splittable across workers.
 
-Modules: ``layout`` (file names, constants, the worker split), ``fingerprint`` (the tower's hash), ``writer``
-(encoding, shard writing, resume), ``merge`` (joining workers' parts), ``reader`` (manifests and shards).
+Modules: ``layout`` (the worker split, a run's identity), ``fingerprint`` (the tower's hash), ``writer``
+(encoding, resume), ``merge`` (joining workers' parts). The files themselves (names, manifests, writing and
+reading the shards) are ``fastdpr.data.vectors``, which needs no torch; its public names are importable from here
+too.
 
 Layout of an output directory::
 
@@ -21,20 +23,21 @@ Example::
     encode_corpus(model, Corpus.open("passages.tsv"), "vectors/", batch_size=128, dtype="float16")
     vectors, ids = load_vectors("vectors/")
 """
-from fastdpr.encode.fingerprint import model_fingerprint
-from fastdpr.encode.layout import (
+from fastdpr.data.vectors import (
     DTYPES,
     FORMAT,
     MANIFEST,
     VERSION,
-    parse_shard_spec,
+    VectorShard,
+    iter_vector_shards,
+    load_vectors,
     part_manifest_name,
+    read_manifest,
     shard_name,
-    worker_from_env,
-    worker_shards,
 )
+from fastdpr.encode.fingerprint import model_fingerprint
+from fastdpr.encode.layout import parse_shard_spec, worker_from_env, worker_shards
 from fastdpr.encode.merge import merge_shards
-from fastdpr.encode.reader import VectorShard, iter_vector_shards, load_vectors, read_manifest
 from fastdpr.encode.writer import encode_corpus
 
 __all__ = ["encode_corpus", "load_vectors", "iter_vector_shards", "merge_shards", "read_manifest", "VectorShard",

@@ -1,5 +1,5 @@
-"""The on-disk layout of an encode output directory: file names, format constants, and how shards are split
-among workers."""
+"""How an encoding is split among workers, and what identifies a run (the files themselves:
+``fastdpr.data.vectors``)."""
 from __future__ import annotations
 
 import math
@@ -8,22 +8,9 @@ import re
 
 from fastdpr.errors import InputError
 
-FORMAT = "fastdpr-vectors"
-VERSION = 1
-MANIFEST = "manifest.json"
-DTYPES = ("float16", "float32")
-_PART_RE = re.compile(r"^manifest\.part-(\d+)-of-(\d+)\.json$")
 # fields that must agree between a resumed run and the directory it resumes
 _IDENTITY = ("format", "version", "dim", "dtype", "model_fingerprint", "corpus_rows", "shard_size", "worker",
              "rows", "max_length", "pooling", "similarity", "precision")
-
-
-def shard_name(index: int) -> str:
-    return f"shard-{index:05d}"
-
-
-def part_manifest_name(worker: int, workers: int) -> str:
-    return MANIFEST if workers == 1 else f"manifest.part-{worker}-of-{workers}.json"
 
 
 def parse_shard_spec(spec: str) -> tuple[int, int]:

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fastdpr.atomic import write_json
-from fastdpr.encode.layout import _IDENTITY, _PART_RE, MANIFEST
-from fastdpr.encode.reader import _read_manifest, _shard_intact
+from fastdpr.data.vectors import MANIFEST, PART_MANIFEST_RE, read_manifest_file, shard_intact
+from fastdpr.encode.layout import _IDENTITY
 from fastdpr.errors import InputError
 
 
@@ -32,11 +32,11 @@ def merge_shards(dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike |
     out = Path(out_dir) if out_dir is not None else dirs[0]
     parts: list[tuple[Path, dict]] = []
     for d in dirs:
-        found = sorted(p for p in d.glob("manifest*.json") if _PART_RE.match(p.name) or p.name == MANIFEST)
+        found = sorted(p for p in d.glob("manifest*.json") if PART_MANIFEST_RE.match(p.name) or p.name == MANIFEST)
         if not found:
             raise InputError("no encode manifests here", path=str(d))
         for path in found:
-            parts.append((path, _read_manifest(path)))
+            parts.append((path, read_manifest_file(path)))
     first_path, first = parts[0]
     for path, m in parts:
         for key in ("dim", "dtype", "model_fingerprint", "corpus_rows", "shard_size", "max_length", "pooling"):
@@ -69,7 +69,7 @@ def merge_shards(dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike |
         if entry["row_start"] != want_start or entry["count"] != want_count:
             raise InputError(f"shard {j} covers rows {entry['row_start']}+{entry['count']}, expected "
                              f"{want_start}+{want_count}", path=str(path))
-        if verify and not _shard_intact(src_dir, entry):
+        if verify and not shard_intact(src_dir, entry):
             raise InputError(f"shard {j} fails its checksum", path=str(src_dir / entry["vectors"]))
         ids = json.loads((src_dir / entry["ids"]).read_text(encoding="utf-8"))
         if len(ids) != entry["count"]:

@@ -2,8 +2,6 @@
 atomically, and resuming from the last complete shard."""
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import logging
 import os
@@ -16,21 +14,20 @@ from pathlib import Path
 
 import numpy as np
 
-from fastdpr.atomic import atomic_open, remove_stale_temp_files_in, write_json
-from fastdpr.encode.fingerprint import model_fingerprint
-from fastdpr.encode.layout import (
-    _IDENTITY,
+from fastdpr.atomic import remove_stale_temp_files_in, write_json
+from fastdpr.data import vectors as vector_files  # write_shard through the module: tests interrupt it there
+from fastdpr.data.vectors import (
     DTYPES,
     FORMAT,
     MANIFEST,
     VERSION,
-    parse_shard_spec,
     part_manifest_name,
+    read_manifest_file,
+    shard_intact,
     shard_name,
-    worker_from_env,
-    worker_shards,
 )
-from fastdpr.encode.reader import _read_manifest, _shard_intact
+from fastdpr.encode.fingerprint import model_fingerprint
+from fastdpr.encode.layout import _IDENTITY, parse_shard_spec, worker_from_env, worker_shards
 from fastdpr.errors import InputError
 from fastdpr.models.inference import resolve_precision
 from fastdpr.progress import progress
@@ -68,27 +65,6 @@ class _CorpusView:
                 ids.append(str(row))
             passages.append(p)
         return ids, passages
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return buf.getvalue()
-
-
-def _write_bytes(path: Path, data: bytes) -> str:
-    with atomic_open(path, "wb") as fh:
-        fh.write(data)
-    return hashlib.sha256(data).hexdigest()
-
-
-def _write_shard(out_dir: Path, index: int, row_start: int, vectors: np.ndarray, ids: list[str]) -> dict:
-    """Vectors then ids, each atomically; the caller records the returned entry in the manifest afterwards."""
-    name = shard_name(index)
-    vec_sha = _write_bytes(out_dir / f"{name}.npy", _npy_bytes(vectors))
-    ids_sha = _write_bytes(out_dir / f"{name}.ids.json", json.dumps(ids, ensure_ascii=False).encode("utf-8"))
-    return {"index": index, "vectors": f"{name}.npy", "ids": f"{name}.ids.json", "row_start": row_start,
-            "count": len(ids), "sha256": vec_sha, "ids_sha256": ids_sha}
 
 
 def _remove_stale_temp_files(out_dir: Path) -> int:
@@ -180,7 +156,7 @@ def encode_corpus(model, corpus, out_dir: str | os.PathLike, batch_size: int = 1
             before = bar.n
             vectors = model.encode_token_lists(prepared.seqs, "passage", batch_size=batch_size,
                                                precision=precision, bar=bar)
-            entry = _write_shard(out_dir, prepared.index, prepared.row_start, vectors.astype(dtype, copy=False),
+            entry = vector_files.write_shard(out_dir, prepared.index, prepared.row_start, vectors.astype(dtype, copy=False),
                                  prepared.ids)
             manifest["shards"].append(entry)
             manifest["shards"].sort(key=lambda e: e["index"])
@@ -211,7 +187,7 @@ def encode_corpus(model, corpus, out_dir: str | os.PathLike, batch_size: int = 1
 
 def _resume_or_start(manifest_path: Path, identity: dict, out_dir: Path, view: _CorpusView) -> dict:
     if manifest_path.exists():
-        old = _read_manifest(manifest_path)
+        old = read_manifest_file(manifest_path)
         differ = [k for k in _IDENTITY if old.get(k) != identity.get(k)]
         if differ:
             details = ", ".join(f"{k}: {old.get(k)!r} there vs {identity.get(k)!r} now" for k in differ)
@@ -219,7 +195,7 @@ def _resume_or_start(manifest_path: Path, identity: dict, out_dir: Path, view: _
                              "directory or delete this one", path=str(manifest_path))
         kept, dropped = [], []
         for entry in old.get("shards", []):
-            if _shard_intact(out_dir, entry) and _ids_match(entry, out_dir, view):
+            if shard_intact(out_dir, entry) and _ids_match(entry, out_dir, view):
                 kept.append(entry)
             else:
                 dropped.append(entry["index"])

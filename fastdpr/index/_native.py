@@ -30,7 +30,7 @@ def native(ignore_forced: bool = False):
     keeps using it, e.g. to write its own file)."""
     if _forced and not ignore_forced:
         return None
-    try:
+    try:  # imported here: the compiled core is optional (a source checkout without it runs on numpy)
         from fastdpr import _C
     except ImportError:
         return None

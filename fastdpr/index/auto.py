@@ -39,6 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastdpr.errors import InputError
+from fastdpr.index._native import native
+from fastdpr.index.ivfpq import default_m, default_nlist
+from fastdpr.index.spec import check_storage_flags, parse_spec
 
 FLAT_MAX_FLOATS = 20_000 * 384  # n x d up to which exact search is chosen
 COMPRESSED_MIN_N = 150_000  # from here on the compressed shape (d/8 codes, 4-bit rows)
@@ -93,15 +96,11 @@ def _ivfpq_bytes(n: int, dim: int, m: int, nbits: int, nlist: int, sq: int, comp
 def choose_index(n: int, dim: int, memory_budget: Any = None, compiled: bool | None = None) -> IndexChoice:
     """The index for ``n`` vectors of dimension ``dim`` within ``memory_budget`` (bytes or a size string; None:
     no limit). ``compiled``: whether the compiled core builds it (None: whether it is available now)."""
-    from fastdpr.index.ivfpq import default_m, default_nlist
-
     for name, value in (("n", n), ("dim", dim)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"auto index: {name} must be a positive integer, got {value!r}")
     budget = None if memory_budget is None else parse_size(memory_budget)
     if compiled is None:
-        from fastdpr.index._native import native
-
         compiled = native() is not None
 
     def fits(nbytes: int) -> bool:
@@ -146,8 +145,6 @@ def _fitted(spec: str, ram: int, rows: int, fits, budget: int | None, n: int, re
 def resolve_auto(n: int, dim: int, params: dict[str, Any], compiled: bool | None = None) -> tuple[str, dict]:
     """The ``(kind, params)`` an ``"auto"`` spec stands for: ``memory_budget=SIZE`` bounds it; the ``fp16``/``fp32``
     flags choose the storage of exact search and of IVF-PQ's re-rank rows."""
-    from fastdpr.index.base import check_storage_flags, parse_spec
-
     params = dict(params)
     unknown = sorted(set(params) - {"memory_budget", "fp16", "fp32"})
     if unknown:

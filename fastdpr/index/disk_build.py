@@ -46,7 +46,9 @@ import numpy as np
 from fastdpr.atomic import write_json
 from fastdpr.errors import InputError
 from fastdpr.index import fileformat
-from fastdpr.index.base import load_index, parse_spec
+from fastdpr.index.factory import load_index
+from fastdpr.index.ivfpq import IVFPQIndex, default_nlist
+from fastdpr.index.spec import parse_spec
 from fastdpr.progress import progress
 
 STATE = "state.json"
@@ -160,8 +162,6 @@ class IVFPQDiskBuilder:
     def train(self, sample: int | None = None, seed: int = 1234, show_progress: bool | None = None) -> None:
         """Train on ``sample`` rows (default: what the index's k-means uses, ``nlist * max_points_per_centroid``),
         read as random runs of ``SAMPLE_BLOCK`` rows. Saved; a second call does nothing."""
-        from fastdpr.index.ivfpq import IVFPQIndex, default_nlist
-
         if self.is_trained:
             return
         n = self.rows

@@ -16,9 +16,11 @@ import numpy as np
 
 from fastdpr.errors import InputError, MissingDependency
 from fastdpr.index.base import Index
+from fastdpr.index.checks import check_matrix
 
 
 def _faiss():
+    # imported on first use: faiss is an optional extra, and a program that never builds this type needs none
     try:
         import faiss
     except ImportError:
@@ -53,8 +55,6 @@ class FaissIndex(Index):
         return bool(self._faiss.is_trained)
 
     def train(self, vectors: np.ndarray) -> None:
-        from fastdpr.index.base import check_matrix
-
         if not self.is_trained:
             self._faiss.train(check_matrix(vectors, self._dim, "training vectors"))
 

@@ -15,11 +15,11 @@ Spec: ``"hnsw,M=32,efc=200,ef=128,fp16,graph=ip|cos|l2,mips=l2,phi=...,entry=1,f
   heuristic prunes a candidate when a kept neighbour is more similar to it than the node is, and under inner
   product a few high-norm nodes are "more similar" to everything, so the plain heuristic can leave nodes with few
   links, most of them to those hubs; this graph tops every list back up to M with the best pruned candidates (see
-  ``select_neighbors`` in ``csrc/hnsw.cpp``), which keeps local structure reachable around the hubs. Measured
-  with ``benchmarks/index_core_bench.py hnsw`` (50k x 384, M=16, efc=200, k=100, ef=128, 1 thread): recall@100
-  0.949 here against 0.81 (hnswlib) and 0.76 (faiss HNSW-IP). ``floor`` sets that top-up (default M; 0 is the
-  plain heuristic, close to hnswlib's graph, with a quarter of the links): on the real MiniLM mean-pooled pool it
-  searches ~1.1x faster at equal recall and builds ~1.4x faster than the default; on the calibrated synthetic set
+  ``select_neighbors`` in ``csrc/hnsw.cpp``), which keeps local structure reachable around the hubs
+  (``benchmarks/index_core_bench.py hnsw`` compares the recall with hnswlib's and faiss's HNSW). ``floor`` sets
+  that top-up (default M; 0 is the plain heuristic, close to hnswlib's graph, with a quarter of the links): on
+  the real MiniLM mean-pooled pool it searches ~1.1x faster at equal recall and builds ~1.4x faster than the
+  default; on the calibrated synthetic set
   it never reaches recall@100 0.95 below ef 320, where the default does at ef 160
   (``benchmarks/results/hnsw_paired_*.md``).
 - Memory layout: one record per node with the level-0 links next to a half-precision copy of the vector, which is
@@ -46,9 +46,11 @@ import numpy as np
 
 from fastdpr.errors import InputError
 from fastdpr.index._native import native
-from fastdpr.index.base import Index, check_storage_flags, take_params
-from fastdpr.index.flat import numpy_exact_search
+from fastdpr.index.base import Index
+from fastdpr.index.checks import take_params
+from fastdpr.index.exact import numpy_exact_search
 from fastdpr.index.rows import RowStore
+from fastdpr.index.spec import check_storage_flags
 
 DEFAULTS = {"M": 32, "efc": 200, "ef": 128, "fp16": False, "fp32": False, "graph": "ip", "mips": "ip", "phi": 0.0,
             "entry": 1, "seed": 12345, "floor": -1}

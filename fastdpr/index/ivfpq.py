@@ -89,9 +89,11 @@ import numpy as np
 from fastdpr.errors import InputError, MissingDependency
 from fastdpr.index import numpy_pq4
 from fastdpr.index._native import fallback_forced, native
-from fastdpr.index.base import Index, check_matrix, check_storage_flags, take_params
+from fastdpr.index.base import Index
+from fastdpr.index.checks import check_matrix, take_params
 from fastdpr.index.rows import check_finite_section
 from fastdpr.index.kmeans import kmeans, magnitude_exponent, nearest  # noqa: F401  (kmeans: re-exported)
+from fastdpr.index.spec import check_storage_flags
 
 KSUB = 256  # codewords per sub-quantizer (8-bit codes)
 MAX_M4 = 2048  # 4-bit codes: most sub-quantizers (csrc/pq4.h kMaxM)

@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 
 from fastdpr.errors import InputError
+from fastdpr.index.checks import check_matrix, check_shape, check_threads
+from fastdpr.index.exact import numpy_exact_search
 
 MAX_QUERIES = 1000  # sample size used by default: enough for a recall estimate within about +-0.01
 MARGIN_SE = 2.0  # standard errors of the sample's mean recall by which a setting must clear the target
@@ -110,8 +112,6 @@ def sample_rows(nq: int, max_queries: int) -> np.ndarray:
 
 def exact_truth(index, queries: np.ndarray, k: int, vectors: Any = None) -> np.ndarray:
     """Exact top-k ids of ``queries`` over ``vectors`` (the index's rows) or the index's stored vectors."""
-    from fastdpr.index.base import check_shape
-    from fastdpr.index.flat import numpy_exact_search
 
     if vectors is not None:
         base = check_shape(vectors, index.dim, "tune: vectors")
@@ -131,7 +131,6 @@ def exact_truth(index, queries: np.ndarray, k: int, vectors: Any = None) -> np.n
 def tune(index, queries: Any, target_recall: float = 0.95, k: int = 100, vectors: Any = None, truth: Any = None,
          max_queries: int = MAX_QUERIES, threads: int = 0, save: Any = None) -> TuneResult:
     """See the module docstring; ``index.tune(...)`` calls this."""
-    from fastdpr.index.base import check_matrix, check_threads
 
     target_recall, k = check_target(target_recall, k)
     if isinstance(max_queries, bool) or not isinstance(max_queries, (int, np.integer)) or max_queries < 1:

@@ -222,33 +222,32 @@ def stage_mine(ws: Workspace) -> dict:
 
 
 def _encode_and_index(ws: Workspace, model, name: str) -> dict:
-    from fastdpr.encode import encode_corpus, load_vectors
-    from fastdpr.errors import InputError
-    from fastdpr.index import build_index
+    from fastdpr.data.vectors import iter_vector_shards, recorded_manifest
+    from fastdpr.encode import encode_corpus, model_fingerprint
+    from fastdpr.index import index_from_vectors
+    from fastdpr.models.inference import resolve_precision
 
     corpus = ws.corpus()
     vectors_dir = ws.out / f"vectors_{name}"
-
-    def encode():
-        return encode_corpus(model, corpus, vectors_dir, batch_size=ws.config.encode_batch_size, dtype="float16",
-                             show_progress=ws.config.show_progress, model_name=name,
-                             precision=encode_precision(ws.config))
-
-    try:
-        manifest = encode()  # resumes an interrupted encoding of this same model and corpus
-    except InputError as err:
-        if "different run" not in str(err):
-            raise
+    precision = encode_precision(ws.config)
+    # what the vectors must come from; an earlier run's of another model (a new fine-tuning), corpus or precision
+    # are encoded again, an interrupted run of this one resumes
+    wanted = {"model_fingerprint": model_fingerprint(model), "corpus_rows": len(corpus),
+              "precision": resolve_precision(precision, model.device)}
+    recorded = recorded_manifest(vectors_dir)
+    if recorded is not None and any(recorded.get(key) != value for key, value in wanted.items()):
         ws.log(f"  {vectors_dir}: stale vectors of an earlier run, encoding again")
         shutil.rmtree(vectors_dir)
-        manifest = encode()
-    vectors, ids = load_vectors(vectors_dir)
-    if list(ids) != list(corpus.ids):
+    manifest = encode_corpus(model, corpus, vectors_dir, batch_size=ws.config.encode_batch_size, dtype="float16",
+                             show_progress=ws.config.show_progress, model_name=name, precision=precision)
+    ids = [pid for shard in iter_vector_shards(vectors_dir, verify=False) for pid in shard.ids]
+    if ids != list(corpus.ids):
         raise RuntimeError(f"{vectors_dir}: vector ids are not in corpus row order")
-    index = build_index(vectors, ws.config.index_spec)
-    path = Path(index.save(ws.out / f"index_{name}"))
+    built = index_from_vectors(vectors_dir, ws.config.index_spec, ws.out / f"index_{name}",
+                               fingerprint=wanted["model_fingerprint"])
+    path = built.path
     files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
-    return {"passages": len(ids), "dim": int(vectors.shape[1]), "index_spec": ws.config.index_spec,
+    return {"passages": len(ids), "dim": built.dim, "index_spec": ws.config.index_spec,
             "index_bytes": int(sum(f.stat().st_size for f in files)), "index_path": str(path),
             "truncated_passages": int(manifest.get("truncated", 0))}
 

@@ -1,20 +1,71 @@
-"""Reading an encode output directory: manifests, checksums and the vector shards (memory-mapped)."""
+"""The files of encoded passage vectors (what ``fastdpr encode`` writes and ``fastdpr index`` reads): names, the
+manifest and its checks, writing and reading the shards. Needs numpy only, never torch: a program that only indexes or searches
+vectors encoded elsewhere imports this module, not ``fastdpr.encode``.
+
+Layout of a vectors directory::
+
+    manifest.json                 one worker (or the merge of several): the shards in row order
+    manifest.part-I-of-N.json     worker I of N, until merged
+    shard-00000.npy               float16/float32 (rows, dim), rows [0, S) of the corpus
+    shard-00000.ids.json          the passage ids of those rows
+
+The manifest records ``format``, ``version``, ``dim``, ``dtype``, ``model_fingerprint`` (the passage tower's hash,
+``fastdpr.encode.model_fingerprint``), the corpus rows covered, and each shard's file names, rows and checksums.
+"""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from fastdpr.encode.layout import DTYPES, FORMAT, MANIFEST, VERSION
+from fastdpr.atomic import atomic_open
 from fastdpr.errors import InputError
 
+FORMAT = "fastdpr-vectors"
+VERSION = 1
+MANIFEST = "manifest.json"
+DTYPES = ("float16", "float32")
+PART_MANIFEST_RE = re.compile(r"^manifest\.part-(\d+)-of-(\d+)\.json$")
 
-def _sha256_file(path: Path) -> str:
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+def part_manifest_name(worker: int, workers: int) -> str:
+    return MANIFEST if workers == 1 else f"manifest.part-{worker}-of-{workers}.json"
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _write_bytes(path: Path, data: bytes) -> str:
+    with atomic_open(path, "wb") as fh:
+        fh.write(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_shard(out_dir: Path, index: int, row_start: int, vectors: np.ndarray, ids: list[str]) -> dict:
+    """Shard ``index`` of the corpus (rows ``row_start ..``): its vectors then its ids, each atomically; returns
+    its manifest entry, which the caller records afterwards (only then does the shard count)."""
+    name = shard_name(index)
+    vec_sha = _write_bytes(out_dir / f"{name}.npy", _npy_bytes(vectors))
+    ids_sha = _write_bytes(out_dir / f"{name}.ids.json", json.dumps(ids, ensure_ascii=False).encode("utf-8"))
+    return {"index": index, "vectors": f"{name}.npy", "ids": f"{name}.ids.json", "row_start": row_start,
+            "count": len(ids), "sha256": vec_sha, "ids_sha256": ids_sha}
+
+
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
@@ -22,15 +73,16 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _shard_intact(out_dir: Path, entry: dict) -> bool:
+def shard_intact(out_dir: Path, entry: dict) -> bool:
     try:
-        return (_sha256_file(out_dir / entry["vectors"]) == entry["sha256"]
-                and _sha256_file(out_dir / entry["ids"]) == entry["ids_sha256"])
+        return (sha256_file(out_dir / entry["vectors"]) == entry["sha256"]
+                and sha256_file(out_dir / entry["ids"]) == entry["ids_sha256"])
     except (OSError, KeyError, TypeError):
         return False
 
 
-def _read_manifest(path: Path) -> dict:
+def read_manifest_file(path: Path) -> dict:
+    """A manifest file (complete or not, merged or a worker's part), its format and version checked."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -51,6 +103,13 @@ class VectorShard:
     row_start: int  # corpus row of the first vector: rows are row_start .. row_start + count - 1
 
 
+def recorded_manifest(out_dir: str | os.PathLike) -> dict | None:
+    """The ``manifest.json`` of ``out_dir`` as written so far (an encoding still running or interrupted included:
+    what model, corpus and settings its vectors come from), or None when there is none."""
+    path = Path(out_dir) / MANIFEST
+    return read_manifest_file(path) if path.is_file() else None
+
+
 def read_manifest(out_dir: str | os.PathLike) -> dict:
     """The complete manifest of an encode output directory (InputError when unfinished or unmerged)."""
     out_dir = Path(out_dir)
@@ -60,7 +119,7 @@ def read_manifest(out_dir: str | os.PathLike) -> dict:
         if parts:
             raise InputError(f"only worker parts here ({', '.join(parts)}); merge them first: "
                              f"fastdpr encode --merge {out_dir}", path=str(out_dir))
-    manifest = _read_manifest(path)
+    manifest = read_manifest_file(path)
     _check_manifest(manifest, path)
     if not manifest.get("complete"):
         total = manifest["rows"][1] - manifest["rows"][0]
@@ -120,7 +179,7 @@ def iter_vector_shards(out_dir: str | os.PathLike, verify: bool = True) -> Itera
     out_dir = Path(out_dir)
     manifest = read_manifest(out_dir)
     for entry in manifest["shards"]:
-        if verify and not _shard_intact(out_dir, entry):
+        if verify and not shard_intact(out_dir, entry):
             raise InputError("shard fails its checksum", path=str(out_dir / entry["vectors"]))
         try:
             vectors = np.load(out_dir / entry["vectors"], mmap_mode="r", allow_pickle=False)
