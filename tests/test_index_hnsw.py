@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from compiled_extension import SIMD_LEVELS, skip_unrun
+from compiled_extension import SIMD_LEVELS, capped, simd_levels, skip_unrun
 
 from fastdpr.errors import InputError
 from fastdpr.index import build_index, load_index
@@ -205,18 +205,14 @@ def test_fp32_vectors_beyond_the_half_range(clustered, power):
 
 def test_search_at_every_simd_level(clustered):
     C = native()
-    levels = [lvl for lvl in ("scalar", "avx2", "avx512") if C.simd_supported(lvl)]
+    levels = simd_levels(C)
     x, q, truth = clustered
-    before = C.simd_level()
     results = {}
-    try:
-        for spec in ("hnsw,M=16,efc=100", "hnsw,M=16,efc=100,fp16,graph=cos", "hnsw,M=16,efc=100,mips=l2"):
-            for level in levels:
-                C.simd_force(level)
+    for spec in ("hnsw,M=16,efc=100", "hnsw,M=16,efc=100,fp16,graph=cos", "hnsw,M=16,efc=100,mips=l2"):
+        for level in levels:
+            with capped(C, level):
                 index = build_index(x, spec)  # built and searched at this level
                 results[spec, level] = index.search(q, 100, ef=150)
-    finally:
-        C.simd_force(before)
     for spec in ("hnsw,M=16,efc=100", "hnsw,M=16,efc=100,fp16,graph=cos", "hnsw,M=16,efc=100,mips=l2"):
         ref_s, ref_i = results[spec, "scalar"]
         for level in levels:
