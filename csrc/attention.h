@@ -39,8 +39,8 @@ cpu::Level best_bf16(int64_t head_dim);
 void attention_bf16(const uint16_t* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
                     int64_t n_groups, uint16_t* out, cpu::Level level, int threads);
 
-// The same in fp32 (qkv and out as above, float32; `level` one of kF32Levels), for fp32 towers, where torch's CPU flash attention is as slow
-// at head dimension 32.
+// The same in fp32 (qkv and out as above, float32; `level` one of kF32Levels), for fp32 towers, where torch's CPU
+// flash attention is as slow at head dimension 32.
 void attention_f32(const float* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
                    int64_t n_groups, float* out, cpu::Level level, int threads);
 

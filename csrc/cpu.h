@@ -71,11 +71,11 @@ Level choose(const std::string& name, const Level (&levels)[N], const std::strin
 const std::string& cap();
 bool cap_valid();
 // Moves the cap to `level`, replacing FASTDPR_SIMD's; returns widest() as it was, so that a caller can put it
-// back. Throws std::invalid_argument naming `what` when the CPU lacks `level`. The cap is process-wide, as FASTDPR_SIMD is: the
-// kernels run on OpenMP's worker threads, which a per-thread setting would not reach. It is an atomic, read once
-// per kernel call: a call already running keeps the level it started with, calls started afterwards use the new
-// cap. Each compiled module links its own copy of this registry, so the cap moved through one module's binding
-// (fastdpr._C) applies to that module's kernels only.
+// back. Throws std::invalid_argument naming `what` when the CPU lacks `level`. The cap is process-wide, as
+// FASTDPR_SIMD is: the kernels run on OpenMP's worker threads, which a per-thread setting would not reach. It is
+// an atomic, read once per kernel call: a call already running keeps the level it started with, calls started
+// afterwards use the new cap. Each compiled module links its own copy of this registry, so the cap moved through
+// one module's binding (fastdpr._C) applies to that module's kernels only.
 Level set_cap(Level level, const std::string& what);
 
 }  // namespace fastdpr::cpu

@@ -121,8 +121,8 @@ void bind_pq4(py::module_& m) {
             std::vector<uint16_t> padded(static_cast<size_t>(pq4::nblocks(n) * pq4::kBlock), 0);
             std::copy(sums.data(), sums.data() + n, padded.begin());
             std::vector<uint32_t> hits(static_cast<size_t>(n));
-            const int64_t c = pq4::filter_kernel(index_level(level, "pq4_filter"))(padded.data(), n,
-                                                                                static_cast<uint32_t>(floor), hits.data());
+            const pq4::FilterFn filter = pq4::filter_kernel(index_level(level, "pq4_filter"));
+            const int64_t c = filter(padded.data(), n, static_cast<uint32_t>(floor), hits.data());
             py::array_t<int64_t> out(static_cast<py::ssize_t>(c));
             std::copy(hits.begin(), hits.begin() + c, out.mutable_data());
             return out;
