@@ -471,45 +471,20 @@ FASTDPR_AMX void amx_release() { _tile_release(); }
 
 }  // namespace
 
-bool supported(Path path) {
-    switch (path) {
-        case Path::Scalar: return true;
-        case Path::AVX512BF16: return cpu::enabled(cpu::Level::AVX512_BF16);
-        case Path::AMX: return cpu::enabled(cpu::Level::AMX);
-        case Path::AVX512: return cpu::enabled(cpu::Level::AVX512);
-    }
-    return false;
-}
-
-Path best_path(int64_t head_dim) {
-    if (head_dim % 32 == 0 && supported(Path::AMX)) return Path::AMX;
-    if (supported(Path::AVX512BF16)) return Path::AVX512BF16;
-    return Path::Scalar;
-}
-
-Path best_path_f32() { return supported(Path::AVX512) ? Path::AVX512 : Path::Scalar; }
-
-const char* path_name(Path path) {
-    switch (path) {
-        case Path::Scalar: return "scalar";
-        case Path::AVX512BF16: return "avx512bf16";
-        case Path::AMX: return "amx";
-        case Path::AVX512: return "avx512";
-    }
-    return "?";
+cpu::Level best_bf16(int64_t head_dim) {
+    const cpu::Level level = cpu::best(kBf16Levels);
+    return level == cpu::Level::AMX && head_dim % 32 != 0 ? cpu::best(kBf16Levels + 1, 2) : level;
 }
 
 namespace {
 
 // One task per (sequence, head), after checking the shapes; the same checks for both precisions.
 std::vector<Task> make_tasks(const char* name, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
-                             int64_t n_groups, Path path) {
+                             int64_t n_groups) {
     const std::string fn = std::string("attention_") + name;
     if (heads <= 0 || head_dim <= 0 || head_dim % 16 != 0)
         throw std::invalid_argument(fn + ": heads must be > 0 and head_dim a positive multiple of 16, got heads=" +
                                     std::to_string(heads) + ", head_dim=" + std::to_string(head_dim));
-    if (!supported(path))
-        throw std::invalid_argument(fn + ": this CPU cannot run the " + path_name(path) + " path");
     std::vector<Task> tasks;
     int64_t row = 0;
     for (int64_t g = 0; g < n_groups; ++g) {
@@ -554,35 +529,33 @@ void run_tasks(const std::vector<Task>& tasks, int threads, bool amx, Head head)
 }  // namespace
 
 void attention_bf16(const uint16_t* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
-                    int64_t n_groups, uint16_t* out, Path path, int threads) {
-    if (path == Path::AVX512)
-        throw std::invalid_argument("attention_bf16: the avx512 path is fp32's; use amx, avx512bf16 or scalar");
-    const std::vector<Task> tasks = make_tasks("bf16", T, heads, head_dim, groups, n_groups, path);
-    if (path == Path::AMX && head_dim % 32 != 0)
+                    int64_t n_groups, uint16_t* out, cpu::Level level, int threads) {
+    cpu::require(level, kBf16Levels, "attention_bf16");
+    const std::vector<Task> tasks = make_tasks("bf16", T, heads, head_dim, groups, n_groups);
+    if (level == cpu::Level::AMX && head_dim % 32 != 0)
         throw std::invalid_argument("attention_bf16: the amx path needs head_dim a multiple of 32, got " +
                                     std::to_string(head_dim));
     const size_t ld = static_cast<size_t>(3 * heads * head_dim), ldo = static_cast<size_t>(heads * head_dim);
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    run_tasks(tasks, threads, path == Path::AMX, [&](const Task& task, const Task*, Scratch& w) {
+    run_tasks(tasks, threads, level == cpu::Level::AMX, [&](const Task& task, const Task*, Scratch& w) {
 #if defined(__x86_64__) || defined(_M_X64)
-        if (path == Path::AMX) return head_amx(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
-        if (path == Path::AVX512BF16) return head_avx512(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
+        if (level == cpu::Level::AMX) return head_amx(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
+        if (level == cpu::Level::AVX512_BF16)
+            return head_avx512(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
 #endif
         head_scalar(qkv, ld, task, heads, head_dim, scale, out, ldo, w);
     });
 }
 
 void attention_f32(const float* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
-                   int64_t n_groups, float* out, Path path, int threads) {
-    if (path != Path::Scalar && path != Path::AVX512)
-        throw std::invalid_argument(std::string("attention_f32: the ") + path_name(path) +
-                                    " path is bf16's; use avx512 or scalar");
-    const std::vector<Task> tasks = make_tasks("f32", T, heads, head_dim, groups, n_groups, path);
+                   int64_t n_groups, float* out, cpu::Level level, int threads) {
+    cpu::require(level, kF32Levels, "attention_f32");
+    const std::vector<Task> tasks = make_tasks("f32", T, heads, head_dim, groups, n_groups);
     const size_t ld = static_cast<size_t>(3 * heads * head_dim), ldo = static_cast<size_t>(heads * head_dim);
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     run_tasks(tasks, threads, false, [&](const Task& task, const Task* after, Scratch& w) {
 #if defined(__x86_64__) || defined(_M_X64)
-        if (path == Path::AVX512)
+        if (level == cpu::Level::AVX512)
             return head_avx512_f32(qkv, ld, task, after, heads, head_dim, scale, out, ldo, w);
 #endif
         head_scalar_f32(qkv, ld, task, heads, head_dim, scale, out, ldo, w);

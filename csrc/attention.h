@@ -19,30 +19,29 @@
 
 #include <cstdint>
 
+#include "cpu.h"
+
 namespace fastdpr::attention {
 
-// The implementations: for bf16, AMX tiles (head_dim a multiple of 32) and AVX512-BF16 dot products; for fp32,
-// AVX-512 FMAs; for both, the scalar reference the tests compare them with. Which run here is the CPU-feature
-// registry's answer (cpu.h: the amx, avx512_bf16 and avx512 levels, within the FASTDPR_SIMD cap).
-enum class Path : int { Scalar = 0, AVX512BF16 = 1, AMX = 2, AVX512 = 3 };
+// The kernel tables, by CPU level (cpu.h), widest first: for bf16, AMX tiles (head_dim a multiple of 32) and
+// AVX512-BF16 dot products; for fp32, AVX-512 FMAs; for both, the scalar reference the tests compare them with.
+// Which run here is the registry's answer (cpu::enabled, within its cap).
+inline constexpr cpu::Level kBf16Levels[] = {cpu::Level::AMX, cpu::Level::AVX512_BF16, cpu::Level::Scalar};
+inline constexpr cpu::Level kF32Levels[] = {cpu::Level::AVX512, cpu::Level::Scalar};
 
-// Whether `path` runs here (cpu.h: this CPU and OS, within the FASTDPR_SIMD cap).
-bool supported(Path path);
-// The fastest bf16 path for this head dimension, and the fastest fp32 path.
-Path best_path(int64_t head_dim);
-Path best_path_f32();
-const char* path_name(Path path);
+// The fastest bf16 level for this head dimension (amx needs a multiple of 32).
+cpu::Level best_bf16(int64_t head_dim);
 
 // qkv: T rows of 3·heads·head_dim bf16 bit patterns (all query heads, then keys, then values); the sequences lie
 // one after another, `groups` = n_groups (count, length) pairs of runs of equal-length sequences (Σ count·length =
-// T). out: T rows of heads·head_dim bf16. head_dim must be a positive multiple of 16; threads as elsewhere (0:
-// OpenMP's default).
+// T). out: T rows of heads·head_dim bf16. head_dim must be a positive multiple of 16; `level` one of kBf16Levels
+// enabled here; threads as elsewhere (0: OpenMP's default).
 void attention_bf16(const uint16_t* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
-                    int64_t n_groups, uint16_t* out, Path path, int threads);
+                    int64_t n_groups, uint16_t* out, cpu::Level level, int threads);
 
-// The same in fp32 (qkv and out as above, float32), for fp32 towers, where torch's CPU flash attention is as slow
-// at head dimension 32.
+// The same in fp32 (qkv and out as above, float32; `level` one of kF32Levels), for fp32 towers, where torch's CPU
+// flash attention is as slow at head dimension 32.
 void attention_f32(const float* qkv, int64_t T, int64_t heads, int64_t head_dim, const int64_t* groups,
-                   int64_t n_groups, float* out, Path path, int threads);
+                   int64_t n_groups, float* out, cpu::Level level, int threads);
 
 }  // namespace fastdpr::attention

@@ -32,40 +32,27 @@ int64_t check_shapes(const std::string& fn, const Array& qkv, const Array& out, 
     return head_dim;
 }
 
-// One kernel's binding: shapes checked, the path named ('' = `best` for the head dimension; names outside `paths`
-// refused), the GIL released while it runs. T: uint16_t (bf16 bits) or float.
-template <class T, class Best, class Kernel>
-void def_attention(py::module_& m, const std::string& fn, const std::vector<attention::Path>& paths, Best best,
-                   Kernel kernel, const char* doc) {
+// One kernel's binding: shapes checked, the level named ('' = `best` for the head dimension; cpu::choose refuses
+// names that are no level, no level of `levels`, or not enabled here), the GIL released while it runs. T: uint16_t
+// (bf16 bits) or float.
+template <class T, size_t N, class Best, class Kernel>
+void def_attention(py::module_& m, const std::string& fn, const cpu::Level (&levels)[N], Best best, Kernel kernel,
+                   const char* doc) {
     using Array = py::array_t<T, py::array::c_style>;
     m.def(
         fn.c_str(),
-        [fn, paths, best, kernel](const Array& qkv, Array& out, const Int64Array& groups, py::handle heads_arg,
-                                  const std::string& path_name, py::handle threads_arg) {
+        [fn, &levels, best, kernel](const Array& qkv, Array& out, const Int64Array& groups, py::handle heads_arg,
+                                    const std::string& level_name, py::handle threads_arg) {
             const int64_t heads = arg_int(heads_arg, "heads", 1);
             const int threads = arg_threads(threads_arg);
             const int64_t head_dim = check_shapes(fn, qkv, out, groups, heads);
-            attention::Path path = best(head_dim);
-            if (!path_name.empty()) {
-                std::string known;
-                bool found = false;
-                for (attention::Path p : paths) {
-                    known += std::string(attention::path_name(p)) + ", ";
-                    if (path_name == attention::path_name(p)) {
-                        path = p;
-                        found = true;
-                    }
-                }
-                if (!found)
-                    throw std::invalid_argument(fn + ": unknown path '" + path_name + "' (" + known +
-                                                "or '' for the fastest)");
-            }
+            const cpu::Level level = level_name.empty() ? best(head_dim) : cpu::choose(level_name, levels, fn);
             const T* q = qkv.data();
             T* o = out.mutable_data();
             const int64_t* g = groups.data();
             const int64_t ng = groups.shape(0), T_rows = qkv.shape(0);
             py::gil_scoped_release release;
-            kernel(q, T_rows, heads, head_dim, g, ng, o, path, threads);
+            kernel(q, T_rows, heads, head_dim, g, ng, o, level, threads);
         },
         py::arg("qkv"), py::arg("out").noconvert(), py::arg("groups"), py::arg("heads"), py::arg("path") = "",
         py::arg("threads") = 1, doc);
@@ -77,26 +64,23 @@ void bind_attention(py::module_& m) {
     m.def(
         "attention_paths",
         [](const std::string& dtype) {
-            std::vector<attention::Path> order;
-            if (dtype == "bf16") order = {attention::Path::AMX, attention::Path::AVX512BF16, attention::Path::Scalar};
-            else if (dtype == "f32") order = {attention::Path::AVX512, attention::Path::Scalar};
-            else throw std::invalid_argument("attention_paths: dtype must be 'bf16' or 'f32', got '" + dtype + "'");
-            std::vector<std::string> names;
-            for (auto path : order)
-                if (attention::supported(path)) names.emplace_back(attention::path_name(path));
-            return names;
+            if (dtype == "bf16") return enabled_names(attention::kBf16Levels);
+            if (dtype == "f32") return enabled_names(attention::kF32Levels);
+            throw std::invalid_argument("attention_paths: dtype must be 'bf16' or 'f32', got '" + dtype + "'");
         },
         py::arg("dtype") = "bf16",
-        "The attention implementations this CPU runs for dtype 'bf16' (amx, avx512bf16, scalar) or 'f32' (avx512, "
-        "scalar), fastest first.");
+        "The CPU levels (cpu.h) of the attention kernels this CPU runs for dtype 'bf16' (amx, avx512_bf16, scalar) "
+        "or 'f32' (avx512, scalar), fastest first.");
     def_attention<uint16_t>(
-        m, "attention_bf16", {attention::Path::AMX, attention::Path::AVX512BF16, attention::Path::Scalar},
-        [](int64_t head_dim) { return attention::best_path(head_dim); }, attention::attention_bf16,
-        "Exact softmax attention over packed sequences, bf16 bits in and out (see csrc/attention.h).");
+        m, "attention_bf16", attention::kBf16Levels, [](int64_t head_dim) { return attention::best_bf16(head_dim); },
+        attention::attention_bf16,
+        "Exact softmax attention over packed sequences, bf16 bits in and out, at the CPU level `path` ('' the "
+        "fastest; see csrc/attention.h).");
     def_attention<float>(
-        m, "attention_f32", {attention::Path::AVX512, attention::Path::Scalar},
-        [](int64_t) { return attention::best_path_f32(); }, attention::attention_f32,
-        "Exact softmax attention over packed sequences, float32 in and out (see csrc/attention.h).");
+        m, "attention_f32", attention::kF32Levels, [](int64_t) { return cpu::best(attention::kF32Levels); },
+        attention::attention_f32,
+        "Exact softmax attention over packed sequences, float32 in and out, at the CPU level `path` ('' the "
+        "fastest; see csrc/attention.h).");
 }
 
 }  // namespace fastdpr::bind

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "cpu.h"
+
 namespace fastdpr::bind {
 
 namespace py = pybind11;
@@ -76,8 +78,23 @@ void check_result_size(int64_t nq, int64_t k, int64_t size);
 py::tuple search_into(size_t dim, int64_t size, py::handle q, py::handle k,
                       const std::function<void(const float*, size_t, int64_t, float*, int64_t*)>& run);
 
-// every module: cpu_features(), the registry (cpu.h) as this module sees it
+// every module: cpu_features(), cpu_levels(), cpu_level(): the registry (cpu.h) as this module sees it
 void bind_cpu(py::module_& m);
+
+// The names of a kernel table's levels (cpu.h) that are enabled here, widest first: what the *_paths() functions
+// of the model kernels answer.
+template <size_t N>
+std::vector<std::string> enabled_names(const cpu::Level (&levels)[N]) {
+    std::vector<std::string> names;
+    for (cpu::Level level : levels)
+        if (cpu::enabled(level)) names.emplace_back(cpu::level_name(level));
+    return names;
+}
+
+// The level argument of an index kernel's binding (fastdpr._C: simd, pq4, sq4): '' is the active level
+// (simd::level()), any other name goes through cpu::parse_level and must be enabled here (cpu::require); `fn`
+// names the function in the errors.
+cpu::Level index_level(const std::string& name, const std::string& fn);
 
 // fastdpr._C
 void bind_simd(py::module_& m);

@@ -1,8 +1,9 @@
-// The checked integer arguments every binding unit uses (bind.h), in the code all the modules share.
+// The checked integer and level arguments the binding units use (bind.h), in the code all the modules share.
 #include <string>
 
 #include "bind.h"
 #include "parallel.h"
+#include "simd.h"
 
 namespace fastdpr::bind {
 
@@ -31,6 +32,10 @@ int arg_threads(py::handle value) {
     const int64_t requested = arg_int(value, "threads", std::numeric_limits<int64_t>::min());
     resolve_threads(requested);  // the range check, with its message
     return static_cast<int>(requested);
+}
+
+cpu::Level index_level(const std::string& name, const std::string& fn) {
+    return name.empty() ? simd::level() : cpu::require(cpu::parse_level(name, fn), fn);
 }
 
 }  // namespace fastdpr::bind

@@ -1,8 +1,11 @@
-// CPU-feature registry: cpuid and xgetbv once, the FASTDPR_SIMD cap once (see cpu.h).
+// CPU-feature registry: cpuid and xgetbv once, the FASTDPR_SIMD cap at start-up, the level names (see cpu.h).
 #include "cpu.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <stdexcept>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
@@ -15,13 +18,15 @@
 namespace fastdpr::cpu {
 namespace {
 
-constexpr const char* kNames[kLevels] = {"avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"};
+constexpr const char* kNames[kLevels] = {"scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"};
 
 struct Registry {
-    bool detected[kLevels] = {};
-    bool enabled[kLevels] = {};
+    bool detected[kLevels] = {true};  // scalar: every CPU
     std::string cap;
     bool cap_valid = true;
+    std::atomic<int> top{kLevels - 1};  // the cap: the widest level allowed
+
+    Registry();  // detection and FASTDPR_SIMD, below
 };
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -57,11 +62,11 @@ void detect(bool out[kLevels]) {
         unsigned x = 0, y = 0, z = 0;
         __get_cpuid_count(7, 1, &a71, &x, &y, &z);
     }
-    out[0] = os_avx && fma && f16c && bit(b7, 5);
-    out[1] = out[0] && os_avx512 && bit(b7, 16) && bit(b7, 30) && bit(b7, 31);
-    out[2] = out[1] && bit(c7, 11);
-    out[3] = out[2] && bit(a71, 5);
-    out[4] = out[3] && os_amx && bit(d7, 22) && bit(d7, 24);  // and the OS's permission: amx_ready()
+    out[1] = os_avx && fma && f16c && bit(b7, 5);
+    out[2] = out[1] && os_avx512 && bit(b7, 16) && bit(b7, 30) && bit(b7, 31);
+    out[3] = out[2] && bit(c7, 11);
+    out[4] = out[3] && bit(a71, 5);
+    out[5] = out[4] && os_amx && bit(d7, 22) && bit(d7, 24);  // and the OS's permission: amx_ready()
 }
 #else
 void detect(bool[kLevels]) {}
@@ -74,37 +79,48 @@ bool amx_ready() {
     return ready;
 }
 
-Registry make() {
-    Registry r;
-    detect(r.detected);
-    int top = kLevels - 1;  // the highest level allowed
+int level_named(const std::string& name) {
+    for (int i = 0; i < kLevels; ++i)
+        if (name == kNames[i]) return i;
+    return -1;
+}
+
+Registry::Registry() {
+    detect(detected);
     if (const char* env = std::getenv("FASTDPR_SIMD")) {
-        r.cap = env;
-        Level level;
-        if (r.cap == "scalar") top = -1;
-        else if (parse_level(r.cap, level)) top = static_cast<int>(level);
-        else if (!r.cap.empty()) r.cap_valid = false;
+        cap = env;
+        const int named = level_named(cap);
+        if (named >= 0) top = named;
+        else if (!cap.empty()) cap_valid = false;
     }
-    for (int i = 0; i < kLevels; ++i) r.enabled[i] = r.detected[i] && i <= top;
+}
+
+Registry& registry() {
+    static Registry r;
     return r;
 }
 
-const Registry& registry() {
-    static const Registry r = make();
-    return r;
+Level widest_detected() {
+    int best = 0;
+    for (int i = 1; i < kLevels && detected(static_cast<Level>(i)); ++i) best = i;
+    return static_cast<Level>(best);
 }
 
 }  // namespace
 
 const char* level_name(Level level) { return kNames[static_cast<int>(level)]; }
 
-bool parse_level(const std::string& name, Level& level) {
-    for (int i = 0; i < kLevels; ++i)
-        if (name == kNames[i]) {
-            level = static_cast<Level>(i);
-            return true;
-        }
-    return false;
+std::string level_names() {
+    std::string names;
+    for (int i = 0; i < kLevels; ++i) names += std::string(i ? ", " : "") + kNames[i];
+    return names;
+}
+
+Level parse_level(const std::string& name, const std::string& what) {
+    const int named = level_named(name);
+    if (named < 0)
+        throw std::invalid_argument(what + ": unknown CPU level '" + name + "'; the levels are " + level_names());
+    return static_cast<Level>(named);
 }
 
 bool detected(Level level) {
@@ -112,10 +128,55 @@ bool detected(Level level) {
 }
 
 bool enabled(Level level) {
-    return registry().enabled[static_cast<int>(level)] && (level != Level::AMX || amx_ready());
+    return static_cast<int>(level) <= registry().top.load(std::memory_order_relaxed) && detected(level);
+}
+
+Level require(Level level, const std::string& what) {
+    if (enabled(level)) return level;
+    const std::string name = level_name(level);
+    if (!detected(level))
+        throw std::invalid_argument(what + ": this CPU cannot run the " + name + " level (it runs up to " +
+                                    level_name(widest_detected()) + ")");
+    throw std::invalid_argument(what + ": the " + name + " level is above the cap, " + level_name(widest()) +
+                                " (FASTDPR_SIMD, or cpu::set_cap)");
+}
+
+Level widest(Level ceiling) {
+    const int top = std::min(registry().top.load(std::memory_order_relaxed), static_cast<int>(ceiling));
+    int best = 0;
+    for (int i = 1; i <= top && detected(static_cast<Level>(i)); ++i) best = i;
+    return static_cast<Level>(best);
+}
+
+Level best(const Level* levels, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+        if (enabled(levels[i])) return levels[i];
+    return Level::Scalar;
+}
+
+Level require(Level level, const Level* levels, size_t n, const std::string& what) {
+    std::string has;
+    for (size_t i = 0; i < n; ++i) {
+        if (levels[i] == level) return require(level, what);
+        has += std::string(has.empty() ? "" : ", ") + level_name(levels[i]);
+    }
+    throw std::invalid_argument(what + ": no " + level_name(level) + " kernel; it has " + has);
+}
+
+Level choose(const std::string& name, const Level* levels, size_t n, const std::string& what) {
+    return name.empty() ? best(levels, n) : require(parse_level(name, what), levels, n, what);
 }
 
 const std::string& cap() { return registry().cap; }
 bool cap_valid() { return registry().cap_valid; }
+
+Level set_cap(Level level, const std::string& what) {
+    if (!detected(level))
+        throw std::invalid_argument(what + ": this CPU cannot run the " + level_name(level) + " level (it runs up to " +
+                                    level_name(widest_detected()) + ")");
+    const Level before = widest();
+    registry().top.store(static_cast<int>(level), std::memory_order_relaxed);
+    return before;
+}
 
 }  // namespace fastdpr::cpu

@@ -77,29 +77,17 @@ FASTDPR_AVX512 void avx512(float* x, int64_t n, uint64_t t, uint64_t seed, float
 
 }  // namespace
 
-bool supported(Path path) {
-#if defined(__x86_64__) || defined(_M_X64)
-    if (path == Path::AVX512) return cpu::enabled(cpu::Level::AVX512);
-#endif
-    return path == Path::Scalar;
-}
-
-Path best_path() { return supported(Path::AVX512) ? Path::AVX512 : Path::Scalar; }
-
-const char* path_name(Path path) { return path == Path::AVX512 ? "avx512" : "scalar"; }
-
 uint64_t threshold(double keep_prob) {
     if (!(keep_prob > 0.0)) return 0;
     if (keep_prob >= 1.0) return uint64_t{1} << 32;
     return static_cast<uint64_t>(std::llround(keep_prob * 4294967296.0));
 }
 
-void apply(float* x, int64_t n, double keep_prob, uint64_t seed, float scale, Path path) {
-    if (!supported(path)) throw std::invalid_argument(std::string("dropout: path ") + path_name(path) +
-                                                      " does not run on this CPU");
+void apply(float* x, int64_t n, double keep_prob, uint64_t seed, float scale, cpu::Level level) {
+    cpu::require(level, kLevels, "dropout");
     const uint64_t t = threshold(keep_prob);
 #if defined(__x86_64__) || defined(_M_X64)
-    if (path == Path::AVX512) return avx512(x, n, t, seed, scale);
+    if (level == cpu::Level::AVX512) return avx512(x, n, t, seed, scale);
 #endif
     scalar(x, n, t, seed, scale);
 }

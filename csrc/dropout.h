@@ -11,17 +11,18 @@
 
 #include <cstdint>
 
+#include "cpu.h"
+
 namespace fastdpr::dropout {
 
-enum class Path { AVX512, Scalar };
-bool supported(Path path);
-Path best_path();
-const char* path_name(Path path);
+// The kernel table, by CPU level (cpu.h), widest first.
+inline constexpr cpu::Level kLevels[] = {cpu::Level::AVX512, cpu::Level::Scalar};
 
 // Lanes below this value keep their element: round(keep_prob · 2^32), from 0 (drop all) to 2^32 (keep all).
 uint64_t threshold(double keep_prob);
 
-// x[i] = keep(seed, i) ? x[i] * scale : 0 for i in [0, n), in place; every path gives the same bits.
-void apply(float* x, int64_t n, double keep_prob, uint64_t seed, float scale, Path path);
+// x[i] = keep(seed, i) ? x[i] * scale : 0 for i in [0, n), in place; every level of kLevels gives the same bits
+// (`level`: one of them enabled here).
+void apply(float* x, int64_t n, double keep_prob, uint64_t seed, float scale, cpu::Level level);
 
 }  // namespace fastdpr::dropout

@@ -7,27 +7,11 @@
 
 namespace fastdpr::bind {
 
-namespace {
-
-dropout::Path path_named(const std::string& name) {
-    if (name.empty()) return dropout::best_path();
-    for (dropout::Path p : {dropout::Path::AVX512, dropout::Path::Scalar})
-        if (name == dropout::path_name(p)) return p;
-    throw std::invalid_argument("dropout_: unknown path '" + name + "' (avx512, scalar, or '' for the fastest)");
-}
-
-}  // namespace
-
 void bind_dropout(py::module_& m) {
     m.def(
         "dropout_paths",
-        [] {
-            std::vector<std::string> names;
-            for (dropout::Path p : {dropout::Path::AVX512, dropout::Path::Scalar})
-                if (dropout::supported(p)) names.emplace_back(dropout::path_name(p));
-            return names;
-        },
-        "The seeded dropout implementations this CPU runs (avx512, scalar), fastest first.");
+        [] { return enabled_names(dropout::kLevels); },
+        "The CPU levels (cpu.h) of the seeded dropout kernels this CPU runs (avx512, scalar), fastest first.");
     m.def(
         "dropout_",
         [](py::array x, double keep_prob, py::handle seed, double scale, const std::string& path_name_) {
@@ -38,14 +22,11 @@ void bind_dropout(py::module_& m) {
                 throw std::invalid_argument("dropout_: keep_prob must be in [0, 1], got " + std::to_string(keep_prob));
             // any 64-bit pattern: the torch side draws it as a signed int64
             const auto s = static_cast<uint64_t>(arg_int(seed, "seed", std::numeric_limits<int64_t>::min()));
-            const dropout::Path path = path_named(path_name_);
-            if (!dropout::supported(path))
-                throw std::invalid_argument(std::string("dropout_: path ") + dropout::path_name(path) +
-                                            " does not run on this CPU");
+            const cpu::Level level = cpu::choose(path_name_, dropout::kLevels, "dropout_");
             float* data = static_cast<float*>(x.mutable_data());
             const int64_t n = x.size();
             py::gil_scoped_release release;
-            dropout::apply(data, n, keep_prob, s, static_cast<float>(scale), path);
+            dropout::apply(data, n, keep_prob, s, static_cast<float>(scale), level);
         },
         py::arg("x"), py::arg("keep_prob"), py::arg("seed"), py::arg("scale"), py::arg("path") = "",
         "x[i] = x[i] * scale where element i is kept (probability keep_prob), else 0; the mask is a function of "

@@ -208,24 +208,6 @@ constexpr RowsPanelF32 kRowsPanelF32[kRows + 1] = {
 
 }  // namespace
 
-bool supported(Path path) {
-    switch (path) {
-        case Path::Scalar: return true;
-        case Path::AVX512BF16: return cpu::enabled(cpu::Level::AVX512_BF16);
-        case Path::AVX512: return cpu::enabled(cpu::Level::AVX512);
-    }
-    return false;
-}
-
-const char* path_name(Path path) {
-    switch (path) {
-        case Path::AVX512BF16: return "avx512bf16";
-        case Path::AVX512: return "avx512";
-        case Path::Scalar: break;
-    }
-    return "scalar";
-}
-
 void pack_weight(const uint16_t* w, int64_t n, int64_t k, uint32_t* packed) {
     if (n % kPanel != 0 || k % 2 != 0 || n <= 0 || k <= 0)
         throw std::invalid_argument("linear_bf16_pack: weight (" + std::to_string(n) + ", " + std::to_string(k) +
@@ -237,14 +219,13 @@ void pack_weight(const uint16_t* w, int64_t n, int64_t k, uint32_t* packed) {
 }
 
 void linear_bf16(const uint16_t* x, int64_t m, int64_t k, const uint32_t* packed, int64_t n, const float* bias,
-                 Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32, Path path,
+                 Activation act, const uint16_t* residual, uint16_t* out_bf16, float* out_f32, cpu::Level level,
                  int threads) {
     if ((out_bf16 == nullptr) == (out_f32 == nullptr))
         throw std::invalid_argument("linear_bf16: exactly one of a bf16 and a float32 output");
-    if (path == Path::AVX512 || !supported(path))
-        throw std::invalid_argument(std::string("linear_bf16: path '") + path_name(path) + "' does not run here");
+    cpu::require(level, kBf16Levels, "linear_bf16");
 #if defined(__x86_64__) || defined(_M_X64)
-    if (path == Path::AVX512BF16)
+    if (level == cpu::Level::AVX512_BF16)
         return linear_avx512bf16(x, m, k, packed, n, bias, act, residual, out_bf16, out_f32,
                                  resolve_threads(threads));
 #endif
@@ -260,11 +241,10 @@ void pack_weight_f32(const float* w, int64_t n, int64_t k, float* packed) {
 }
 
 void linear_f32(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, const float* bias,
-                Activation act, const float* residual, float* out, Path path, int threads) {
-    if (path == Path::AVX512BF16 || !supported(path))
-        throw std::invalid_argument(std::string("linear_f32: path '") + path_name(path) + "' does not run here");
+                Activation act, const float* residual, float* out, cpu::Level level, int threads) {
+    cpu::require(level, kF32Levels, "linear_f32");
 #if defined(__x86_64__) || defined(_M_X64)
-    if (path == Path::AVX512) {
+    if (level == cpu::Level::AVX512) {
         for_blocks(m, n, resolve_threads(threads), [&](int rows, int64_t r, int64_t c) {
             kRowsPanelF32[rows](x + r * k, k, packed + (c / kPanel) * k * kPanel, c, bias, act, residual, r, n, out);
         });

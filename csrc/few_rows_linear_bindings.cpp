@@ -13,22 +13,6 @@ using U32Array = py::array_t<uint32_t, py::array::c_style>;
 using U16In = py::array_t<uint16_t, py::array::c_style>;
 using F32In = py::array_t<float, py::array::c_style>;
 
-// `vector`: the vectorised path of the function (AVX512BF16 for bf16, AVX512 for fp32); '' = the fastest here.
-linear::Path path_named(const std::string& fn, const std::string& name, linear::Path vector) {
-    for (linear::Path p : {vector, linear::Path::Scalar})
-        if (name == linear::path_name(p)) return p;
-    if (name.empty()) return linear::supported(vector) ? vector : linear::Path::Scalar;
-    throw std::invalid_argument(fn + ": unknown path '" + name + "' (" + linear::path_name(vector) +
-                                ", scalar, or '' for the fastest)");
-}
-
-std::vector<std::string> paths_of(linear::Path vector) {
-    std::vector<std::string> names;
-    for (linear::Path p : {vector, linear::Path::Scalar})
-        if (linear::supported(p)) names.emplace_back(linear::path_name(p));
-    return names;
-}
-
 // The checks both layers share: x (m, k) against the packed weight's `values` and out_features; bias (n floats)
 // or None. Returns the bias pointer (nullptr for None); `keep` holds the converted array.
 const float* check_common(const std::string& fn, const py::array& x, int64_t values, int64_t n, int64_t per_value,
@@ -81,11 +65,12 @@ const T* residual_of(const std::string& fn, py::object residual, int64_t m, int6
 
 void bind_linear(py::module_& m) {
     m.def(
-        "linear_bf16_paths", [] { return paths_of(linear::Path::AVX512BF16); },
-        "The few-rows bf16 linear implementations this CPU runs (avx512bf16, scalar), fastest first.");
+        "linear_bf16_paths", [] { return enabled_names(linear::kBf16Levels); },
+        "The CPU levels (cpu.h) of the few-rows bf16 linear kernels this CPU runs (avx512_bf16, scalar), fastest "
+        "first.");
     m.def(
-        "linear_f32_paths", [] { return paths_of(linear::Path::AVX512); },
-        "The few-rows fp32 linear implementations this CPU runs (avx512, scalar), fastest first.");
+        "linear_f32_paths", [] { return enabled_names(linear::kF32Levels); },
+        "The CPU levels (cpu.h) of the few-rows fp32 linear kernels this CPU runs (avx512, scalar), fastest first.");
     m.def(
         "linear_bf16_pack",
         [](const U16In& w) {
@@ -126,19 +111,19 @@ void bind_linear(py::module_& m) {
             if (out.dtype().is(py::dtype::of<uint16_t>())) out16 = static_cast<uint16_t*>(out.mutable_data());
             else if (out.dtype().is(py::dtype::of<float>())) out32 = static_cast<float*>(out.mutable_data());
             else throw std::invalid_argument("linear_bf16: out must be uint16 (bf16 bits) or float32");
-            const linear::Path path = path_named(fn, path_name, linear::Path::AVX512BF16);
+            const cpu::Level level = cpu::choose(path_name, linear::kBf16Levels, fn);
             const linear::Activation act = activation_named(activation);
             const uint16_t* xs = x.data();
             const uint32_t* pw = packed.data();
             py::gil_scoped_release release;
-            linear::linear_bf16(xs, rows, k, pw, n, b, act, res, out16, out32, path, threads);
+            linear::linear_bf16(xs, rows, k, pw, n, b, act, res, out16, out32, level, threads);
         },
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
         py::arg("activation") = "", py::arg("residual") = py::none(), py::arg("out").noconvert(),
         py::arg("path") = "", py::arg("threads") = 1,
         "activation(x Wᵀ + bias) + residual for few rows of bf16 (see csrc/few_rows_linear.h; activation '', "
-        "'gelu', 'gelu_tanh' or 'relu'), written to `out`: bf16 bits (uint16, rounded once) or float32; `threads` "
-        "split the output columns (0: all cores).");
+        "'gelu', 'gelu_tanh' or 'relu'), written to `out`: bf16 bits (uint16, rounded once) or float32; `path`: the "
+        "CPU level ('' the fastest); `threads` split the output columns (0: all cores).");
     m.def(
         "linear_f32",
         [](const F32In& x, const F32In& packed, py::handle out_features, py::object bias,
@@ -155,19 +140,19 @@ void bind_linear(py::module_& m) {
             check_out(fn, out, rows, n);
             if (!out.dtype().is(py::dtype::of<float>()))
                 throw std::invalid_argument("linear_f32: out must be float32");
-            const linear::Path path = path_named(fn, path_name, linear::Path::AVX512);
+            const cpu::Level level = cpu::choose(path_name, linear::kF32Levels, fn);
             const linear::Activation act = activation_named(activation);
             const float *xs = x.data(), *pw = packed.data();
             float* o = static_cast<float*>(out.mutable_data());
             py::gil_scoped_release release;
-            linear::linear_f32(xs, rows, k, pw, n, b, act, res, o, path, threads);
+            linear::linear_f32(xs, rows, k, pw, n, b, act, res, o, level, threads);
         },
         py::arg("x"), py::arg("packed"), py::arg("out_features"), py::arg("bias") = py::none(),
         py::arg("activation") = "", py::arg("residual") = py::none(), py::arg("out").noconvert(),
         py::arg("path") = "", py::arg("threads") = 1,
         "activation(x Wᵀ + bias) + residual for few rows of float32 (see csrc/few_rows_linear.h; activation '', "
-        "'gelu', 'gelu_tanh' or 'relu'), written to the float32 array `out`; `threads` split the output columns (0: "
-        "all cores).");
+        "'gelu', 'gelu_tanh' or 'relu'), written to the float32 array `out`; `path`: the CPU level ('' the fastest); "
+        "`threads` split the output columns (0: all cores).");
 }
 
 }  // namespace fastdpr::bind

@@ -253,7 +253,7 @@ public:
           lut_(static_cast<size_t>(ix.index.m()) * pq4::kKsub),
           scan_(pq4::scan_kernel()),
           filter_(pq4::filter_kernel()),
-          lut4_(simd::current() == simd::Level::AVX512 ? lut4_avx512 : lut4_scalar) {}
+          lut4_(simd::level() == cpu::Level::AVX512 ? lut4_avx512 : lut4_scalar) {}
 
     void start(const float* qv, size_t keep) override {
         // m x 16 products of d/m-dimensional sub-vectors, too small for the panel kernel

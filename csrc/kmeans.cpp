@@ -116,13 +116,13 @@ FASTDPR_KMEANS_KERNELS(avx512, __attribute__((target("avx512f,avx512vl,avx2,fma,
                        8)
 #endif
 
-// The level follows simd::current(), so simd::force_level (tests, benchmarks) switches these kernels too.
+// The level follows simd::level() (the index kernels' one), so the registry's cap (cpu.h) switches these kernels too.
 IpTFn ip_T_kernel() {
 #if defined(__x86_64__) && defined(__GNUC__)
-    switch (simd::current()) {
-        case simd::Level::AVX512: return ip_T_avx512;
-        case simd::Level::AVX2: return ip_T_avx2;
-        default: break;
+    switch (simd::level()) {
+        case cpu::Level::Scalar: break;
+        case cpu::Level::AVX2: return ip_T_avx2;
+        default: return ip_T_avx512;
     }
 #endif
     return ip_T_default;
@@ -130,10 +130,10 @@ IpTFn ip_T_kernel() {
 
 NearestFn nearest_kernel() {
 #if defined(__x86_64__) && defined(__GNUC__)
-    switch (simd::current()) {
-        case simd::Level::AVX512: return nearest_avx512;
-        case simd::Level::AVX2: return nearest_avx2;
-        default: break;
+    switch (simd::level()) {
+        case cpu::Level::Scalar: break;
+        case cpu::Level::AVX2: return nearest_avx2;
+        default: return nearest_avx512;
     }
 #endif
     return nearest_default;

@@ -87,20 +87,13 @@ FASTDPR_AVX512BW void avx512(const float* x_f32, const uint16_t* x_bf16, int64_t
 
 }  // namespace
 
-bool supported(Path path) { return path == Path::Scalar || cpu::enabled(cpu::Level::AVX512); }
-
-Path best_path() { return supported(Path::AVX512) ? Path::AVX512 : Path::Scalar; }
-
-const char* path_name(Path path) { return path == Path::AVX512 ? "avx512" : "scalar"; }
-
 void layer_norm(const float* x_f32, const uint16_t* x_bf16, int64_t rows, int64_t width, const float* gamma,
-                const float* beta, float eps, float* out_f32, uint16_t* out_bf16, Path path) {
+                const float* beta, float eps, float* out_f32, uint16_t* out_bf16, cpu::Level level) {
     if ((x_f32 == nullptr) == (x_bf16 == nullptr) || (out_f32 == nullptr) == (out_bf16 == nullptr))
         throw std::invalid_argument("layer_norm: exactly one input and one output type");
-    if (!supported(path))
-        throw std::invalid_argument(std::string("layer_norm: path '") + path_name(path) + "' does not run here");
+    cpu::require(level, kLevels, "layer_norm");
 #if defined(__x86_64__) || defined(_M_X64)
-    if (path == Path::AVX512) return avx512(x_f32, x_bf16, rows, width, gamma, beta, eps, out_f32, out_bf16);
+    if (level == cpu::Level::AVX512) return avx512(x_f32, x_bf16, rows, width, gamma, beta, eps, out_f32, out_bf16);
 #endif
     scalar(x_f32, x_bf16, rows, width, gamma, beta, eps, out_f32, out_bf16);
 }

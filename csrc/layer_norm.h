@@ -12,17 +12,17 @@
 
 #include <cstdint>
 
+#include "cpu.h"
+
 namespace fastdpr::layer_norm {
 
-enum class Path : int { Scalar = 0, AVX512 = 1 };
-
-bool supported(Path path);
-Path best_path();
-const char* path_name(Path path);
+// The kernel table, by CPU level (cpu.h), widest first.
+inline constexpr cpu::Level kLevels[] = {cpu::Level::AVX512, cpu::Level::Scalar};
 
 // x: (rows, width) float32 (x_f32) or bf16 bits (x_bf16), exactly one non-null; gamma, beta: width floats;
-// out: (rows, width), exactly one of out_bf16 / out_f32 non-null. `out` may be `x` itself (same type).
+// out: (rows, width), exactly one of out_bf16 / out_f32 non-null. `out` may be `x` itself (same type). `level`:
+// one of kLevels enabled here.
 void layer_norm(const float* x_f32, const uint16_t* x_bf16, int64_t rows, int64_t width, const float* gamma,
-                const float* beta, float eps, float* out_f32, uint16_t* out_bf16, Path path);
+                const float* beta, float eps, float* out_f32, uint16_t* out_bf16, cpu::Level level);
 
 }  // namespace fastdpr::layer_norm

@@ -10,13 +10,6 @@ namespace fastdpr::bind {
 
 namespace {
 
-layer_norm::Path path_named(const std::string& name) {
-    if (name.empty()) return layer_norm::best_path();
-    for (layer_norm::Path p : {layer_norm::Path::AVX512, layer_norm::Path::Scalar})
-        if (name == layer_norm::path_name(p)) return p;
-    throw std::invalid_argument("layer_norm: unknown path '" + name + "' (avx512, scalar, or '' for the fastest)");
-}
-
 // A writable C-contiguous (rows, width) float32 or uint16 (bf16 bits) array, as (f32, bf16) pointers.
 std::pair<float*, uint16_t*> rows_array(py::array& a, const char* what, bool writable) {
     if (a.ndim() != 2 || !(a.flags() & py::array::c_style))
@@ -32,13 +25,8 @@ std::pair<float*, uint16_t*> rows_array(py::array& a, const char* what, bool wri
 void bind_layer_norm(py::module_& m) {
     m.def(
         "layer_norm_paths",
-        [] {
-            std::vector<std::string> names;
-            for (layer_norm::Path p : {layer_norm::Path::AVX512, layer_norm::Path::Scalar})
-                if (layer_norm::supported(p)) names.emplace_back(layer_norm::path_name(p));
-            return names;
-        },
-        "The layer norm implementations this CPU runs (avx512, scalar), fastest first.");
+        [] { return enabled_names(layer_norm::kLevels); },
+        "The CPU levels (cpu.h) of the layer norm kernels this CPU runs (avx512, scalar), fastest first.");
     m.def(
         "layer_norm",
         [](py::array x, const FloatArray& gamma, const FloatArray& beta, double eps, py::array out,
@@ -54,15 +42,16 @@ void bind_layer_norm(py::module_& m) {
                 throw std::invalid_argument("layer_norm: gamma and beta must have " + std::to_string(width) +
                                             " values");
             if (!(eps >= 0.0)) throw std::invalid_argument("layer_norm: eps must be >= 0");
-            const layer_norm::Path path = path_named(path_name);
+            const cpu::Level level = cpu::choose(path_name, layer_norm::kLevels, "layer_norm");
             const float *g = gamma.data(), *b = beta.data();
             py::gil_scoped_release release;
-            layer_norm::layer_norm(x32, x16, rows, width, g, b, static_cast<float>(eps), o32, o16, path);
+            layer_norm::layer_norm(x32, x16, rows, width, g, b, static_cast<float>(eps), o32, o16, level);
         },
         py::arg("x"), py::arg("gamma"), py::arg("beta"), py::arg("eps"), py::arg("out").noconvert(),
         py::arg("path") = "",
         "Layer norm of the rows of x (float32 or bf16 bits as uint16) into out (either type; may be x): "
-        "(x - mean) / sqrt(var + eps) * gamma + beta, statistics in fp32 (csrc/layer_norm.h).");
+        "(x - mean) / sqrt(var + eps) * gamma + beta, statistics in fp32, at the CPU level `path` ('' the fastest; "
+        "csrc/layer_norm.h).");
 }
 
 }  // namespace fastdpr::bind

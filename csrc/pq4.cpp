@@ -342,58 +342,44 @@ FASTDPR_PQ4_AVX512 void quantize_lut(const float* lut, int64_t m, QuantizedLUT& 
 }  // namespace avx512
 
 // ---------------------------------------------------------------------------------------------------------------
-// dispatch: the level simd.h chose (or a test forced); its avx512 level includes the BW byte instructions (cpu.h)
+// dispatch: a table per CPU level (cpu.h); its avx512 level includes the BW byte instructions, and the levels
+// above it scan with the avx512 kernels. The active level is simd::level(), the index kernels' one.
 
-ScanFn scan_kernel(simd::Level level) {
-    if (!simd::supported(level))
-        throw std::invalid_argument(std::string("this CPU does not support ") + simd::level_name(level));
-    switch (level) {
-        case simd::Level::AVX512:
-            return avx512::scan;
-        case simd::Level::AVX2:
-            return avx2::scan;
-        default:
-            return scalar::scan;
+ScanFn scan_kernel(cpu::Level level) {
+    switch (cpu::require(level, "pq4 scan")) {
+        case cpu::Level::Scalar: return scalar::scan;
+        case cpu::Level::AVX2: return avx2::scan;
+        default: return avx512::scan;
     }
 }
 
-ScanFn scan_kernel() { return scan_kernel(simd::current()); }
+ScanFn scan_kernel() { return scan_kernel(simd::level()); }
 
-FilterFn filter_kernel(simd::Level level) {
-    if (!simd::supported(level))
-        throw std::invalid_argument(std::string("this CPU does not support ") + simd::level_name(level));
-    switch (level) {
-        case simd::Level::AVX512:
-            return avx512::filter;
-        case simd::Level::AVX2:
-            return avx2::filter;
-        default:
-            return scalar::filter;
+FilterFn filter_kernel(cpu::Level level) {
+    switch (cpu::require(level, "pq4 filter")) {
+        case cpu::Level::Scalar: return scalar::filter;
+        case cpu::Level::AVX2: return avx2::filter;
+        default: return avx512::filter;
     }
 }
 
-FilterFn filter_kernel() { return filter_kernel(simd::current()); }
+FilterFn filter_kernel() { return filter_kernel(simd::level()); }
 
-void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out, simd::Level level) {
-    if (!simd::supported(level))
-        throw std::invalid_argument(std::string("this CPU does not support ") + simd::level_name(level));
+void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out, cpu::Level level) {
     // AVX2 has no row-wide reductions worth the code: that level quantizes with the scalar kernel
-    if (level == simd::Level::AVX512)
+    if (cpu::require(level, "pq4 quantize_lut") >= cpu::Level::AVX512)
         avx512::quantize_lut(lut, m, out);
     else
         scalar::quantize_lut(lut, m, out);
 }
 
-void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out) { quantize_lut(lut, m, out, simd::current()); }
+void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out) { quantize_lut(lut, m, out, simd::level()); }
 
-const char* kernel_name(simd::Level level) {
-    switch (level) {
-        case simd::Level::AVX512:
-            return "avx512bw";
-        case simd::Level::AVX2:
-            return "avx2";
-        default:
-            return "scalar";
+const char* kernel_name(cpu::Level level) {
+    switch (cpu::require(level, "pq4 kernel")) {
+        case cpu::Level::Scalar: return "scalar";
+        case cpu::Level::AVX2: return "avx2";
+        default: return "avx512bw";
     }
 }
 

@@ -73,8 +73,8 @@ struct QuantizedLUT {
     float error_bound(int64_t m) const { return 0.5f * static_cast<float>(m) * delta; }
 };
 void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out);
-// The same through the kernel of a SIMD level (bit-identical output at every level; tests compare them).
-void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out, simd::Level level);
+// The same through the kernel of a CPU level (bit-identical output at every level; tests compare them).
+void quantize_lut(const float* lut, int64_t m, QuantizedLUT& out, cpu::Level level);
 
 // The float score of a sum, as every caller must compute it (the same expression wherever a threshold is
 // translated to sums, so that `first_reaching` and the scores agree to the bit): monotone non-decreasing in s
@@ -111,7 +111,7 @@ inline uint32_t first_reaching(float base, float delta, float thr) {
 // Writes the indices i < n with sums[i] >= floor to `out` (room for n), in increasing order; returns how many.
 // `sums` must hold nblocks(n) * kBlock values (what a scan writes): the wide kernels read whole blocks.
 using FilterFn = int64_t (*)(const uint16_t* sums, int64_t n, uint32_t floor, uint32_t* out);
-FilterFn filter_kernel(simd::Level level);
+FilterFn filter_kernel(cpu::Level level);
 FilterFn filter_kernel();
 
 // How far ahead of its reads a scan requests the codes (software prefetch, one request per 64-byte line read).
@@ -127,12 +127,13 @@ constexpr size_t kPrefetchBytes = 8192;
 using ScanFn = void (*)(const uint8_t* blocks, int64_t nblocks, int64_t m, const uint8_t* table, uint16_t* out,
                        const uint8_t* next, size_t next_bytes);
 
-// The scan kernel of a SIMD level (the AVX-512 one needs AVX-512BW; without it that level scans with AVX2), and
-// the one of the active level (simd::current()). Throws std::invalid_argument when the CPU lacks the level.
-ScanFn scan_kernel(simd::Level level);
+// The scan kernel of a CPU level (cpu.h: its avx512 level includes AVX-512BW; the levels above avx512 scan with the
+// avx512 kernel), and the one of the active level (simd::level()). cpu::require's std::invalid_argument when the
+// level is not enabled here.
+ScanFn scan_kernel(cpu::Level level);
 ScanFn scan_kernel();
-// Which kernel a level runs: "scalar", "avx2" or "avx512bw".
-const char* kernel_name(simd::Level level);
+// Which kernel a level runs: "scalar", "avx2" or "avx512bw" (the same refusal as scan_kernel).
+const char* kernel_name(cpu::Level level);
 
 // The k largest sums of n packed vectors (ties: smaller index first), best first, through `scan`.
 void topk(const uint8_t* blocks, int64_t n, int64_t m, const uint8_t* table, int64_t k, ScanFn scan,

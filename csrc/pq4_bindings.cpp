@@ -1,4 +1,4 @@
-// Python bindings of the 4-bit fast-scan kernels (tests and benchmarks compare the SIMD levels with the scalar one).
+// Python bindings of the 4-bit fast-scan kernels (tests and benchmarks compare the CPU levels with the scalar one).
 #include <string>
 
 #include "bind.h"
@@ -10,16 +10,9 @@ namespace {
 
 using U8Array = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
 
-// "" is the active level
-simd::Level level_of(const std::string& level) {
-    if (level.empty()) return simd::current();
-    if (level == "scalar") return simd::Level::Scalar;
-    if (level == "avx2") return simd::Level::AVX2;
-    if (level == "avx512") return simd::Level::AVX512;
-    throw std::invalid_argument("unknown SIMD level '" + level + "' (scalar, avx2, avx512)");
+pq4::ScanFn scan_for(const std::string& level, const std::string& fn) {
+    return pq4::scan_kernel(index_level(level, fn));
 }
-
-pq4::ScanFn scan_for(const std::string& level) { return pq4::scan_kernel(level_of(level)); }
 
 int64_t check_m(py::handle m) { return arg_int(m, "m", 1, pq4::kMaxM); }
 
@@ -67,8 +60,7 @@ void bind_pq4(py::module_& m) {
             if (q.ndim() != 1 || lo.size() != d || step.size() != d || rows.ndim() != 2 ||
                 rows.shape(1) != static_cast<py::ssize_t>(sq4::row_bytes(d)))
                 throw std::invalid_argument("sq4_scores: q, lo and step must be (d,), rows (n, ceil(d / 2))");
-            const sq4::DotFn dot = sq4::dot_kernel(level_of(level));
-            if (!simd::supported(level_of(level))) throw std::invalid_argument("sq4_scores: this CPU lacks " + level);
+            const sq4::DotFn dot = sq4::dot_kernel(index_level(level, "sq4_scores"));
             sq4::Query prepared;
             sq4::prepare_query(q.data(), d, lo.data(), step.data(), prepared);
             py::array_t<float> out(rows.shape(0));
@@ -78,15 +70,13 @@ void bind_pq4(py::module_& m) {
             return out;
         },
         py::arg("q"), py::arg("rows"), py::arg("lo"), py::arg("step"), py::arg("level") = "",
-        "<q, x~> of each 4-bit row with the kernel of a SIMD level ('' the active one).");
+        "<q, x~> of each 4-bit row with the kernel of a CPU level ('' the active one).");
     m.attr("pq4_block") = pq4::kBlock;
     m.def("pq4_padded_m", [](py::handle msub) { return pq4::padded_m(check_m(msub)); });
-    m.def("pq4_kernel", [](const std::string& level) {
-        return std::string(pq4::kernel_name(level.empty() ? simd::current()
-                                            : level == "scalar" ? simd::Level::Scalar
-                                            : level == "avx2"   ? simd::Level::AVX2
-                                                                : simd::Level::AVX512));
-    }, py::arg("level") = "", "Which scan kernel a SIMD level runs (scalar, avx2, avx512bw).");
+    m.def(
+        "pq4_kernel",
+        [](const std::string& level) { return std::string(pq4::kernel_name(index_level(level, "pq4_kernel"))); },
+        py::arg("level") = "", "Which scan kernel a CPU level runs (scalar, avx2, avx512bw; '' the active level).");
     m.def(
         "pq4_pack",
         [](const U8Array& codes) {
@@ -115,7 +105,7 @@ void bind_pq4(py::module_& m) {
                 throw std::invalid_argument("pq4_quantize_lut: the table must be (m, 16)");
             const int64_t ms = check_m(py::int_(lut.shape(0)));
             pq4::QuantizedLUT q;
-            pq4::quantize_lut(lut.data(), ms, q, level_of(level));
+            pq4::quantize_lut(lut.data(), ms, q, index_level(level, "pq4_quantize_lut"));
             py::array_t<uint8_t> t({static_cast<py::ssize_t>(pq4::padded_m(ms)), static_cast<py::ssize_t>(16)});
             std::copy(q.table.begin(), q.table.end(), t.mutable_data());
             return py::make_tuple(t, q.bias, q.delta, q.error_bound(ms), q.max_sum);
@@ -131,8 +121,8 @@ void bind_pq4(py::module_& m) {
             std::vector<uint16_t> padded(static_cast<size_t>(pq4::nblocks(n) * pq4::kBlock), 0);
             std::copy(sums.data(), sums.data() + n, padded.begin());
             std::vector<uint32_t> hits(static_cast<size_t>(n));
-            const int64_t c = pq4::filter_kernel(level_of(level))(padded.data(), n, static_cast<uint32_t>(floor),
-                                                                 hits.data());
+            const pq4::FilterFn filter = pq4::filter_kernel(index_level(level, "pq4_filter"));
+            const int64_t c = filter(padded.data(), n, static_cast<uint32_t>(floor), hits.data());
             py::array_t<int64_t> out(static_cast<py::ssize_t>(c));
             std::copy(hits.begin(), hits.begin() + c, out.mutable_data());
             return out;
@@ -147,7 +137,7 @@ void bind_pq4(py::module_& m) {
         [](const U8Array& blocks, py::handle n_, py::handle m_, const U8Array& table, const std::string& level) {
             const int64_t n = arg_int(n_, "n"), ms = check_m(m_);
             check_scan_args(blocks, n, ms, table);
-            const pq4::ScanFn scan = scan_for(level);
+            const pq4::ScanFn scan = scan_for(level, "pq4_scan");
             std::vector<uint16_t> buf(static_cast<size_t>(pq4::nblocks(n) * pq4::kBlock));
             {
                 py::gil_scoped_release release;
@@ -165,7 +155,7 @@ void bind_pq4(py::module_& m) {
            const std::string& level) {
             const int64_t n = arg_int(n_, "n"), ms = check_m(m_), k = arg_int(k_, "k", 1);
             check_scan_args(blocks, n, ms, table);
-            const pq4::ScanFn scan = scan_for(level);
+            const pq4::ScanFn scan = scan_for(level, "pq4_topk");
             std::vector<uint16_t> s;
             std::vector<int64_t> ids;
             {

@@ -11,7 +11,6 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -569,76 +568,28 @@ FASTDPR_AVX512 void gemm(const float* q, size_t ldq, const float* panel, size_t 
 // ---------------------------------------------------------------------------------------------------------------
 // dispatch
 
-static const Kernels kScalar{Level::Scalar,     scalar::dot,       scalar::dot_f16,   scalar::l2sq,
+static const Kernels kScalar{cpu::Level::Scalar,     scalar::dot,       scalar::dot_f16,   scalar::l2sq,
                              scalar::dot_batch, scalar::dot_batch_f16, scalar::dot4x4, scalar::to_half,
                              scalar::from_half, scalar::kMR,        scalar::kNR,       scalar::pack,
                              scalar::gemm};
-static const Kernels kAVX2{Level::AVX2,      avx2::dot,       avx2::dot_f16,  avx2::l2sq,   avx2::dot_batch,
+static const Kernels kAVX2{cpu::Level::AVX2,     avx2::dot,       avx2::dot_f16,  avx2::l2sq,   avx2::dot_batch,
                            avx2::dot_batch_f16, avx2::dot4x4, avx2::to_half,  avx2::from_half, avx2::kMR,
                            avx2::kNR,       avx2::pack,      avx2::gemm};
-static const Kernels kAVX512{Level::AVX512,     avx512::dot,       avx512::dot_f16,  avx512::l2sq,
+static const Kernels kAVX512{cpu::Level::AVX512,     avx512::dot,       avx512::dot_f16,  avx512::l2sq,
                              avx512::dot_batch, avx512::dot_batch_f16, avx512::dot4x4, avx512::to_half,
                              avx512::from_half, avx512::kMR,       avx512::kNR,      avx512::pack,
                              avx512::gemm};
 
-// The levels are the registry's (cpu.h), cap included: a level the cap excludes is not supported here either.
-bool supported(Level level) {
+static const Kernels& table_of(cpu::Level level) {
     switch (level) {
-        case Level::Scalar:
-            return true;
-        case Level::AVX2:
-            return cpu::enabled(cpu::Level::AVX2);
-        case Level::AVX512:
-            return cpu::enabled(cpu::Level::AVX512);
-    }
-    return false;
-}
-
-Level detect() {
-    if (supported(Level::AVX512)) return Level::AVX512;
-    if (supported(Level::AVX2)) return Level::AVX2;
-    return Level::Scalar;
-}
-
-static const Kernels* table_of(Level level) {
-    switch (level) {
-        case Level::AVX512:
-            return &kAVX512;
-        case Level::AVX2:
-            return &kAVX2;
-        default:
-            return &kScalar;
+        case cpu::Level::Scalar: return kScalar;
+        case cpu::Level::AVX2: return kAVX2;
+        default: return kAVX512;
     }
 }
 
-static std::atomic<const Kernels*>& active() {
-    static std::atomic<const Kernels*> table{table_of(detect())};
-    return table;
-}
+const Kernels& kernels() { return table_of(level()); }
 
-const Kernels& kernels() { return *active().load(std::memory_order_relaxed); }
-
-const Kernels& kernels_at(Level level) {
-    if (!supported(level)) throw std::invalid_argument(std::string("this CPU does not support ") + level_name(level));
-    return *table_of(level);
-}
-
-Level current() { return kernels().level; }
-
-void force_level(Level level) { active().store(&kernels_at(level), std::memory_order_relaxed); }
-
-const char* level_name(Level level) {
-    switch (level) {
-        case Level::Scalar:
-            return "scalar";
-        case Level::AVX2:
-            return "avx2";
-        case Level::AVX512:
-            return "avx512";
-    }
-    return "unknown";
-}
-
-const char* level_name() { return level_name(current()); }
+const Kernels& kernels_at(cpu::Level level) { return table_of(cpu::require(level, "simd kernels")); }
 
 }  // namespace fastdpr::simd

@@ -1,9 +1,9 @@
-// Inner-product and L2 kernels with run-time SIMD dispatch (scalar, and the registry's avx2 and avx512 levels:
-// cpu.h).
+// Inner-product and L2 kernels with run-time SIMD dispatch: one table per CPU level of the registry (cpu.h) up to
+// avx512 (scalar, avx2, avx512; the levels above avx512 run its table).
 //
 // Every kernel exists at every level, compiled per function with target attributes, so one portable build uses the
-// widest instructions the CPU has (never -march=native). The active level is the widest the registry enables (its
-// FASTDPR_SIMD cap included); tests force each level and compare it with the scalar one.
+// widest instructions the CPU has (never -march=native). The active table is the one of the widest level the
+// registry enables (its cap included); tests move the cap to each level and compare it with the scalar one.
 //
 // Hot loops should fetch the kernel table once (`const Kernels& K = kernels();`) and call through it, so the
 // dispatch costs one indirect call per kernel invocation and nothing inside it.
@@ -12,21 +12,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu.h"
+
 namespace fastdpr::simd {
 
-enum class Level : int { Scalar = 0, AVX2 = 1, AVX512 = 2 };
-
-// The widest level the registry enables (cpu.h: this CPU and OS, within the FASTDPR_SIMD cap).
-Level detect();
-// The level in use now (detect() unless forced).
-Level current();
-// Use `level` from now on; throws std::invalid_argument when it is not supported (absent or capped). For tests
-// and benchmarks: it is a process-wide switch, so do not flip it while other threads are searching.
-void force_level(Level level);
-const char* level_name(Level level);
-const char* level_name();  // name of current()
-// Whether the registry enables `level` (scalar always).
-bool supported(Level level);
+// The widest level with a table of its own here.
+constexpr cpu::Level kWidest = cpu::Level::AVX512;
+// The level of the active table: cpu::widest(kWidest).
+inline cpu::Level level() { return cpu::widest(kWidest); }
 
 using DotFn = float (*)(const float* a, const float* b, size_t n);
 using DotF16Fn = float (*)(const float* a, const uint16_t* b_half, size_t n);
@@ -50,7 +43,7 @@ using ToHalfFn = void (*)(const float* src, uint16_t* dst, size_t n);
 using FromHalfFn = void (*)(const uint16_t* src, float* dst, size_t n);
 
 struct Kernels {
-    Level level;
+    cpu::Level level;
     DotFn dot;
     DotF16Fn dot_f16;
     L2Fn l2sq;
@@ -64,9 +57,10 @@ struct Kernels {
     GemmFn gemm;
 };
 
-// The active table, and the table of a given level (throws std::invalid_argument when unsupported).
+// The active table, and the table of a given level (cpu::require's std::invalid_argument when not enabled; a level
+// above kWidest gets kWidest's table).
 const Kernels& kernels();
-const Kernels& kernels_at(Level level);
+const Kernels& kernels_at(cpu::Level level);
 
 // Convenience wrappers through the active table.
 inline float dot(const float* a, const float* b, size_t n) { return kernels().dot(a, b, n); }

@@ -1,4 +1,5 @@
-// Python bindings of the SIMD kernels (tests and benchmarks compare the levels with each other).
+// Python bindings of the SIMD kernels (tests and benchmarks compare the levels with each other), and the cap of the
+// index core's kernels (cpu.h's set_cap) for the tests that run whole indexes at each level.
 #include <string>
 
 #include "bind.h"
@@ -7,45 +8,43 @@
 namespace fastdpr::bind {
 namespace {
 
-simd::Level parse_level(const std::string& name) {
-    if (name == "scalar") return simd::Level::Scalar;
-    if (name == "avx2") return simd::Level::AVX2;
-    if (name == "avx512") return simd::Level::AVX512;
-    throw std::invalid_argument("unknown SIMD level '" + name + "' (scalar, avx2, avx512)");
-}
-
-const simd::Kernels& kernels_for(const std::string& level) {
-    return level.empty() ? simd::kernels() : simd::kernels_at(parse_level(level));
+const simd::Kernels& kernels_for(const std::string& level, const std::string& fn) {
+    return level.empty() ? simd::kernels() : simd::kernels_at(index_level(level, fn));
 }
 
 }  // namespace
 
 void bind_simd(py::module_& m) {
-    m.def("simd_level", []() { return std::string(simd::level_name()); }, "The SIMD level in use.");
-    m.def("simd_detect", []() { return std::string(simd::level_name(simd::detect())); },
-          "The widest SIMD level the CPU-feature registry enables (this CPU, within FASTDPR_SIMD).");
-    m.def("simd_supported", [](const std::string& level) { return simd::supported(parse_level(level)); });
-    m.def("simd_force", [](const std::string& level) { simd::force_level(parse_level(level)); },
-          "Use this SIMD level process-wide (tests, benchmarks).");
+    m.def("simd_level", []() { return std::string(cpu::level_name(simd::kernels().level)); },
+          "The CPU level of the distance kernels' table in use (scalar, avx2 or avx512; csrc/simd.h).");
+    m.def(
+        "set_cpu_cap",
+        [](const std::string& level) {
+            return std::string(cpu::level_name(cpu::set_cap(cpu::parse_level(level, "set_cpu_cap"), "set_cpu_cap")));
+        },
+        py::arg("level"),
+        "Caps the CPU level of this module's kernels (the index core's) at `level`, process-wide, in place of "
+        "FASTDPR_SIMD's cap; returns the widest level enabled before, to put back. Refused for a level this CPU "
+        "lacks. For tests and benchmarks: calls already running keep their level (csrc/cpu.h).");
     m.def(
         "simd_dot",
         [](const FloatArray& a, const FloatArray& b, const std::string& level) {
             if (a.size() != b.size()) throw std::invalid_argument("simd_dot: lengths differ");
-            return kernels_for(level).dot(a.data(), b.data(), static_cast<size_t>(a.size()));
+            return kernels_for(level, "simd_dot").dot(a.data(), b.data(), static_cast<size_t>(a.size()));
         },
         py::arg("a"), py::arg("b"), py::arg("level") = "");
     m.def(
         "simd_dot_f16",
         [](const FloatArray& a, const U16Array& b, const std::string& level) {
             if (a.size() != b.size()) throw std::invalid_argument("simd_dot_f16: lengths differ");
-            return kernels_for(level).dot_f16(a.data(), b.data(), static_cast<size_t>(a.size()));
+            return kernels_for(level, "simd_dot_f16").dot_f16(a.data(), b.data(), static_cast<size_t>(a.size()));
         },
         py::arg("a"), py::arg("b_half_bits"), py::arg("level") = "");
     m.def(
         "simd_l2sq",
         [](const FloatArray& a, const FloatArray& b, const std::string& level) {
             if (a.size() != b.size()) throw std::invalid_argument("simd_l2sq: lengths differ");
-            return kernels_for(level).l2sq(a.data(), b.data(), static_cast<size_t>(a.size()));
+            return kernels_for(level, "simd_l2sq").l2sq(a.data(), b.data(), static_cast<size_t>(a.size()));
         },
         py::arg("a"), py::arg("b"), py::arg("level") = "");
     m.def(
@@ -55,7 +54,7 @@ void bind_simd(py::module_& m) {
                 throw std::invalid_argument("simd_dot4x4: needs two (4, d) arrays");
             const size_t d = static_cast<size_t>(q.shape(1));
             py::array_t<float> out({4, 4});
-            kernels_for(level).dot4x4(q.data(), d, x.data(), d, d, out.mutable_data(), 4);
+            kernels_for(level, "simd_dot4x4").dot4x4(q.data(), d, x.data(), d, d, out.mutable_data(), 4);
             return out;
         },
         py::arg("q"), py::arg("x"), py::arg("level") = "");
@@ -63,7 +62,7 @@ void bind_simd(py::module_& m) {
         "to_half",
         [](const FloatArray& a, const std::string& level) {
             py::array_t<uint16_t> out(a.request().shape);
-            kernels_for(level).to_half(a.data(), out.mutable_data(), static_cast<size_t>(a.size()));
+            kernels_for(level, "to_half").to_half(a.data(), out.mutable_data(), static_cast<size_t>(a.size()));
             return out;
         },
         py::arg("a"), py::arg("level") = "", "fp32 -> IEEE half bit patterns (uint16).");
@@ -71,7 +70,7 @@ void bind_simd(py::module_& m) {
         "from_half",
         [](const U16Array& a, const std::string& level) {
             py::array_t<float> out(a.request().shape);
-            kernels_for(level).from_half(a.data(), out.mutable_data(), static_cast<size_t>(a.size()));
+            kernels_for(level, "from_half").from_half(a.data(), out.mutable_data(), static_cast<size_t>(a.size()));
             return out;
         },
         py::arg("a"), py::arg("level") = "");

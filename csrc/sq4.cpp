@@ -118,11 +118,11 @@ __attribute__((target("avx512f"))) float dot_avx512(const float* scaled, const u
 
 }  // namespace
 
-DotFn dot_kernel(simd::Level level) {
-    switch (level) {
-        case simd::Level::AVX512: return dot_avx512;
-        case simd::Level::AVX2: return dot_avx2;
-        default: return dot_scalar;
+DotFn dot_kernel(cpu::Level level) {
+    switch (cpu::require(level, "sq4 scores")) {
+        case cpu::Level::Scalar: return dot_scalar;
+        case cpu::Level::AVX2: return dot_avx2;
+        default: return dot_avx512;
     }
 }
 

@@ -48,7 +48,7 @@ float prepare_query(const float* q, int64_t d, const float* lo, const float* ste
 
 // <q, x~> of one row of codes.
 using DotFn = float (*)(const float* scaled, const uint8_t* row, int64_t d);
-DotFn dot_kernel(simd::Level level);
-inline DotFn dot_kernel() { return dot_kernel(simd::current()); }
+DotFn dot_kernel(cpu::Level level);  // cpu::require's refusal when the level is not enabled
+inline DotFn dot_kernel() { return dot_kernel(simd::level()); }
 
 }  // namespace fastdpr::sq4

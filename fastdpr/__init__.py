@@ -32,15 +32,17 @@ _LAZY = {
 
 __all__ = sorted(_LAZY) + ["__version__", "cpu_features"]
 
-# the CPU-feature levels of csrc/cpu.h, each implying the ones before it
-CPU_LEVELS = ("avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")
+# the CPU levels of csrc/cpu.h, each implying the ones before it: the names every kernel's level argument takes,
+# and the one place in Python that lists them (the compiled modules' cpu_levels() gives the same, tested)
+CPU_LEVELS = ("scalar", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx")
 
 
 def cpu_features(detected: bool = False) -> dict:
-    """What the compiled kernels (index and model alike) may use on this machine: ``{level: bool}`` for avx2 (with
-    FMA and F16C), avx512 (F+BW+VL), avx512_vnni, avx512_bf16 and amx, plus ``cap``, the ``FASTDPR_SIMD`` value
-    that limits them ("" when unset). ``detected=True``: what the CPU and OS offer, ignoring the cap. Without the
-    compiled extension every level is False (no kernel runs vectorised). Loads only a tiny extension, never torch.
+    """What the compiled kernels (index and model alike) may use on this machine: ``{level: bool}`` for each of
+    :data:`CPU_LEVELS` (scalar: always; avx2 with FMA and F16C; avx512: F+BW+VL; avx512_vnni, avx512_bf16, amx),
+    plus ``cap``, the ``FASTDPR_SIMD`` value that limits them ("" when unset). ``detected=True``: what the CPU and
+    OS offer, ignoring the cap. Without the compiled extension every level but scalar is False (no kernel runs
+    vectorised). Loads only a tiny extension, never torch.
 
     Raises :class:`fastdpr.errors.InputError` when ``FASTDPR_SIMD`` names no level (the kernels then ignore it)."""
     try:
@@ -48,12 +50,12 @@ def cpu_features(detected: bool = False) -> dict:
     except ImportError:
         import os
 
-        return {**{level: False for level in CPU_LEVELS}, "cap": os.environ.get("FASTDPR_SIMD", "")}
+        return {**{level: level == CPU_LEVELS[0] for level in CPU_LEVELS}, "cap": os.environ.get("FASTDPR_SIMD", "")}
     features = _cpu.cpu_features(detected)
     if not features.pop("cap_valid"):
         from fastdpr.errors import InputError
 
-        raise InputError(f"FASTDPR_SIMD={features['cap']!r} names no level; expected one of scalar, "
+        raise InputError(f"FASTDPR_SIMD={features['cap']!r} names no level; expected one of "
                          f"{', '.join(CPU_LEVELS)} (the kernels ignore it)")
     return features
 

@@ -1,20 +1,19 @@
 """The compiled extensions for the tests that need them, and the CPU levels their kernels run at.
 
 They are part of the normal install; in a checkout without a build those tests skip instead of failing at import.
-A test that runs a kernel at each SIMD level or path reports the ones this CPU cannot run as a skip naming the
+A test that runs a kernel at each CPU level reports the ones this CPU cannot run as a skip naming the
 level (``level_params``, ``skip_unrun``), so a narrower machine never passes with less coverage unnoticed.
 """
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 
 import fastdpr
 
-# the index kernels' levels (csrc/simd.h), scalar first
-SIMD_LEVELS = ("scalar", "avx2", "avx512")
-# every kernel path or level name the extensions use -> the registry level it needs (csrc/cpu.h; None: any CPU)
-NEEDS = {"scalar": None, "avx2": "avx2", "avx512": "avx512", "avx512bw": "avx512", "avx512bf16": "avx512_bf16",
-         "amx": "amx"}
+# the index kernels' levels (the tables of csrc/simd.h, pq4.h, sq4.h), scalar first
+SIMD_LEVELS = fastdpr.CPU_LEVELS[:3]
 
 
 def extension(symbol: str):
@@ -36,14 +35,24 @@ def kernels_extension():
 
 
 def simd_levels(ext) -> list[str]:
-    """The SIMD levels of the extension's kernels this CPU runs, scalar first (none without the extension)."""
-    return [lv for lv in SIMD_LEVELS if ext is not None and ext.simd_supported(lv)]
+    """The levels of the index kernels this CPU runs, scalar first (none without the extension)."""
+    return [lv for lv in SIMD_LEVELS if ext is not None and ext.cpu_features()[lv]]
 
 
-def unavailable(name: str) -> str | None:
-    """Why the kernels of path or level ``name`` cannot run here (naming the registry level), or None."""
-    level = NEEDS[name]
-    if level is None or fastdpr.cpu_features()[level]:
+@contextlib.contextmanager
+def capped(ext, level: str):
+    """The index core's kernels capped at ``level`` inside the block (csrc/cpu.h's set_cap), the cap before put
+    back after it."""
+    before = ext.set_cpu_cap(level)
+    try:
+        yield
+    finally:
+        ext.set_cpu_cap(before)
+
+
+def unavailable(level: str) -> str | None:
+    """Why the kernels of CPU level ``level`` cannot run here (capped, or absent), or None."""
+    if fastdpr.cpu_features()[level]:
         return None
     if fastdpr.cpu_features(detected=True)[level]:
         return f"{level}: capped by FASTDPR_SIMD={fastdpr.cpu_features()['cap']}"
@@ -51,7 +60,7 @@ def unavailable(name: str) -> str | None:
 
 
 def level_params(names) -> list:
-    """One pytest param per path or level name, each skipped with its level's name where it cannot run."""
+    """One pytest param per level name, each skipped with its level's name where it cannot run."""
     return [pytest.param(name, id=name, marks=pytest.mark.skipif(unavailable(name) is not None,
                                                                  reason=str(unavailable(name))))
             for name in names]

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from compiled_extension import skip_unrun, unavailable
 
 C = pytest.importorskip("fastdpr.models._kernels_C")
-BF16_PATHS, F32_PATHS = ("amx", "avx512bf16", "scalar"), ("avx512", "scalar")
+BF16_PATHS, F32_PATHS = ("amx", "avx512_bf16", "scalar"), ("avx512", "scalar")
 
 
 def _bits(t):
@@ -103,7 +103,7 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="out must be"):
         C.attention_bf16(_bits(qkv), _bits(torch.zeros(10, 32, dtype=torch.bfloat16)), np.array([[1, 10]]), 2, "",
                          1)
-    with pytest.raises(ValueError, match="unknown path"):
+    with pytest.raises(ValueError, match="attention_bf16: unknown CPU level 'gpu'"):
         C.attention_bf16(_bits(qkv), _bits(out), np.array([[1, 10]]), 2, "gpu", 1)
     with pytest.raises(ValueError, match="multiple of 16"):
         C.attention_bf16(_bits(qkv), _bits(torch.zeros(10, 64, dtype=torch.bfloat16)), np.array([[1, 10]]), 8,
@@ -122,7 +122,7 @@ def test_tower_with_the_kernel_equals_the_tower_without(tmp_path, monkeypatch):
     from fastdpr.models import compiled
 
     if compiled.attention_kernel(torch.bfloat16) is None:
-        pytest.skip(f"{unavailable('avx512bf16')}: the bf16 tower uses torch's attention")
+        pytest.skip(f"{unavailable('avx512_bf16')}: the bf16 tower uses torch's attention")
     model = tiny_biencoder(tmp_path, hidden=64, layers=2)  # 2 heads of 32
     texts = ["a short one", "a somewhat longer passage about the history of the thing", "x " * 40]
     with_kernel = model.encode_passages(texts, precision="bf16", show_progress=False)
@@ -154,15 +154,17 @@ def test_fp32_bad_arguments_are_refused():
     out = np.zeros((10, 64), dtype=np.float32)
     with pytest.raises(ValueError, match="attention_f32: the groups cover 9 rows"):
         C.attention_f32(qkv, out, np.array([[1, 9]]), 2, "", 1)
-    with pytest.raises(ValueError, match="unknown path"):
+    with pytest.raises(ValueError, match="attention_f32: no amx kernel; it has avx512, scalar"):
         C.attention_f32(qkv, out, np.array([[1, 10]]), 2, "amx", 1)
+    with pytest.raises(ValueError, match="attention_f32: unknown CPU level 'avx512bf16'; the levels are scalar, "):
+        C.attention_f32(qkv, out, np.array([[1, 10]]), 2, "avx512bf16", 1)
     with pytest.raises(ValueError, match="multiple of 16"):
         C.attention_f32(qkv, np.zeros((10, 64), dtype=np.float32), np.array([[1, 10]]), 8, "", 1)
     with pytest.raises(ValueError, match="dtype must be"):
         C.attention_paths("fp8")
     with pytest.raises(TypeError):  # out is written in place: never converted into a copy
         C.attention_f32(qkv, out.astype(np.float64), np.array([[1, 10]]), 2, "", 1)
-    with pytest.raises(ValueError, match="unknown path"):  # the fp32 path is not one of bf16's
+    with pytest.raises(ValueError, match="attention_bf16: no avx512 kernel"):  # the fp32 level is not one of bf16's
         C.attention_bf16(_bits(torch.zeros(10, 192, dtype=torch.bfloat16)),
                          _bits(torch.zeros(10, 64, dtype=torch.bfloat16)), np.array([[1, 10]]), 2, "avx512", 1)
 

@@ -35,4 +35,4 @@ def test_model_kernels_are_their_own_extension():
     assert compiled.kernels() is K
     for name in ("attention_bf16", "attention_f32", "linear_bf16", "linear_f32", "layer_norm"):
         assert hasattr(K, name) and not hasattr(C, name), name
-    assert not hasattr(K, "IVFPQ") and not hasattr(K, "simd_force")
+    assert not hasattr(K, "IVFPQ") and not hasattr(K, "set_cpu_cap")

@@ -13,7 +13,7 @@ from fastdpr.models import compiled
 
 C = pytest.importorskip("fastdpr.models._kernels_C")
 # every path, and the ones this CPU runs
-ALL_PATHS, ALL_F32_PATHS = ("avx512bf16", "scalar"), ("avx512", "scalar")
+ALL_PATHS, ALL_F32_PATHS = ("avx512_bf16", "scalar"), ("avx512", "scalar")
 PATHS = C.linear_bf16_paths()
 F32_PATHS = C.linear_f32_paths()
 
@@ -112,11 +112,11 @@ def test_f32_arguments_are_checked():
         C.linear_f32(x, packed, 64, None, "", np.zeros((3, 63), np.float32), np.empty((3, 64), np.float32))
     with pytest.raises(ValueError, match="out must"):
         C.linear_f32(x, packed, 64, None, "", None, np.empty((3, 64), np.uint16))
-    with pytest.raises(ValueError, match="unknown path"):
-        C.linear_f32(x, packed, 64, None, "", None, np.empty((3, 64), np.float32), "avx512bf16")
+    with pytest.raises(ValueError, match="linear_f32: no avx512_bf16 kernel; it has avx512, scalar"):
+        C.linear_f32(x, packed, 64, None, "", None, np.empty((3, 64), np.float32), "avx512_bf16")
     with pytest.raises(ValueError, match="threads"):
         C.linear_f32(x, packed, 64, None, "", None, np.empty((3, 64), np.float32), "", -1)
-    with pytest.raises(ValueError, match="unknown path"):
+    with pytest.raises(ValueError, match="linear_bf16: no avx512 kernel; it has avx512_bf16, scalar"):
         C.linear_bf16(np.ones((3, 8), np.uint16), C.linear_bf16_pack(np.ones((64, 8), np.uint16)), 64, None, "",
                       None, np.empty((3, 64), np.float32), "avx512")
 
@@ -139,7 +139,7 @@ def test_arguments_are_checked():
         C.linear_bf16(_bits(x), packed, 64, None, "", None, np.empty((3, 64), np.float64))
     with pytest.raises(ValueError, match="out must"):
         C.linear_bf16(_bits(x), packed, 64, None, "", None, np.empty((4, 64), np.float32))
-    with pytest.raises(ValueError, match="unknown path"):
+    with pytest.raises(ValueError, match="linear_bf16: unknown CPU level 'avx9'"):
         C.linear_bf16(_bits(x), packed, 64, None, "", None, np.empty((3, 64), np.float32), "avx9")
     with pytest.raises(ValueError, match="unknown activation"):
         C.linear_bf16(_bits(x), packed, 64, None, "swish", None, np.empty((3, 64), np.float32))

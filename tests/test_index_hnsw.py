@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from compiled_extension import SIMD_LEVELS, skip_unrun
+from compiled_extension import SIMD_LEVELS, capped, simd_levels, skip_unrun
 
 from fastdpr.errors import InputError
 from fastdpr.index import build_index, load_index
@@ -13,6 +13,17 @@ from fastdpr.index.flat import exact_search
 from fastdpr.index.synthetic import gaussian_mixture, recall_at
 
 pytestmark = pytest.mark.skipif(native() is None, reason="compiled extension not built")
+
+
+def _built_on_one_thread(x, spec):
+    """An index of ``spec`` over x, its graph built by one thread. Two threads insert in whichever order they win
+    the nodes' locks, which differs from run to run, so only one-thread builds give the same graph every time: the
+    tests that compare two builds exactly build this way."""
+    from fastdpr.index import make_index
+
+    index = make_index(spec, x.shape[1])
+    index._add(np.ascontiguousarray(x), threads=1)
+    return index
 
 
 @pytest.fixture(scope="module")
@@ -170,9 +181,9 @@ def test_ef_below_k_returns_the_best_k_of_every_node_scored(clustered):
 
 def test_degree_floor(clustered, tmp_path):
     x, q, truth = clustered
-    default = build_index(x, "hnsw,M=16,efc=100")
-    topped = build_index(x, "hnsw,M=16,efc=100,floor=16")
-    plain = build_index(x, "hnsw,M=16,efc=100,floor=0")
+    default = _built_on_one_thread(x, "hnsw,M=16,efc=100")
+    topped = _built_on_one_thread(x, "hnsw,M=16,efc=100,floor=16")
+    plain = _built_on_one_thread(x, "hnsw,M=16,efc=100,floor=0")
     assert default.floor == -1 and plain.floor == 0
     np.testing.assert_array_equal(default.search(q, 50, ef=64)[1], topped.search(q, 50, ef=64)[1])
     assert plain.mean_degree() < 0.8 * default.mean_degree()
@@ -180,8 +191,8 @@ def test_degree_floor(clustered, tmp_path):
     again = load_index(plain.save(tmp_path / "p.fdpr"))
     assert again.floor == 0
     np.testing.assert_array_equal(again.search(q, 20, ef=64)[1], plain.search(q, 20, ef=64)[1])
-    again.add(x[:50])  # grows with its own floor, like the original
-    plain.add(x[:50])
+    again._add(x[:50], threads=1)  # grows with its own floor, like the original
+    plain._add(x[:50], threads=1)
     np.testing.assert_array_equal(again.search(q, 20, ef=64)[1], plain.search(q, 20, ef=64)[1])
     for bad in ("hnsw,M=16,floor=17", "hnsw,M=16,floor=-2"):
         with pytest.raises(InputError, match="floor"):
@@ -194,8 +205,8 @@ def test_fp32_vectors_beyond_the_half_range(clustered, power):
     its subnormals) build the same graph as unscaled ones and return exact scores."""
     x, q, truth = clustered
     x, q = x[:3000], q[:20]
-    base = build_index(x, "hnsw,M=12,efc=60")
-    scaled = build_index(x * np.float32(2.0 ** power), "hnsw,M=12,efc=60")
+    base = _built_on_one_thread(x, "hnsw,M=12,efc=60")
+    scaled = _built_on_one_thread(x * np.float32(2.0 ** power), "hnsw,M=12,efc=60")
     s0, i0 = base.search(q, 50, ef=80)
     s1, i1 = scaled.search(q, 50, ef=80)
     np.testing.assert_array_equal(i0, i1)
@@ -205,18 +216,14 @@ def test_fp32_vectors_beyond_the_half_range(clustered, power):
 
 def test_search_at_every_simd_level(clustered):
     C = native()
-    levels = [lvl for lvl in ("scalar", "avx2", "avx512") if C.simd_supported(lvl)]
+    levels = simd_levels(C)
     x, q, truth = clustered
-    before = C.simd_level()
     results = {}
-    try:
-        for spec in ("hnsw,M=16,efc=100", "hnsw,M=16,efc=100,fp16,graph=cos", "hnsw,M=16,efc=100,mips=l2"):
-            for level in levels:
-                C.simd_force(level)
+    for spec in ("hnsw,M=16,efc=100", "hnsw,M=16,efc=100,fp16,graph=cos", "hnsw,M=16,efc=100,mips=l2"):
+        for level in levels:
+            with capped(C, level):
                 index = build_index(x, spec)  # built and searched at this level
                 results[spec, level] = index.search(q, 100, ef=150)
-    finally:
-        C.simd_force(before)
     for spec in ("hnsw,M=16,efc=100", "hnsw,M=16,efc=100,fp16,graph=cos", "hnsw,M=16,efc=100,mips=l2"):
         ref_s, ref_i = results[spec, "scalar"]
         for level in levels:

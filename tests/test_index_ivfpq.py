@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from compiled_extension import SIMD_LEVELS, extension, skip_unrun
+from compiled_extension import SIMD_LEVELS, capped, extension, simd_levels, skip_unrun
 
 from fastdpr.errors import InputError
 from fastdpr.index import fileformat
@@ -420,7 +420,7 @@ def test_bad_params_have_clear_messages(small):
 def test_every_simd_level_matches_reference(small):
     """The panel kernel and IVF-PQ search at each SIMD level this CPU has (scalar baseline, AVX2, AVX-512)."""
     x, q = small
-    levels = [lv for lv in ("scalar", "avx2", "avx512") if _C.simd_supported(lv)]
+    levels = simd_levels(_C)
     rng = np.random.default_rng(31)
     a = rng.normal(size=(45, 70)).astype(np.float32)
     b = rng.normal(size=(333, 70)).astype(np.float32)
@@ -428,16 +428,13 @@ def test_every_simd_level_matches_reference(small):
     index.train(x)
     index.add(x)
     results = {}
-    try:
-        for level in levels:
-            _C.simd_force(level)
+    for level in levels:
+        with capped(_C, level):
             np.testing.assert_allclose(_C.inner_products(a, b), a.astype(np.float64) @ b.T.astype(np.float64),
                                        rtol=1e-4, atol=1e-3)
             results[level] = index.search(q, 20, nprobe=4, rerank=0)
             lists, codes = index._impl.encode(x[:500])
             results[level + "-codes"] = codes
-    finally:
-        _C.simd_force(_C.simd_detect())
     s0, i0 = results["scalar"]
     for level in levels[1:]:
         s, i = results[level]

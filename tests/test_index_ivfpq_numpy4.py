@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from compiled_extension import SIMD_LEVELS, extension, simd_levels, skip_unrun
+from compiled_extension import SIMD_LEVELS, capped, extension, simd_levels, skip_unrun
 
 from fastdpr.errors import InputError, MissingDependency
 from fastdpr.index import fileformat, numpy_pq4
@@ -228,17 +228,13 @@ def test_query_tables_are_the_compiled_ones_on_random_floats(tmp_path, dsub):
     index.set_trained(np.zeros((1, d), np.float32), (rng.normal(size=(m, 16, dsub)) * 1.3).astype(np.float32))
     index.add(x)
     twin = numpy_twin(index.save(tmp_path / "t.fdpr"))
-    before = _C.simd_level()
-    try:
-        for level in LEVELS:  # every level's tables are the scalar ones (csrc/ivfpq.cpp lut4, csrc/pq4.cpp)
-            _C.simd_force(level)
+    for level in LEVELS:  # every level's tables are the scalar ones (csrc/ivfpq.cpp lut4, csrc/pq4.cpp)
+        with capped(_C, level):
             for k in (1, 50, 1600):
                 want = index.search(q, k, nprobe=1, rerank=0)
                 got = twin.search(q, k, nprobe=1, rerank=0)
                 np.testing.assert_array_equal(got[0], want[0], err_msg=level)
                 np.testing.assert_array_equal(got[1], want[1], err_msg=level)
-    finally:
-        _C.simd_force(before)
     skip_unrun(SIMD_LEVELS, LEVELS)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiled_extension import SIMD_LEVELS, level_params, simd_levels, skip_unrun
+from compiled_extension import SIMD_LEVELS, capped, level_params, simd_levels, skip_unrun
 from fastdpr.index._native import native
 
 C = native()
@@ -13,9 +13,8 @@ LEVELS = simd_levels(C)  # the ones this CPU runs
 LENGTHS = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 100, 127, 129, 255, 384, 511, 767, 768, 769, 1000]
 
 
-def test_detected_level_is_supported_and_active():
-    assert C.simd_detect() in LEVELS
-    assert C.simd_level() in LEVELS
+def test_the_widest_enabled_level_is_active():
+    assert C.simd_level() == LEVELS[-1]
 
 
 @pytest.mark.parametrize("level", level_params(SIMD_LEVELS))
@@ -77,14 +76,11 @@ def test_every_level_gives_the_same_search_results():
 
     x, q = gaussian_mixture(1500, 45, n_queries=13, seed=11)
     results = {}
-    try:
-        for level in LEVELS:
-            C.simd_force(level)
+    for level in LEVELS:
+        with capped(C, level):
             assert C.simd_level() == level
             results[level] = [build_index(x, spec).search(q, 10) for spec in ("flat", "flat,fp16")]
             results[level].append(build_index(x, "hnsw,M=8,efc=40").search(q, 10, ef=200))
-    finally:
-        C.simd_force(C.simd_detect())
     base = results["scalar"]
     for level in LEVELS:
         for (s, i), (s0, i0) in zip(results[level], base):
@@ -105,16 +101,15 @@ def test_blocked_exact_search_scores_at_every_level(d, n):
     x = rng.standard_normal((n, d)).astype(np.float32)
     q = rng.standard_normal((20, d)).astype(np.float32)
     want = np.sort(q.astype(np.float64) @ x.T.astype(np.float64), axis=1)[:, ::-1][:, : min(n, 10)]
-    try:
-        for level in LEVELS:
-            C.simd_force(level)
+    for level in LEVELS:
+        with capped(C, level):
             scores, _ = build_index(x, "flat").search(q, 10)
-            np.testing.assert_allclose(scores[:, : min(n, 10)], want, rtol=1e-5, atol=1e-5 * np.sqrt(d),
-                                       err_msg=f"{level}, seed {seed}")
-    finally:
-        C.simd_force(C.simd_detect())
+        np.testing.assert_allclose(scores[:, : min(n, 10)], want, rtol=1e-5, atol=1e-5 * np.sqrt(d),
+                                   err_msg=f"{level}, seed {seed}")
     skip_unrun(SIMD_LEVELS, LEVELS)
 
-def test_unsupported_level_is_an_error():
-    with pytest.raises(ValueError):
-        C.simd_force("sse9")
+def test_unknown_level_is_an_error():
+    with pytest.raises(ValueError, match="set_cpu_cap: unknown CPU level 'sse9'"):
+        C.set_cpu_cap("sse9")
+    with pytest.raises(ValueError, match="simd_dot: unknown CPU level 'sse9'"):
+        C.simd_dot(np.ones(3, np.float32), np.ones(3, np.float32), "sse9")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from compiled_extension import SIMD_LEVELS, extension, simd_levels, skip_unrun
+from compiled_extension import SIMD_LEVELS, capped, extension, simd_levels, skip_unrun
 
 from fastdpr.errors import InputError
 from fastdpr.index import pq4
@@ -293,15 +293,11 @@ def test_ivf4_codes_are_chosen_for_the_anisotropic_loss(data, ivf4):
 
 
 def _search_at_every_level(index, q, k, **params):
-    """{SIMD level: index.search(q, k, **params)} with each level forced in turn (the detected level restored)."""
-    before = _C.simd_level()
+    """{CPU level: index.search(q, k, **params)} with the index kernels capped at each level in turn."""
     results = {}
-    try:
-        for level in LEVELS:
-            _C.simd_force(level)
+    for level in LEVELS:
+        with capped(_C, level):
             results[level] = index.search(q, k, **params)
-    finally:
-        _C.simd_force(before)
     return results
 
 

@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="keep the vocabulary matrix fixed")
     train.add_argument("--attention-dropout", type=float,
                        help="dropout on attention probabilities while training (None: the encoder's own; above 0 "
-                            "the CPU runs attention unfused, ~1.6x slower steps)")
+                            "the CPU runs attention unfused: slower steps)")
     train.add_argument("--grad-cache", action=argparse.BooleanOptionalAction, default=None,
                        help="GradCache: large batches in the memory of --chunk-size questions (finetune: on when the "
                             "batch is larger than the chunk)")

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=int, default=None, help="tokens per question+passage row (256)")
     parser.add_argument("--max-answer-length", type=int, default=None, help="answer tokens at most (10)")
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
-                        help="bf16 autocast (auto: where the CPU/GPU supports it, about 2x faster on AMX CPUs)")
+                        help="bf16 autocast (auto: where the CPU/GPU supports it, faster on AMX CPUs)")
     parser.add_argument("--checkpoint-dir", default=None, help="save the training state here and resume from it")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None)

@@ -167,8 +167,9 @@ class Corpus:
         self.close()
 
     def _attach_blob(self) -> None:
-        """Id bytes are sliced from an ``mmap`` of the index file (a plain bytes slice, ~20x cheaper than slicing
-        a numpy memmap), or from an in-memory copy when the index could not be written."""
+        """Id bytes are sliced from an ``mmap`` of the index file (a plain bytes slice, cheaper than slicing a
+        numpy memmap, which builds an array object per slice), or from an in-memory copy when the index could not
+        be written."""
         if self._blob_at >= 0 and self.index_path is not None:
             with open(self.index_path, "rb") as fh:
                 self._blob = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)

@@ -13,10 +13,8 @@ the seed, so a training chunk holds q, k and v per layer instead of the probabil
 probabilities. The masks are other draws than torch's, with the same keep probability (to 2^-32) and scale.
 
 Precision. Under autocast the q/k/v projections hand ``scaled_dot_product_attention`` bf16 tensors, and torch's CPU
-flash-attention *backward* is much slower in bf16 than in fp32 at the head dimensions of small encoders (head
-dimension 32, 12 heads, one core, torch 2.13, forward + backward): 24 rows × 160 tokens 120 ms in bf16 against
-56 ms in fp32, 128 × 32 tokens 110 against 32 ms, 32 × 256 tokens 197 against 161 ms, 8 × 512 equal. A reader
-training step spent 43% of its time there. So on a CPU, while gradients are recorded or dropout is on, the
+flash-attention *backward* is slower in bf16 than in fp32 at the head dimensions of small encoders (32), where a
+reader training step spends much of its time. So on a CPU, while gradients are recorded or dropout is on, the
 attention runs in fp32 (autocast off inside it) and its output goes back to the input dtype.
 
 ``cpu_training_attention`` is transformers' SDPA attention with those two changes; anywhere else (inference, GPUs,

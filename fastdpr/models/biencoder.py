@@ -562,8 +562,8 @@ class BiEncoder(nn.Module):
             tower = "question"  # one tower, one copy
         key = (tower, precision, str(device))
         cached = self._inference.get(key)
-        # the parameter list is kept with the tower: listing it costs ~1 ms, more than a question's encoder
-        # layers at bf16; parameters replaced rather than modified (.to(), load_state_dict) clear the cache
+        # the parameter list is kept with the tower rather than listed again (a walk over every module) for each
+        # question; parameters replaced rather than modified (.to(), load_state_dict) clear the cache
         params = cached[0] if cached is not None else list(encoder.parameters())
         state = weights_state(params)
         if cached is None or cached[1] != state:

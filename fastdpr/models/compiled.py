@@ -10,6 +10,8 @@ import os
 import numpy as np
 import torch
 
+from fastdpr import CPU_LEVELS
+
 # products of at most this many rows (a question, a small batch) go through fastdpr's few-rows kernel where it runs
 # (csrc/few_rows_linear.h); above it oneDNN is as fast (benchmarks/results/few_rows.md at c97483c: MiniLM's layers
 # in a 6-layer weight rotation on an AMD EPYC, bf16 and fp32, the gain shrinking to a few percent at 64 rows)
@@ -31,6 +33,12 @@ def kernels():
     return _kernels_C
 
 
+def _vectorised(levels: list[str]) -> bool:
+    """Whether the widest of a kernel's CPU levels that runs here (its ``*_paths()``, widest first) is a vector one:
+    every kernel table ends with the scalar level (csrc/cpu.h), which runs everywhere."""
+    return levels[0] != CPU_LEVELS[0]
+
+
 def bits(t: torch.Tensor) -> np.ndarray:
     """A 16-bit tensor's bits as a numpy uint16 array sharing its memory (numpy has no bfloat16)."""
     return t.view(torch.int16).numpy().view(np.uint16)
@@ -44,7 +52,7 @@ def attention_kernel(dtype: torch.dtype):
     module = kernels()
     if dtype not in names or module is None:
         return None
-    return module if module.attention_paths(names[dtype])[0] != "scalar" else None
+    return module if _vectorised(module.attention_paths(names[dtype])) else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,7 +64,7 @@ def few_rows_kernel(dtype: torch.dtype):
     if module is None or module.cpu_features()["amx"]:
         return None
     if dtype == torch.bfloat16:
-        return module if module.linear_bf16_paths()[0] == "avx512bf16" else None
+        return module if _vectorised(module.linear_bf16_paths()) else None
     if dtype == torch.float32:
-        return module if module.linear_f32_paths()[0] == "avx512" else None
+        return module if _vectorised(module.linear_f32_paths()) else None
     return None

@@ -3,7 +3,7 @@
 Encoding needs no gradients, no dropout and no padding, so it gets its own forward pass:
 
 - **packed rows**: the tokens of a batch are concatenated into one ``(tokens, hidden)`` matrix, so every linear
-  layer (≈95% of the work) costs the batch's real tokens, not ``batch × longest``; attention runs per group of
+  layer (most of the work) costs the batch's real tokens, not ``batch × longest``; attention runs per group of
   equal-length sequences (a length-sorted batch has few), exact and without a mask;
 - **weights in the compute precision** (``bf16``/``fp16``) rather than autocast, which would re-cast every weight
   on every call, and ``int8`` through dynamic quantization of the linear layers (VNNI / AMX on x86);

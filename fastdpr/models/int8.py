@@ -83,8 +83,8 @@ class Int8Linear(nn.Module):
 
 def _quantize_u8(x: torch.Tensor, step: float, zero: int) -> torch.Tensor:
     """round(x / step) + zero, clamped to 0..255, as uint8, computed in float32 (bf16 cannot hold the integers
-    above 256 it passes through). torch's quantize kernel does it in one pass (2x the elementwise chain); the chain
-    is the fallback for torch builds that no longer have quantized tensors."""
+    above 256 it passes through). torch's quantize kernel does it in one pass, where the elementwise chain makes one
+    per operation; the chain is the fallback for torch builds that no longer have quantized tensors."""
     x = x.float()
     if hasattr(torch, "quantize_per_tensor"):
         with warnings.catch_warnings():

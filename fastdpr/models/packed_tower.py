@@ -68,9 +68,9 @@ class _PackedLayer(nn.Module):
     def _attention_grouped(self, qkv: torch.Tensor, groups: list[tuple[int, int]]) -> torch.Tensor:
         """Exact attention per group of equal-length sequences, no mask and no padding (the CPU path: a
         length-sorted batch has few groups, and each costs only its own tokens). On CPUs with AVX-512 bf16 and fp32
-        go through the compiled kernel (csrc/attention.h: AMX or AVX512-BF16 for bf16, AVX-512F for fp32; about 2x
-        torch's CPU flash attention at head dimension 32), everything else through
-        ``scaled_dot_product_attention``."""
+        go through the compiled kernel (csrc/attention.h: AMX or AVX512-BF16 for bf16, AVX-512F for fp32; faster than
+        torch's CPU flash attention at head dimension 32: benchmarks/micro/test_micro_attention.py measures both),
+        everything else through ``scaled_dot_product_attention``."""
         heads, head_dim = self.heads, self.hidden // self.heads
         kernel = compiled.attention_kernel(qkv.dtype) if qkv.device.type == "cpu" and head_dim % 16 == 0 else None
         if kernel is not None:

@@ -72,7 +72,7 @@ def train_reader_from_questions(
 
     Training stops after ``max_steps`` steps or ``time_budget_s`` seconds (the learning rate decays over
     whichever is given; one epoch when neither is). ``precision="auto"`` trains under bf16 autocast where the CPU
-    or GPU supports it (about 2x faster on AMX CPUs), fp32 elsewhere; ``"fp32"``/``"bf16"`` force it.
+    or GPU supports it (faster on AMX CPUs), fp32 elsewhere; ``"fp32"``/``"bf16"`` force it.
     ``freeze_word_embeddings`` leaves the vocabulary matrix as it is (a third less work a step on MiniLM). The saved
     reader reads rows of ``read_length`` tokens (training rows are ``max_length``; long positives are cut
     around their answer)."""

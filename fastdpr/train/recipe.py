@@ -23,7 +23,7 @@ SQuADShifts NYT from a package archive that is no longer published): ``benchmark
 * **Frozen word embeddings**: half of a small encoder's weights, rarely worth moving with a few thousand
   questions; the optimizer step gets cheaper and the vocabulary keeps its pretrained geometry.
 * **No dropout on attention probabilities** (hidden-state dropout stays): torch's fused CPU attention has no
-  dropout, so with it every attention runs unfused and a step takes 1.6x as long; a few hundred steps of
+  dropout, so with it every attention runs unfused and a step takes longer; a few hundred steps of
   fine-tuning gain nothing from that regularisation.
 """
 from __future__ import annotations
