@@ -10,18 +10,16 @@ neither."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from fastdpr.train.trainer import Trainer
 
 
 class Task:
     """A model to train and its data. Subclasses set ``model`` and ``batches_per_epoch`` (in :meth:`prepare` at the
     latest) and implement :meth:`batch` and :meth:`step`; the rest has defaults: no validation data, nothing saved
-    of the task's settings."""
+    of the task's settings. The ``trainer`` the methods receive is the :class:`~fastdpr.train.trainer.Trainer`
+    training the task (not imported here: the trainer imports this module)."""
 
     model: torch.nn.Module
     batches_per_epoch: int
@@ -40,7 +38,7 @@ class Task:
         """The task's own settings, saved with the loop's in ``training_args.json`` (JSON values)."""
         return {}
 
-    def prepare(self, trainer: "Trainer") -> None:
+    def prepare(self, trainer) -> None:
         """Called once the model is on ``trainer.device``, before the optimizer is built: freeze what does not
         train, load what the steps need. ``trainer.args`` holds the loop's settings (batch size, seed)."""
 
@@ -53,7 +51,7 @@ class Task:
         """How many training examples (questions) ``batch`` holds."""
         return len(batch)
 
-    def step(self, trainer: "Trainer", batch: Any) -> torch.Tensor:
+    def step(self, trainer, batch: Any) -> torch.Tensor:
         """Forward and backward pass of one batch, under ``trainer.autocast()`` and through
         ``trainer.backward(loss)``; returns the (detached) loss. The optimizer step is the Trainer's."""
         raise NotImplementedError
@@ -66,7 +64,7 @@ class Task:
         saved = type(self.model).from_pretrained(str(path))
         self.model.load_state_dict(saved.state_dict())
 
-    def validate(self, trainer: "Trainer") -> dict | None:
+    def validate(self, trainer) -> dict | None:
         """Scores of the model on held-out data, one of them under :attr:`best_metric`; None without any. The
         Trainer calls it (on rank 0, with the interpolated weights in place) when :attr:`has_validation_data`."""
         return None
