@@ -356,3 +356,18 @@ def test_reader_fit_keeps_its_time_budget_and_resumes_by_the_clock(tmp_path, mon
     # dropout on: equal weights need the generator states of the checkpoint, not only its weights
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_reader_fit_has_its_loop_settings_checked_before_its_groups_are_prepared(tmp_path, monkeypatch):
+    from fastdpr.reader import Reader
+    from fastdpr.reader import training
+    from tiny_models import tiny_bert_dir
+
+    reader = Reader.from_pretrained(tiny_bert_dir(tmp_path / "m"), max_length=48)
+    monkeypatch.setattr(training, "prepare_groups", lambda *a, **k: pytest.fail("groups prepared first"))
+    with pytest.raises(InputError, match="attention_dropout"):
+        reader.fit(READER_EXAMPLES, attention_dropout=1.0, show_progress=False)
+    with pytest.raises(InputError, match="time_budget_s"):
+        reader.fit(READER_EXAMPLES, time_budget_s=0.0, show_progress=False)
+    with pytest.raises(InputError, match="batch_size"):
+        reader.fit(READER_EXAMPLES, batch_size=0, show_progress=False)

@@ -1,7 +1,7 @@
 """The fine-tuning recipe fastdpr recommends for adapting a pretrained dual encoder with little compute, and the
 evidence for it. The quickstart uses it (its results on the published QA sets: ``benchmarks/results/quickstart.md``);
-``TrainingArguments`` and ``BiEncoderArguments`` keep DPR's own defaults for training from scratch (docs/architecture.md, "DPR training
-defaults").
+``TrainingArguments`` and ``BiEncoderArguments`` keep DPR's own defaults for training from scratch
+(docs/architecture.md, "DPR training defaults").
 
 Why each choice. The ablations behind them ran on 2 CPU cores on an earlier data set (NQ paragraphs, SQuAD dev and
 SQuADShifts NYT from a package archive that is no longer published): ``benchmarks/results/recipe_ablation.md`` and
