@@ -379,7 +379,13 @@ def _gradcache_arm(arm: str, opts, device: torch.device):
     train_vs_st.model_path = lambda: opts.model_dir
     if arm == "fastdpr":
         base = trainer_module.TrainingArguments
-        trainer_module.TrainingArguments = lambda **kw: base(**{**kw, "device": str(device)})
+
+        class OnDevice(base):  # still TrainingArguments, which the Trainer checks it is given
+            def __post_init__(self):
+                self.device = str(device)
+                super().__post_init__()
+
+        trainer_module.TrainingArguments = OnDevice
         try:
             return train_vs_st.FastdprArm(opts)
         finally:

@@ -87,7 +87,7 @@ def _train_in_child(config, group: int, steps: int, device: str, queue, model_pa
     import torch
 
     from fastdpr.quickstart import experiment as ex
-    from fastdpr.train import Trainer, load_examples, recipe
+    from fastdpr.train import BiEncoderTask, Trainer, load_examples, recipe
 
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -97,14 +97,14 @@ def _train_in_child(config, group: int, steps: int, device: str, queue, model_pa
     frozen = {} if pool is None else dict(
         freeze_passages=True, negatives_from=None if pool == "none" else str(ws.out / "vectors_zero_shot"),
         pool_negatives=0 if pool in ("none", "all") else int(pool))
-    args = recipe.training_arguments(
+    args, task_args = recipe.arguments(
         output_dir=str(out), examples=len(train), batch_size=config.batch_size, lr=config.lr,
         chunk_size=config.chunk_size, seed=config.seed, show_progress=False, n_hard=config.mine_hard,
         device=device, max_steps=steps, epochs=math.ceil(steps * config.batch_size / len(train)),
         # the arms are compared as trained: no interpolation with the starting weights, no checkpoint selection
         interpolate=1.0, group_size=group if pool is None else 0, save_steps=10**9, logging_steps=1, warmup_steps=0.1, **frozen)
     log: list[dict] = []
-    trainer = Trainer(load_start(config, model_path), args, train,
+    trainer = Trainer(BiEncoderTask(load_start(config, model_path), train, task_args), args,
                       callbacks=[lambda _t, record: log.append(record)])
     start = time.perf_counter()
     trainer.train()
@@ -115,8 +115,8 @@ def _train_in_child(config, group: int, steps: int, device: str, queue, model_pa
     peak = (torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda")
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     queue.put({"group": group, "pool": pool, "steps": trainer.total_steps, "examples": len(train), "batch": args.batch_size,
-               "lr": args.lr, "precision": args.precision, "grad_cache": args.grad_cache, "chunk": args.chunk_size,
-               "loss_backend": args.loss_backend, "train_seconds": seconds,
+               "lr": args.lr, "precision": args.precision, "grad_cache": task_args.grad_cache,
+               "chunk": task_args.chunk_size, "loss_backend": task_args.loss_backend, "train_seconds": seconds,
                "examples_per_s": trainer.total_steps * args.batch_size / seconds,
                "peak_mib": peak, "peak_kind": "CUDA allocated" if device.startswith("cuda") else "RSS",
                "losses": [round(float(r["loss"]), 5) for r in log]})

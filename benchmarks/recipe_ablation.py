@@ -74,7 +74,7 @@ def load_model(path=None, qlen=32, plen=256):
 
 def train(recs, mix, n_examples, batch, lr, out, precision="bf16", grad_cache=False, chunk=32, plen=256,
           warmup=0.1, n_hard=1, freeze_embeddings=False, seed=0):
-    from fastdpr.train import Trainer, TrainingArguments
+    from fastdpr.train import BiEncoderArguments, BiEncoderTask, Trainer, TrainingArguments
     from fastdpr.train.data import examples_from_records
     records = []
     for name, frac in mix.items():
@@ -86,13 +86,13 @@ def train(recs, mix, n_examples, batch, lr, out, precision="bf16", grad_cache=Fa
     if freeze_embeddings:
         for p in model.question_encoder.embeddings.parameters(): p.requires_grad_(False)
     steps = max(1, len(examples) // batch)
-    args = TrainingArguments(output_dir=out, batch_size=batch, n_hard=n_hard, epochs=1, max_steps=steps, lr=lr,
-                             warmup_steps=warmup, precision=precision, grad_cache=grad_cache, chunk_size=chunk,
-                             logging_steps=max(1, steps // 5), save_steps=10**9, save_total_limit=1,
-                             show_progress=False, loss_backend="torch", seed=seed)
+    args = TrainingArguments(output_dir=out, batch_size=batch, epochs=1, max_steps=steps, lr=lr,
+                             warmup_steps=warmup, precision=precision, logging_steps=max(1, steps // 5),
+                             save_steps=10**9, save_total_limit=1, show_progress=False, seed=seed)
+    task_args = BiEncoderArguments(n_hard=n_hard, grad_cache=grad_cache, chunk_size=chunk, loss_backend="torch")
     log = []
     t = time.perf_counter()
-    Trainer(model, args, examples, callbacks=[lambda _t, r: log.append(r)]).train()
+    Trainer(BiEncoderTask(model, examples, task_args), args, callbacks=[lambda _t, r: log.append(r)]).train()
     dt = time.perf_counter() - t
     model.eval()
     return model, {"train_s": round(dt, 1), "ex_per_s": round(len(examples) / dt, 2), "steps": steps,

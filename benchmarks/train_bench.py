@@ -93,6 +93,7 @@ def run_config(opts: argparse.Namespace, batch: int, grad_cache: bool, steps: in
     the second one holds activations, gradients and the Adam state at once."""
     import torch
 
+    from fastdpr.train.biencoder import BiEncoderArguments, BiEncoderTask
     from fastdpr.train.trainer import Trainer, TrainingArguments
 
     torch.set_num_threads(opts.threads)
@@ -101,10 +102,11 @@ def run_config(opts: argparse.Namespace, batch: int, grad_cache: bool, steps: in
         model = build_model(Path(tmp), opts.hidden, opts.layers, opts.heads, opts.intermediate, opts.q_len,
                             opts.p_len)
         examples = make_examples(batch * steps, opts.q_len, opts.p_len)
-        args = TrainingArguments(output_dir=str(Path(tmp) / "out"), batch_size=batch, n_hard=1, lr=1e-5,
-                                 precision=opts.precision, grad_cache=grad_cache, chunk_size=opts.chunk_size,
-                                 loss_backend="auto", device=str(device), show_progress=False)
-        trainer = Trainer(model, args, examples)
+        args = TrainingArguments(output_dir=str(Path(tmp) / "out"), batch_size=batch, lr=1e-5,
+                                 precision=opts.precision, device=str(device), show_progress=False)
+        task_args = BiEncoderArguments(n_hard=1, grad_cache=grad_cache, chunk_size=opts.chunk_size,
+                                       loss_backend="auto")
+        trainer = Trainer(BiEncoderTask(model, examples, task_args), args)
         trainer._setup()
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -114,7 +116,7 @@ def run_config(opts: argparse.Namespace, batch: int, grad_cache: bool, steps: in
                        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         times, cpu_times, losses = [], [], []
         for step in range(steps):
-            b = trainer.builder.batch(0, step)
+            b = trainer.task.builder.batch(0, step)
             start, cpu_start = time.perf_counter(), time.process_time()
             losses.append(float(trainer.training_step(b)))
             trainer.optimizer_step()

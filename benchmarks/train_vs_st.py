@@ -100,6 +100,7 @@ class FastdprArm:
     def __init__(self, opts):
         from fastdpr.models import BiEncoder
         from fastdpr.train.data import examples_from_records
+        from fastdpr.train.biencoder import BiEncoderArguments, BiEncoderTask
         from fastdpr.train.trainer import Trainer, TrainingArguments
 
         self.model = BiEncoder.from_pretrained(model_path(), max_question_length=opts.q_len,
@@ -114,11 +115,11 @@ class FastdprArm:
             records.append({"question": q, "positive_ctxs": [{"title": "", "text": pos, "passage_id": f"p{k}"}],
                             "hard_negative_ctxs": [{"title": "", "text": neg, "passage_id": f"n{k}"}]})
         self.examples = examples_from_records(records)
-        args = TrainingArguments(output_dir=None, batch_size=opts.batch, n_hard=1, lr=opts.lr, epochs=0,
+        args = TrainingArguments(output_dir=None, batch_size=opts.batch, lr=opts.lr, epochs=0,
                                  max_steps=opts.steps + 1, weight_decay=0.0, max_grad_norm=MAX_GRAD_NORM,
-                                 precision=opts.precision, grad_cache=True, chunk_size=opts.chunk, shuffle=False,
-                                 show_progress=False, device="cpu")
-        self.trainer = Trainer(self.model, args, self.examples)
+                                 precision=opts.precision, show_progress=False, device="cpu")
+        task_args = BiEncoderArguments(n_hard=1, grad_cache=True, chunk_size=opts.chunk, shuffle=False)
+        self.trainer = Trainer(BiEncoderTask(self.model, self.examples, task_args), args)
         self.trainer._setup()
 
     def warm_batch(self, size: int):
@@ -208,7 +209,8 @@ def same_loss_check(opts) -> dict:
         batch = fast.batch(0)
         q_tokens, p_tokens = fast.trainer.task.tokens(batch)
         q, p = fast.model(q_tokens, p_tokens)
-        fast_loss = float(batch_loss(q, p, batch, batch, scale=fast.model.scale, loss_fn=fast.trainer.loss_fn))
+        fast_loss = float(batch_loss(q, p, batch, batch, scale=fast.model.scale,
+                                     loss_fn=fast.trainer.task.loss_fn))
         questions, positives, negatives = zip(*st.batch(0))
         features = [st._tokens(list(questions), opts.q_len), st._tokens(list(positives), opts.p_len),
                     st._tokens(list(negatives), opts.p_len)]

@@ -102,8 +102,10 @@ def test_recipe_mixture_counts():
     assert sum(counts.values()) == 100 and max(counts.values()) - min(counts.values()) <= 1
     with pytest.raises(ValueError):
         recipe.mixture_counts({"a": -1}, 10)
-    args = recipe.training_arguments("out", examples=1000, batch_size=128, chunk_size=32, eval_times=2, device="cpu")
-    assert args.max_steps == 7 and args.grad_cache and args.eval_steps == 3 and args.epochs == 1
+    args, task_args = recipe.arguments("out", examples=1000, batch_size=128, chunk_size=32, eval_times=2,
+                                       device="cpu", n_hard=2)
+    assert args.max_steps == 7 and args.eval_steps == 3 and args.epochs == 1
+    assert task_args.grad_cache and task_args.chunk_size == 32 and task_args.n_hard == 2
 
 
 def _metrics(top20: dict[str, dict[str, float]], n: int = 200) -> dict:

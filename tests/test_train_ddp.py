@@ -10,7 +10,8 @@ import torch.multiprocessing as mp
 
 from fastdpr.models import BiEncoder
 from fastdpr.train.data import examples_from_records
-from fastdpr.train.trainer import Trainer, TrainingArguments
+from fastdpr.train.biencoder import BiEncoderTask, split_arguments
+from fastdpr.train.trainer import Trainer
 from tiny_models import tiny_biencoder
 
 DATA = Path(__file__).parent / "data"
@@ -35,7 +36,14 @@ def _args(out, **kw):
                 # and the interpreter would only slow the three processes down here
                 loss_backend="torch")
     base.update(kw)
-    return TrainingArguments(**base)
+    return split_arguments(base)
+
+
+def _trainer(model, args, examples):
+    training, biencoder = args
+    trainer = Trainer(BiEncoderTask(model, examples, biencoder), training)
+    trainer._setup()
+    return trainer
 
 
 def _step_grads(trainer, batch):
@@ -54,12 +62,12 @@ def _worker(rank, model_dir, work, init_file):
         results = {}
         for name, kw in {"plain": {}, "grad_cache": {"grad_cache": True, "chunk_size": 3}}.items():
             model = BiEncoder.from_pretrained(model_dir)
-            trainer = Trainer(model, _args(Path(work) / f"step-{name}", **kw), examples)
-            results[name] = _step_grads(trainer, trainer.builder.batch(0, 1))
+            trainer = _trainer(model, _args(Path(work) / f"step-{name}", **kw), examples)
+            results[name] = _step_grads(trainer, trainer.task.builder.batch(0, 1))
         torch.save(results, Path(work) / f"grads-rank{rank}.pt")
         # a short run through the whole loop: clipping, AdamW, schedule, checkpoints written by rank 0
         model = BiEncoder.from_pretrained(model_dir)
-        Trainer(model, _args(Path(work) / "run", grad_cache=True, chunk_size=4, max_steps=3, save_steps=2,
+        _trainer(model, _args(Path(work) / "run", grad_cache=True, chunk_size=4, max_steps=3, save_steps=2,
                              warmup_steps=1), examples).train()
     finally:
         dist.destroy_process_group()
@@ -77,8 +85,8 @@ def test_two_gloo_ranks_equal_one_process_on_the_full_batch(tmp_path):
     examples = _examples()
     ranks = [torch.load(work / f"grads-rank{r}.pt") for r in range(WORLD)]
     for name, kw in {"plain": {}, "grad_cache": {"grad_cache": True, "chunk_size": 3}}.items():
-        single = Trainer(BiEncoder.from_pretrained(model_dir), _args(tmp_path / f"single-{name}", **kw), examples)
-        ref_loss, ref = _step_grads(single, single.builder.batch(0, 1))
+        single = _trainer(BiEncoder.from_pretrained(model_dir), _args(tmp_path / f"single-{name}", **kw), examples)
+        ref_loss, ref = _step_grads(single, single.task.builder.batch(0, 1))
         assert len(ref) > 30
         for r in range(WORLD):
             loss, grads = ranks[r][name]
@@ -88,7 +96,7 @@ def test_two_gloo_ranks_equal_one_process_on_the_full_batch(tmp_path):
             assert worst < 1e-5, (name, r, worst)
 
     single = BiEncoder.from_pretrained(model_dir)
-    Trainer(single, _args(tmp_path / "single-run", grad_cache=True, chunk_size=4, max_steps=3, save_steps=2,
+    _trainer(single, _args(tmp_path / "single-run", grad_cache=True, chunk_size=4, max_steps=3, save_steps=2,
                           warmup_steps=1), examples).train()
     trained = BiEncoder.from_pretrained(work / "run" / "model")
     start = BiEncoder.from_pretrained(model_dir).state_dict()

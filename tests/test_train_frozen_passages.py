@@ -14,7 +14,8 @@ from fastdpr.kernels import inbatch_nll
 from fastdpr.models import BiEncoder
 from fastdpr.train.data import load_examples, passage_key
 from fastdpr.train.pool import PassagePool
-from fastdpr.train.trainer import Trainer, TrainingArguments
+from fastdpr.train.biencoder import BiEncoderTask, split_arguments
+from fastdpr.train.trainer import Trainer
 from tiny_models import tiny_biencoder
 
 SAMPLE = Path(__file__).parent / "data" / "squad_dev_train_sample.json"
@@ -58,7 +59,12 @@ def _args(out, **kw):
     base = dict(output_dir=str(out), batch_size=16, n_hard=1, lr=5e-3, show_progress=False, logging_steps=1,
                 loss_backend="torch", freeze_passages=True, max_steps=3, epochs=1)
     base.update(kw)
-    return TrainingArguments(**base)
+    return split_arguments(base)
+
+
+def _trainer(model, args, examples):
+    training, biencoder = args
+    return Trainer(BiEncoderTask(model, examples, biencoder), training)
 
 
 def _state(module):
@@ -69,7 +75,7 @@ def _state(module):
 def test_question_tower_moves_and_passage_tower_stays_bitwise(tmp_path, examples, shared_model_dir, grad_cache):
     model = BiEncoder.from_pretrained(shared_model_dir)
     start = _state(model.question_encoder)
-    Trainer(model, _args(tmp_path / "run", grad_cache=grad_cache, chunk_size=5), examples).train()
+    _trainer(model, _args(tmp_path / "run", grad_cache=grad_cache, chunk_size=5), examples).train()
     saved = BiEncoder.from_pretrained(tmp_path / "run" / "model")
     assert not saved.config.shared  # untied, so that the two towers can differ
     moved = _state(saved.question_encoder)
@@ -85,9 +91,9 @@ def test_question_tower_moves_and_passage_tower_stays_bitwise(tmp_path, examples
 
 def test_pool_negatives_give_the_loss_over_batch_and_pool(tmp_path, examples, shared_model_dir, pool_dir):
     model = BiEncoder.from_pretrained(shared_model_dir)
-    trainer = Trainer(model, _args(tmp_path / "run", negatives_from=str(pool_dir)), examples)
+    trainer = _trainer(model, _args(tmp_path / "run", negatives_from=str(pool_dir)), examples)
     trainer._setup()
-    batch = trainer.builder.batch(0, 0)
+    batch = trainer.task.builder.batch(0, 0)
     torch.manual_seed(0)
     got = float(trainer.training_step(batch))
 
@@ -142,7 +148,7 @@ def test_vectors_of_another_passage_tower_are_refused(tmp_path, examples, pool_d
     other = tiny_biencoder(tmp_path, pooling="mean", similarity="cosine", shared=True, dropout=0.0, seed=9,
                            max_question_length=24, max_passage_length=48)
     with pytest.raises(InputError, match="another passage tower"):
-        Trainer(other, _args(tmp_path / "run", negatives_from=str(pool_dir)), examples).train()
+        _trainer(other, _args(tmp_path / "run", negatives_from=str(pool_dir)), examples).train()
 
 
 @pytest.mark.parametrize("kw,message", [
@@ -161,7 +167,7 @@ def test_cli_trains_the_question_side_with_pool_negatives(tmp_path, shared_model
                      "--max-steps", "2", "--lr", "1e-3", "--loss-backend", "torch", "--no-progress",
                      "--freeze-passages", "--negatives-from", str(pool_dir), "--pool-negatives", "8"])
     assert code == 0
-    saved = json.loads((out / "training_args.json").read_text())
+    saved = json.loads((out / "training_args.json").read_text())["task"]
     assert saved["freeze_passages"] and saved["pool_negatives"] == 8
     trained = BiEncoder.from_pretrained(out / "model")
     start = BiEncoder.from_pretrained(shared_model_dir)

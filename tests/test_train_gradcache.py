@@ -9,7 +9,8 @@ from fastdpr.train import grad_cache as gc
 from fastdpr.train.data import examples_from_records
 from fastdpr.train.grad_cache import chunk_schedule, length_sorted_chunks, split_tokens, trim_padding
 from fastdpr.train.loss import batch_loss
-from fastdpr.train.trainer import Trainer, TrainingArguments
+from fastdpr.train.biencoder import BiEncoderTask, split_arguments
+from fastdpr.train.trainer import Trainer
 from tiny_models import tiny_biencoder
 
 
@@ -33,9 +34,9 @@ def _grads(model):
 
 
 def _trainer(model, tmp_path, examples, **kw):
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), batch_size=12, n_hard=2, lr=1e-3,
-                             show_progress=False, **kw)
-    trainer = Trainer(model, args, examples)
+    training, biencoder = split_arguments(dict(output_dir=str(tmp_path / "out"), batch_size=12, n_hard=2, lr=1e-3,
+                                               show_progress=False, **kw))
+    trainer = Trainer(BiEncoderTask(model, examples, biencoder), training)
     trainer._setup()
     return trainer
 
@@ -48,7 +49,7 @@ def _reference_grads(trainer, batch, seed, chunk_size):
     model = trainer.model
     model.zero_grad(set_to_none=True)
     model.train()
-    q_tok, p_tok = trainer._tokens(batch)
+    q_tok, p_tok = trainer.task.tokens(batch)
     q_chunks, q_restore = length_sorted_chunks(q_tok, chunk_size)
     p_chunks, p_restore = length_sorted_chunks(p_tok, chunk_size)
     torch.manual_seed(seed)
@@ -58,7 +59,7 @@ def _reference_grads(trainer, batch, seed, chunk_size):
         qs += [q] if q is not None else []
         ps += [p] if p is not None else []
     loss = batch_loss(torch.cat(qs)[q_restore], torch.cat(ps)[p_restore], batch, batch, scale=model.scale,
-                      loss_fn=trainer.loss_fn)
+                      loss_fn=trainer.task.loss_fn)
     loss.backward()
     grads = _grads(model)
     model.zero_grad(set_to_none=True)
@@ -84,7 +85,7 @@ def test_grad_cache_equals_large_batch_with_dropout(tmp_path, examples, shared, 
     model = tiny_biencoder(tmp_path, shared=shared, pooling=pooling, similarity=similarity, temperature=0.1,
                            dropout=0.1, max_passage_length=48)
     trainer = _trainer(model, tmp_path, examples, grad_cache=True, chunk_size=5)  # uneven chunks: 12 = 5+5+2
-    batch = trainer.builder.batch(0, 1)
+    batch = trainer.task.builder.batch(0, 1)
     assert not batch.column_valid.all()  # padding is exercised
     ref_loss, ref = _reference_grads(trainer, batch, seed=11, chunk_size=5)
     gc_loss, got = _grad_cache_grads(trainer, batch, seed=11)
@@ -100,7 +101,7 @@ def test_without_rng_replay_the_gradients_differ(tmp_path, examples, monkeypatch
     # the check above can fail: break the replay and the gradients no longer match
     model = tiny_biencoder(tmp_path, dropout=0.1, max_passage_length=48)
     trainer = _trainer(model, tmp_path, examples, grad_cache=True, chunk_size=5)
-    batch = trainer.builder.batch(0, 0)
+    batch = trainer.task.builder.batch(0, 0)
     _, ref = _reference_grads(trainer, batch, seed=5, chunk_size=5)
     monkeypatch.setattr(gc.RandomState, "restore", lambda self: None)
     _, got = _grad_cache_grads(trainer, batch, seed=5)
@@ -112,7 +113,7 @@ def test_grad_cache_equals_plain_trainer_step_without_dropout(tmp_path, examples
     model = tiny_biencoder(tmp_path, dropout=0.0, max_passage_length=48)
     plain = _trainer(model, tmp_path, examples, grad_cache=False)
     cached = _trainer(model, tmp_path, examples, grad_cache=True, chunk_size=4)
-    batch = plain.builder.batch(0, 2)
+    batch = plain.task.builder.batch(0, 2)
     loss_a, a = _grad_cache_grads(plain, batch, seed=0)
     loss_b, b = _grad_cache_grads(cached, batch, seed=0)
     assert abs(loss_a - loss_b) < 1e-5 and _max_diff(a, b) < 1e-5
@@ -196,7 +197,7 @@ def test_gradient_checkpointing_keeps_the_gradients(tmp_path, examples):
                      "checkpointed+gc": {"gradient_checkpointing": True, "grad_cache": True, "chunk_size": 5}}.items():
         model = tiny_biencoder(tmp_path / name, dropout=0.1, max_passage_length=48)
         trainer = _trainer(model, tmp_path / name, examples, **kw)
-        batch = trainer.builder.batch(0, 0)
+        batch = trainer.task.builder.batch(0, 0)
         assert model.question_encoder.is_gradient_checkpointing == bool(kw)
         if kw.get("grad_cache"):
             _, grads[name] = _reference_grads(trainer, batch, seed=3, chunk_size=5)
@@ -217,14 +218,14 @@ def test_grad_cache_at_batch_1024_equals_plain_training(tmp_path):
 
     def trainer(**kw):
         # the chunked torch loss: the Triton interpreter is exact but slow at 1,024 x 2,048
-        args = TrainingArguments(output_dir=str(tmp_path / "out"), batch_size=1024, n_hard=1, lr=1e-3,
-                                 show_progress=False, loss_backend="torch", **kw)
-        t = Trainer(model, args, examples)
+        training, biencoder = split_arguments(dict(output_dir=str(tmp_path / "out"), batch_size=1024, n_hard=1,
+                                                   lr=1e-3, show_progress=False, loss_backend="torch", **kw))
+        t = Trainer(BiEncoderTask(model, examples, biencoder), training)
         t._setup()
         return t
 
     plain, cached = trainer(grad_cache=False), trainer(grad_cache=True, chunk_size=128)
-    batch = plain.builder.batch(0, 0)
+    batch = plain.task.builder.batch(0, 0)
     assert batch.size == 1024 and len(batch.passages) == 2048
     loss_a, a = _grad_cache_grads(plain, batch, seed=0)
     loss_b, b = _grad_cache_grads(cached, batch, seed=0)
@@ -239,7 +240,7 @@ def test_grad_cache_equals_large_batch_in_float64_with_seeded_attention_dropout(
     model = tiny_biencoder(tmp_path, dropout=0.1, max_passage_length=48).double()
     trainer = _trainer(model, tmp_path, examples, grad_cache=True, chunk_size=5)
     assert model.question_encoder.config._attn_implementation == NAME
-    batch = trainer.builder.batch(0, 1)
+    batch = trainer.task.builder.batch(0, 1)
     ref_loss, ref = _reference_grads(trainer, batch, seed=11, chunk_size=5)
     gc_loss, got = _grad_cache_grads(trainer, batch, seed=11)
     assert all(g.dtype == torch.float64 for g in got.values())

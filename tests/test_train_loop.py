@@ -10,6 +10,7 @@ from fastdpr.errors import InputError
 from fastdpr.models import BiEncoder
 from fastdpr.train import checkpoint as ckpt
 from fastdpr.train.data import load_examples
+from fastdpr.train.biencoder import BiEncoderArguments, BiEncoderTask, split_arguments
 from fastdpr.train.trainer import Trainer, TrainingArguments
 from tiny_models import tiny_biencoder
 
@@ -34,7 +35,13 @@ def _args(out, **kw):
     base = dict(output_dir=str(out), batch_size=16, n_hard=1, lr=2e-3, show_progress=False, logging_steps=1,
                 loss_backend="torch")
     base.update(kw)
-    return TrainingArguments(**base)
+    return split_arguments(base)
+
+
+def _trainer(model, args, examples, dev_examples=None, corpus=None, callbacks=()):
+    training, biencoder = args
+    return Trainer(BiEncoderTask(model, examples, biencoder, dev_examples=dev_examples, corpus=corpus), training,
+                   callbacks=callbacks)
 
 
 class Interrupt(Exception):
@@ -61,16 +68,16 @@ def test_kill_and_resume_reaches_the_same_weights(tmp_path, examples, init_dir):
     kw = dict(epochs=2, max_steps=7, save_steps=3, save_total_limit=1, eval_steps=3, grad_cache=True, chunk_size=8)
     dev = examples[:16]
     straight = BiEncoder.from_pretrained(init_dir)
-    result = Trainer(straight, _args(tmp_path / "straight", **kw), examples, dev_examples=dev).train()
+    result = _trainer(straight, _args(tmp_path / "straight", **kw), examples, dev_examples=dev).train()
     assert result["step"] == 7
 
     out = tmp_path / "resumed"
     with pytest.raises(Interrupt):
-        Trainer(BiEncoder.from_pretrained(init_dir), _args(out, **kw), examples, dev_examples=dev,
+        _trainer(BiEncoder.from_pretrained(init_dir), _args(out, **kw), examples, dev_examples=dev,
                 callbacks=[_stop_after(5)]).train()
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["step-00000003"]
     resumed = BiEncoder.from_pretrained(init_dir)  # fresh weights: everything must come from the checkpoint
-    result2 = Trainer(resumed, _args(out, **kw), examples, dev_examples=dev).train(resume=True)
+    result2 = _trainer(resumed, _args(out, **kw), examples, dev_examples=dev).train(resume=True)
     assert result2["step"] == 7 and result2["best"] == result["best"]
     want, got = _weights(straight), _weights(resumed)
     assert all(torch.equal(want[k], got[k]) for k in want)
@@ -94,27 +101,27 @@ def test_resume_without_the_generator_state_drifts(tmp_path, examples, init_dir)
     # the exactness above is not an accident of dropout being inert: drop the saved RNG state and it breaks
     kw = dict(epochs=1, max_steps=4, save_steps=2)
     straight = BiEncoder.from_pretrained(init_dir)
-    Trainer(straight, _args(tmp_path / "a", **kw), examples).train()
+    _trainer(straight, _args(tmp_path / "a", **kw), examples).train()
     out = tmp_path / "b"
     with pytest.raises(Interrupt):
-        Trainer(BiEncoder.from_pretrained(init_dir), _args(out, **kw), examples,
+        _trainer(BiEncoder.from_pretrained(init_dir), _args(out, **kw), examples,
                 callbacks=[_stop_after(3)]).train()
     (ckpt.latest_checkpoint(out) / "rng-rank0.pt").unlink()
     resumed = BiEncoder.from_pretrained(init_dir)
-    Trainer(resumed, _args(out, **kw), examples).train(resume=True)
+    _trainer(resumed, _args(out, **kw), examples).train(resume=True)
     want, got = _weights(straight), _weights(resumed)
     assert not all(torch.equal(want[k], got[k]) for k in want)
 
 
 def test_resume_needs_a_checkpoint(tmp_path, examples, init_dir):
     with pytest.raises(InputError, match="no checkpoint"):
-        Trainer(BiEncoder.from_pretrained(init_dir), _args(tmp_path), examples).train(resume=True)
+        _trainer(BiEncoder.from_pretrained(init_dir), _args(tmp_path), examples).train(resume=True)
 
 
 def test_validation_average_rank_matches_brute_force(tmp_path, examples, init_dir):
     model = BiEncoder.from_pretrained(init_dir)
     dev = examples[:20]
-    trainer = Trainer(model, _args(tmp_path, dev_batch_size=8), examples, dev_examples=dev)
+    trainer = _trainer(model, _args(tmp_path, dev_batch_size=8), examples, dev_examples=dev)
     model.train()
     result = trainer.validate()
     assert model.training  # validation runs in eval mode and restores the mode
@@ -144,8 +151,9 @@ def test_mixed_precision_steps_agree_with_fp32(tmp_path, examples, precision):
     losses, grads = {}, {}
     for name, kw in {"fp32": {}, precision: {"precision": precision},
                      "gc": {"precision": precision, "grad_cache": True, "chunk_size": 6}}.items():
-        trainer = Trainer(model, _args(tmp_path / name, **kw), examples)
-        batch = batch or trainer.builder.batch(0, 0)
+        trainer = _trainer(model, _args(tmp_path / name, **kw), examples)
+        trainer._setup()
+        batch = batch or trainer.task.builder.batch(0, 0)
         model.zero_grad(set_to_none=True)
         losses[name] = float(trainer.training_step(batch))
         if kw.get("precision") == "fp16":
@@ -164,7 +172,7 @@ def test_mixed_precision_steps_agree_with_fp32(tmp_path, examples, precision):
 def test_tiny_model_learns_real_question_passage_pairs(tmp_path, examples, init_dir):
     # 64 SQuAD dev questions with their paragraphs; the hard negative is another paragraph of the same article
     model = BiEncoder.from_pretrained(init_dir)
-    trainer = Trainer(model, _args(tmp_path, epochs=5, warmup_steps=2, logging_steps=4, loss_backend="auto"),
+    trainer = _trainer(model, _args(tmp_path, epochs=5, warmup_steps=2, logging_steps=4, loss_backend="auto"),
                       examples, dev_examples=examples)
     before = trainer.validate()
     trainer.train()
@@ -187,10 +195,12 @@ def test_cli_trains_and_saves(tmp_path, init_dir, capsys):
     assert model.config.similarity == "cosine" and model.config.temperature == pytest.approx(0.1)
     assert (out / "best" / "validation.json").is_file()
     saved = json.loads((out / "training_args.json").read_text())
-    assert saved["grad_cache"] is True
+    assert saved["task"]["grad_cache"] is True and saved["task"]["similarity"] == "cosine"
+    assert saved["task"]["freeze_word_embeddings"] is True
+    saved = saved["training"]
     # flags given win; what is left out comes from the default recipe (finetune)
     assert saved["lr"] == 1e-3 and saved["batch_size"] == 32
-    assert saved["interpolate"] == 0.5 and saved["freeze_word_embeddings"] is True and saved["warmup_steps"] == 0.1
+    assert saved["interpolate"] == 0.5 and saved["warmup_steps"] == 0.1
     assert saved["precision"] in ("bf16", "fp32")
     printed = capsys.readouterr().out
     assert str(out / "model") in printed
@@ -201,7 +211,7 @@ def test_cli_dpr_recipe_defaults(tmp_path, init_dir):
     code = cli.main(["train", str(SAMPLE), "--model", str(init_dir), "-o", str(out), "--recipe", "dpr",
                      "--batch-size", "16", "--max-steps", "1", "--loss-backend", "torch", "--no-progress"])
     assert code == 0
-    saved = json.loads((out / "training_args.json").read_text())
+    saved = json.loads((out / "training_args.json").read_text())["training"]
     assert (saved["lr"], saved["epochs"], saved["interpolate"], saved["precision"]) == (2e-5, 40, 1.0, "fp32")
 
 
@@ -225,7 +235,7 @@ def test_validation_topk_accuracy_with_a_corpus(tmp_path, examples, init_dir):
     corpus = Corpus.from_passages(list(passages.values()))
     model = BiEncoder.from_pretrained(init_dir)
     dev = examples[:16]
-    trainer = Trainer(model, _args(tmp_path, best_metric="top5", topk=(1, 5)), examples, dev_examples=dev,
+    trainer = _trainer(model, _args(tmp_path, best_metric="top5", topk=(1, 5)), examples, dev_examples=dev,
                       corpus=corpus)
     result = trainer.validate()
     q = model.encode_questions([e.question for e in dev])
@@ -236,15 +246,15 @@ def test_validation_topk_accuracy_with_a_corpus(tmp_path, examples, init_dir):
     assert result["top1"] == pytest.approx(sum(h[0] for h in hits) / len(dev))
     assert result["top5"] == pytest.approx(sum(any(h) for h in hits) / len(dev))
     with pytest.raises(InputError, match="needs a corpus"):
-        Trainer(model, _args(tmp_path, best_metric="top5"), examples, dev_examples=dev)
+        _trainer(model, _args(tmp_path, best_metric="top5"), examples, dev_examples=dev)
 
 
 def test_interpolation_saves_the_average_of_start_and_trained(tmp_path, examples, init_dir):
     start = _weights(BiEncoder.from_pretrained(init_dir))
-    raw = Trainer(BiEncoder.from_pretrained(init_dir), _args(tmp_path / "raw", max_steps=3, epochs=1), examples)
+    raw = _trainer(BiEncoder.from_pretrained(init_dir), _args(tmp_path / "raw", max_steps=3, epochs=1), examples)
     raw.train()
     trained = _weights(raw.model)
-    half = Trainer(BiEncoder.from_pretrained(init_dir),
+    half = _trainer(BiEncoder.from_pretrained(init_dir),
                    _args(tmp_path / "half", max_steps=3, epochs=1, interpolate=0.5), examples, dev_examples=examples)
     half.train()
     # training itself is unchanged (the raw weights stay in the model) ...
@@ -261,7 +271,7 @@ def test_interpolation_saves_the_average_of_start_and_trained(tmp_path, examples
 
 
 def test_frozen_word_embeddings_do_not_move(tmp_path, examples, init_dir):
-    trainer = Trainer(BiEncoder.from_pretrained(init_dir),
+    trainer = _trainer(BiEncoder.from_pretrained(init_dir),
                       _args(tmp_path / "frozen", max_steps=2, epochs=1, freeze_word_embeddings=True), examples)
     before = trainer.model.question_encoder.embeddings.word_embeddings.weight.detach().clone()
     layer = next(trainer.model.question_encoder.encoder.parameters()).detach().clone()
@@ -290,9 +300,23 @@ def test_training_in_a_log_shows_the_progress_line_of_every_long_stage(tmp_path,
 
     monkeypatch.setattr(progress_module, "LOG_EVERY_S", 0.0)
     model = BiEncoder.from_pretrained(init_dir)
-    Trainer(model, _args(tmp_path, show_progress=True, logging_steps=100, max_steps=3), examples).train()
+    _trainer(model, _args(tmp_path, show_progress=True, logging_steps=100, max_steps=3), examples).train()
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "train: 3 steps of 16 questions to go"
     steps = [line for line in err if line.startswith("train: ") and "/3 (" in line]
     assert [line.split()[1] for line in steps] == ["1/3", "2/3", "3/3"]
     assert all("step/s" in line and "loss=" in line for line in steps)
+
+
+def test_the_task_loads_its_model_with_the_model_settings(examples, init_dir):
+    task = BiEncoderTask(str(init_dir), examples,
+                         BiEncoderArguments(similarity="cosine", temperature=0.1, max_question_length=16))
+    config = task.model.config
+    assert (config.similarity, config.max_question_length) == ("cosine", 16)
+    assert config.temperature == pytest.approx(0.1)
+    with pytest.raises(InputError, match="pooling apply when the task loads the model"):
+        BiEncoderTask(BiEncoder.from_pretrained(init_dir), examples, BiEncoderArguments(pooling="cls"))
+    with pytest.raises(InputError, match="unknown training settings: nhard"):
+        split_arguments({"output_dir": None, "nhard": 1})
+    training, biencoder = split_arguments({"output_dir": None, "lr": 1e-3, "n_hard": 2})
+    assert (training.lr, biencoder.n_hard) == (1e-3, 2)

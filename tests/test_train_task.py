@@ -206,6 +206,97 @@ def test_the_task_parts_of_a_step_reach_the_callbacks():
     assert [r["half"] for r in records] == pytest.approx([r["loss"] / 2 for r in records])
 
 
+class ValidatedTask(RegressionTask):
+    """A RegressionTask whose validation gives the next of ``scores`` under ``metric``."""
+
+    def __init__(self, scores, higher_is_better, with_data=True):
+        super().__init__()
+        self.scores = list(scores)
+        self.best_metric, self.higher_is_better = "score", higher_is_better
+        self.with_data = with_data
+        self.validated_at = []
+
+    @property
+    def has_validation_data(self):
+        return self.with_data
+
+    def validate(self, trainer):
+        self.validated_at.append(trainer.state["step"])
+        return {"score": self.scores[len(self.validated_at) - 1], "other": 0.0}
+
+
+@pytest.mark.parametrize("higher, best_step", [(True, 4), (False, 2)])
+def test_any_task_is_validated_on_the_schedule_and_its_metric_picks_the_best(tmp_path, higher, best_step):
+    import json
+
+    task = ValidatedTask([0.2, 0.5, 0.3], higher_is_better=higher)
+    result = Trainer(task, _args(tmp_path, max_steps=6, eval_steps=2)).train()
+    assert task.validated_at == [2, 4, 6]
+    assert result["best_step"] == best_step and result["best"] == {2: 0.2, 4: 0.5}[best_step]
+    kept = json.loads((tmp_path / "best" / "validation.json").read_text())
+    assert kept["step"] == best_step and kept["metric"] == "score"
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["dev_score"] for r in logged if "dev_score" in r] == [0.2, 0.5, 0.3]
+
+
+def test_a_task_without_validation_data_is_not_validated(tmp_path):
+    task = ValidatedTask([], higher_is_better=True, with_data=False)
+    result = Trainer(task, _args(tmp_path, max_steps=4, eval_steps=2)).train()
+    assert task.validated_at == [] and result["best_step"] is None and not (tmp_path / "best").exists()
+
+
+def test_a_validation_without_the_task_metric_is_named(tmp_path):
+    task = ValidatedTask([0.1], higher_is_better=True)
+    task.best_metric = "accuracy"
+    with pytest.raises(InputError, match="not its best_metric 'accuracy'"):
+        Trainer(task, _args(None, max_steps=2, eval_steps=2)).train()
+
+
+def test_the_trainer_takes_a_task_only():
+    with pytest.raises(InputError, match="trains a fastdpr.train.task.Task"):
+        Trainer(TinyRegressor(), _args(None))
+
+
+def test_resume_reads_the_arguments_of_the_earlier_flat_layout(tmp_path):
+    import json
+
+    def stop_at_5(trainer, record):
+        if record["step"] == 5:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        Trainer(RegressionTask(), _args(tmp_path, save_steps=1), callbacks=[stop_at_5]).train()
+    saved = json.loads((tmp_path / "training_args.json").read_text())
+    assert saved["training"]["batch_size"] == 3 and saved["task"] == {} and saved["world_size"] == 1
+    # the layout before the loop's and the dual encoder's settings were split: one flat dict of both
+    flat = {**saved["training"], "n_hard": 1, "grad_cache": False, "world_size": 1}
+    (tmp_path / "training_args.json").write_text(json.dumps(flat))
+    assert trainer_module.read_arguments(tmp_path / "training_args.json") == {
+        "training": saved["training"], "task": {"n_hard": 1, "grad_cache": False}}
+    result = Trainer(RegressionTask(), _args(tmp_path, save_steps=1)).train(resume=True)
+    assert result["step"] == 8
+    assert "training" in json.loads((tmp_path / "training_args.json").read_text())  # rewritten in the new layout
+
+
+@pytest.mark.parametrize("changed", [dict(batch_size=4), dict(seed=8)])
+def test_resume_refuses_settings_that_take_other_examples(tmp_path, changed):
+    Trainer(RegressionTask(), _args(tmp_path, max_steps=1)).train()
+    name = next(iter(changed))
+    with pytest.raises(InputError, match=f"{name} .* of the run being resumed") as err:
+        Trainer(RegressionTask(), _args(tmp_path, max_steps=2, **changed)).train(resume=True)
+    assert "training_args.json" in str(err.value)
+
+
+def test_the_trainer_imports_no_task():
+    tree = ast.parse((ROOT / "fastdpr" / "train" / "trainer.py").read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    task_modules = {"fastdpr.train.biencoder", "fastdpr.train.data", "fastdpr.train.loss", "fastdpr.train.grad_cache",
+                    "fastdpr.train.pool", "fastdpr.models", "fastdpr.models.biencoder"}
+    assert not imported & task_modules
+    assert not any(m.startswith("fastdpr.reader") for m in imported)
+
+
 def test_the_reader_modules_import_each_other_one_way_only():
     """reader/model.py may reach reader/training.py (Reader.fit); training never reaches back to the model."""
     tree = ast.parse((ROOT / "fastdpr" / "reader" / "training.py").read_text())
@@ -265,3 +356,18 @@ def test_reader_fit_keeps_its_time_budget_and_resumes_by_the_clock(tmp_path, mon
     # dropout on: equal weights need the generator states of the checkpoint, not only its weights
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_reader_fit_has_its_loop_settings_checked_before_its_groups_are_prepared(tmp_path, monkeypatch):
+    from fastdpr.reader import Reader
+    from fastdpr.reader import training
+    from tiny_models import tiny_bert_dir
+
+    reader = Reader.from_pretrained(tiny_bert_dir(tmp_path / "m"), max_length=48)
+    monkeypatch.setattr(training, "prepare_groups", lambda *a, **k: pytest.fail("groups prepared first"))
+    with pytest.raises(InputError, match="attention_dropout"):
+        reader.fit(READER_EXAMPLES, attention_dropout=1.0, show_progress=False)
+    with pytest.raises(InputError, match="time_budget_s"):
+        reader.fit(READER_EXAMPLES, time_budget_s=0.0, show_progress=False)
+    with pytest.raises(InputError, match="batch_size"):
+        reader.fit(READER_EXAMPLES, batch_size=0, show_progress=False)

@@ -110,8 +110,8 @@ RECIPES = {
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastdpr.models import BiEncoder
     from fastdpr.train import distributed
+    from fastdpr.train.biencoder import BiEncoderArguments, BiEncoderTask
     from fastdpr.train.data import load_examples
     from fastdpr.train.trainer import Trainer, TrainingArguments
 
@@ -125,32 +125,31 @@ def run(args: argparse.Namespace) -> int:
 
         device = args.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
         args.precision = "bf16" if bf16_supported(device) else "fp32"
-    overrides = {
-        name: getattr(args, name)
-        for name in ("pooling", "similarity", "temperature", "shared", "max_question_length", "max_passage_length")
-        if getattr(args, name) is not None
-    }
     training_args = TrainingArguments(
-        output_dir=args.output, batch_size=args.batch_size, n_hard=args.n_hard, n_random=args.n_random,
-        epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, warmup_steps=args.warmup,
-        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm, precision=args.precision,
-        grad_cache=args.grad_cache, chunk_size=args.chunk_size, gradient_checkpointing=args.gradient_checkpointing,
-        bidirectional=args.bidirectional, group_size=args.group_size, freeze_passages=args.freeze_passages,
-        negatives_from=args.negatives_from, pool_negatives=args.pool_negatives, loss_backend=args.loss_backend, sample_positive=args.sample_positive,
-        seed=args.seed, logging_steps=args.logging_steps, eval_steps=args.eval_steps, save_steps=args.save_steps,
-        save_total_limit=args.keep_checkpoints, best_metric=args.best_metric, device=args.device,
-        show_progress=not args.no_progress, interpolate=args.interpolate,
-        freeze_word_embeddings=args.freeze_word_embeddings, attention_dropout=args.attention_dropout,
+        output_dir=args.output, batch_size=args.batch_size, epochs=args.epochs, max_steps=args.max_steps,
+        lr=args.lr, warmup_steps=args.warmup, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+        precision=args.precision, seed=args.seed, logging_steps=args.logging_steps, eval_steps=args.eval_steps,
+        save_steps=args.save_steps, save_total_limit=args.keep_checkpoints, device=args.device,
+        show_progress=not args.no_progress, interpolate=args.interpolate, attention_dropout=args.attention_dropout,
+    )
+    biencoder_args = BiEncoderArguments(
+        pooling=args.pooling, similarity=args.similarity, temperature=args.temperature, shared=args.shared,
+        max_question_length=args.max_question_length, max_passage_length=args.max_passage_length,
+        n_hard=args.n_hard, n_random=args.n_random, sample_positive=args.sample_positive, group_size=args.group_size,
+        bidirectional=args.bidirectional, loss_backend=args.loss_backend, grad_cache=args.grad_cache,
+        chunk_size=args.chunk_size, gradient_checkpointing=args.gradient_checkpointing,
+        freeze_word_embeddings=args.freeze_word_embeddings, freeze_passages=args.freeze_passages,
+        negatives_from=args.negatives_from, pool_negatives=args.pool_negatives, best_metric=args.best_metric,
     )
     train = load_examples(args.train_file, skip_bad=args.skip_bad)
     dev = load_examples(args.dev, skip_bad=args.skip_bad) if args.dev else None
-    model = BiEncoder.from_pretrained(args.model, **overrides)
-    trainer = Trainer(model, training_args, train, dev_examples=dev, corpus=args.corpus)
+    task = BiEncoderTask(args.model, train, biencoder_args, dev_examples=dev, corpus=args.corpus)
+    trainer = Trainer(task, training_args)
     result = trainer.train(resume=args.resume)
     if distributed.rank() == 0:
         print(f"trained {result['step']} steps; final loss {result['loss']:.4f}")
         print(f"model: {trainer.final_model_dir}")
         if result["best_step"] is not None:
-            print(f"best ({training_args.best_metric} {result['best']:.4f} at step {result['best_step']}): "
+            print(f"best ({biencoder_args.best_metric} {result['best']:.4f} at step {result['best_step']}): "
                   f"{trainer.best_model_dir}")
     return 0

@@ -261,20 +261,21 @@ def stage_train(ws: Workspace, name: str = "train", batch_size: int | None = Non
     """Fine-tune the packaged model with the recipe into ``<out>/<name>``; keep the checkpoint best on the
     validation questions. ``batch_size``, ``lr`` and ``examples`` (how many of the mined records are seen)
     override the config's."""
-    from fastdpr.train import Trainer, load_examples, recipe
+    from fastdpr.train import BiEncoderTask, Trainer, load_examples, recipe
 
     c = ws.config
     model = load_model(ws.config)
     train = load_examples(str(ws.out / "train.dpr.json"))
     train = train[:examples] if examples else train
     dev = load_examples(str(ws.out / "dev.dpr.json"))
-    args = recipe.training_arguments(
+    args, task_args = recipe.arguments(
         output_dir=str(ws.out / name), examples=len(train), batch_size=batch_size or c.batch_size,
         lr=lr or c.lr, chunk_size=c.chunk_size, eval_times=c.eval_times, seed=c.seed,
         show_progress=c.show_progress, n_hard=c.mine_hard,
     )
     log = []
-    trainer = Trainer(model, args, train, dev_examples=dev, callbacks=[lambda _t, record: log.append(record)])
+    trainer = Trainer(BiEncoderTask(model, train, task_args, dev_examples=dev), args,
+                      callbacks=[lambda _t, record: log.append(record)])
     start = time.perf_counter()
     state = trainer.train()
     seconds = time.perf_counter() - start
@@ -285,7 +286,8 @@ def stage_train(ws: Workspace, name: str = "train", batch_size: int | None = Non
                   if '"dev_' in line] if metrics.is_file() else []
     return {"examples": len(train), "dev_examples": len(dev), "steps": trainer.total_steps,
             "batch_size": args.batch_size, "lr": args.lr, "precision": args.precision,
-            "grad_cache": args.grad_cache, "chunk_size": args.chunk_size, "best_metric": args.best_metric,
+            "grad_cache": task_args.grad_cache, "chunk_size": task_args.chunk_size,
+            "best_metric": task_args.best_metric,
             "best": state["best"], "best_step": state["best_step"], "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None, "validation": validation, "train_seconds": seconds}
 

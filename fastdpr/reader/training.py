@@ -258,15 +258,23 @@ def train_reader(
     hidden dropout stays. ``checkpoint_dir`` saves the state there every ``checkpoint_every_s`` seconds of wall
     clock and resumes from the latest one it holds. ``callback(stats, reader)`` runs every ``callback_every`` steps
     (its time is not counted as training time); ``log`` receives every step's loss, its parts and the rate."""
+    import dataclasses
+
     from fastdpr.train import checkpoint as ckpt
     from fastdpr.train.trainer import Trainer, TrainingArguments
 
-    if n_passages < 1 or batch_size < 1:
-        raise ValueError("batch_size and n_passages must be >= 1")
-    if attention_dropout is not None and not 0.0 <= attention_dropout < 1.0:
-        raise ValueError(f"attention_dropout must be in [0, 1), got {attention_dropout!r}")
-    if time_budget_s is not None and time_budget_s <= 0:
-        raise ValueError(f"time_budget_s must be > 0, got {time_budget_s}")
+    if n_passages < 1:
+        raise ValueError(f"n_passages must be >= 1, got {n_passages!r}")
+    # the loop's settings are checked (by TrainingArguments) before the groups are prepared, which takes long; the
+    # number of steps, which needs the groups, is filled in after
+    args = TrainingArguments(
+        output_dir=None if checkpoint_dir is None else str(checkpoint_dir), batch_size=batch_size, epochs=0,
+        max_steps=1, time_budget_s=time_budget_s, lr=lr, warmup_steps=warmup_fraction,
+        weight_decay=weight_decay, max_grad_norm=grad_clip or 0.0, precision="bf16" if bf16 else "fp32",
+        attention_dropout=attention_dropout, seed=seed, save_every_s=checkpoint_every_s, save_total_limit=1,
+        device=str(device if device is not None else reader.span_head.weight.device), show_progress=show_progress,
+        logging_steps=1,
+    )
     torch.manual_seed(seed)
     groups = prepare_groups(reader, examples, seed=seed)
     if not groups:
@@ -279,14 +287,7 @@ def train_reader(
         steps = 0  # bounded by time only
     else:
         steps = max(1, int(round((1.0 if epochs is None else epochs) * task.batches_per_epoch)))
-    args = TrainingArguments(
-        output_dir=None if checkpoint_dir is None else str(checkpoint_dir), batch_size=batch_size, epochs=0,
-        max_steps=steps, time_budget_s=time_budget_s, lr=lr, warmup_steps=warmup_fraction,
-        weight_decay=weight_decay, max_grad_norm=grad_clip or 0.0, precision="bf16" if bf16 else "fp32",
-        attention_dropout=attention_dropout, seed=seed, save_every_s=checkpoint_every_s, save_total_limit=1,
-        device=str(device if device is not None else reader.span_head.weight.device), show_progress=show_progress,
-        logging_steps=1,
-    )
+    args = dataclasses.replace(args, max_steps=steps)
 
     def report(trainer, record: dict) -> None:
         if log is not None:

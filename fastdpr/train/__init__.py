@@ -1,4 +1,5 @@
-"""Training of the dual encoder: batches with hard negatives, the fused loss, GradCache, DDP, checkpoints.
+"""Training: the loop every model shares (``Trainer``, ``TrainingArguments``, the ``Task`` it trains) and the dual
+encoder's task (``BiEncoderTask``, ``BiEncoderArguments``: batches with hard negatives, the fused loss, GradCache).
 
 The heavy names load lazily so ``import fastdpr.train`` stays cheap."""
 from __future__ import annotations
@@ -8,6 +9,9 @@ import importlib
 _LAZY = {
     "Trainer": "fastdpr.train.trainer",
     "TrainingArguments": "fastdpr.train.trainer",
+    "Task": "fastdpr.train.task",
+    "BiEncoderArguments": "fastdpr.train.biencoder",
+    "BiEncoderTask": "fastdpr.train.biencoder",
     "Batch": "fastdpr.train.data",
     "BatchBuilder": "fastdpr.train.data",
     "Example": "fastdpr.train.data",

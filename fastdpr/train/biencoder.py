@@ -1,10 +1,12 @@
-"""The dual encoder as a training task: in-batch + hard negatives, the fused loss, GradCache, a frozen passage tower
-with pool negatives, and DPR's validation (average rank, top-k accuracy). The loop is the Trainer's
-(fastdpr/train/trainer.py)."""
+"""The dual encoder as a training task: its settings (:class:`BiEncoderArguments`), in-batch + hard negatives, the
+fused loss, GradCache, a frozen passage tower with pool negatives, and DPR's validation (average rank, top-k
+accuracy). The loop and its settings are the Trainer's (fastdpr/train/trainer.py)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,12 +22,107 @@ from fastdpr.train.task import Task
 if TYPE_CHECKING:
     from fastdpr.train.trainer import Trainer, TrainingArguments
 
+BEST_METRICS = ("avg_rank", "loss")  # lower is better; top<k> metrics (higher is better) need a corpus
+#: the settings of the model itself: None keeps the starting point's
+MODEL_SETTINGS = ("pooling", "similarity", "temperature", "shared", "max_question_length", "max_passage_length")
+
 
 def topk_of(metric: str) -> int | None:
     """k of a ``top<k>`` metric name, else None."""
     if metric.startswith("top") and metric[3:].isdigit():
         return int(metric[3:])
     return None
+
+
+@dataclass
+class BiEncoderArguments:
+    """Settings of dual-encoder training (the loop's are ``TrainingArguments``). Defaults follow DPR
+    (docs/architecture.md §4.9): one hard negative per question, the first positive, the whole batch as negatives."""
+
+    # the model, when the task loads it (None: the starting point's own)
+    pooling: str | None = None  # cls | mean
+    similarity: str | None = None  # dot | cosine
+    temperature: float | None = None  # cosine scores are divided by it
+    shared: bool | None = None  # one tower for questions and passages
+    max_question_length: int | None = None
+    max_passage_length: int | None = None
+    # the batch: each question brings its positive, n_hard hard and n_random random negatives
+    n_hard: int = 1
+    n_random: int = 0
+    sample_positive: bool = False  # DPR takes the first positive; True samples one per epoch
+    shuffle: bool = True
+    # > 0: each question's softmax covers only its group of this many consecutive questions of the batch (their
+    # positives and hard negatives), the rest of the batch is not its negatives: the number of negatives can then
+    # be varied at a fixed batch, encoding and step count (benchmarks/negatives_bench.py). 0: the whole batch
+    group_size: int = 0
+    bidirectional: bool = False  # add the passage-to-question loss (GTR)
+    loss_backend: str = "auto"  # fastdpr.kernels.inbatch_nll backend: auto | triton | torch | reference
+    grad_cache: bool = False
+    # GradCache's own term (Gao et al., 2021): texts per encoder call; the loss's row chunks are `chunk_rows`
+    chunk_size: int = 32
+    gradient_checkpointing: bool = False
+    freeze_word_embeddings: bool = False  # the vocabulary matrix is half of a small encoder's weights
+    # query-side fine-tuning: the passage tower is frozen (a shared tower is untied first), so the vectors it
+    # encoded stay valid and the index needs no re-encoding; `negatives_from` (a `fastdpr encode` output of this
+    # model) adds that pool as negatives of every question: all of it (`pool_negatives` 0) or the union of each
+    # question's `pool_negatives` best by its current vector (fastdpr/train/pool.py)
+    freeze_passages: bool = False
+    negatives_from: str | None = None
+    pool_negatives: int = 0
+    # validation
+    best_metric: str = "avg_rank"  # avg_rank | loss | top<k> (top-k needs a corpus)
+    dev_batch_size: int = 0  # 0: the training batch size
+    dev_max_questions: int = 2000  # questions in the average-rank pool
+    topk: tuple[int, ...] = (1, 5, 20, 100)
+
+    def __post_init__(self) -> None:
+        if self.pooling not in (None, "cls", "mean"):
+            raise InputError(f"pooling must be cls or mean, got {self.pooling!r}")
+        if self.similarity not in (None, "dot", "cosine"):
+            raise InputError(f"similarity must be dot or cosine, got {self.similarity!r}")
+        if self.temperature is not None and self.temperature <= 0:
+            raise InputError(f"temperature must be > 0, got {self.temperature!r}")
+        for name in ("max_question_length", "max_passage_length"):
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
+                raise InputError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if int(self.chunk_size) < 1:
+            raise InputError(f"chunk_size must be >= 1, got {self.chunk_size!r}")
+        if int(self.group_size) < 0:
+            raise InputError(f"group_size must be >= 0 (0: the whole batch), got {self.group_size!r}")
+        if self.negatives_from and not self.freeze_passages:
+            raise InputError("negatives_from needs freeze_passages: the pool's vectors are only valid while the "
+                             "passage tower that encoded them stays as it is")
+        if int(self.pool_negatives) < 0:
+            raise InputError(f"pool_negatives must be >= 0 (0: the whole pool), got {self.pool_negatives!r}")
+        if self.negatives_from and self.group_size:
+            raise InputError("group_size and negatives_from cannot be combined: pool negatives belong to no group")
+        if self.n_hard < 0 or self.n_random < 0:
+            raise InputError("n_hard and n_random must be >= 0")
+        if self.loss_backend not in ("auto", "triton", "torch", "reference"):
+            raise InputError(f"loss_backend must be auto, triton, torch or reference, got {self.loss_backend!r}")
+        if not (self.best_metric in BEST_METRICS or topk_of(self.best_metric)):
+            raise InputError(f"best_metric must be avg_rank, loss or top<k>, got {self.best_metric!r}")
+
+    def model_settings(self) -> dict:
+        """The model settings given (not None), as ``BiEncoder.from_pretrained`` takes them."""
+        return {name: getattr(self, name) for name in MODEL_SETTINGS if getattr(self, name) is not None}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def split_arguments(settings: dict) -> tuple["TrainingArguments", BiEncoderArguments]:
+    """(``TrainingArguments``, :class:`BiEncoderArguments`) of one flat dict holding settings of both, each name
+    going to the class that has it; a name of neither is an InputError."""
+    from fastdpr.train.trainer import TrainingArguments
+
+    loop = {f.name for f in dataclasses.fields(TrainingArguments)}
+    task = {f.name for f in dataclasses.fields(BiEncoderArguments)}
+    unknown = sorted(set(settings) - loop - task)
+    if unknown:
+        raise InputError(f"unknown training settings: {', '.join(unknown)}")
+    return (TrainingArguments(**{k: v for k, v in settings.items() if k in loop}),
+            BiEncoderArguments(**{k: v for k, v in settings.items() if k in task}))
 
 
 def encode_length_sorted(tokens: dict, chunk_size: int, encode) -> torch.Tensor:
@@ -35,12 +132,27 @@ def encode_length_sorted(tokens: dict, chunk_size: int, encode) -> torch.Tensor:
 
 
 class BiEncoderTask(Task):
-    """Trains a ``BiEncoder`` on :class:`~fastdpr.train.data.Example` lists. ``loss_fn`` defaults to the fused
-    ``fastdpr.kernels.inbatch_nll``; ``corpus`` (a ``fastdpr.data.Corpus`` or a path) turns on top-k accuracy
-    during validation."""
+    """Trains a ``BiEncoder`` on :class:`~fastdpr.train.data.Example` lists. ``model`` is a ``BiEncoder``, or the
+    path of a starting point (a fastdpr, Hugging Face encoder or sentence-transformers directory) that the task
+    loads with the model settings of ``args``. ``loss_fn`` defaults to the fused ``fastdpr.kernels.inbatch_nll``;
+    ``dev_examples`` turn on validation, ``corpus`` (a ``fastdpr.data.Corpus`` or a path) adds top-k accuracy to
+    it. The batches are the Trainer's ``batch_size`` questions, drawn with its ``seed``."""
 
-    def __init__(self, model: torch.nn.Module, args: "TrainingArguments", train_examples: list[Example],
-                 dev_examples: list[Example] | None = None, corpus=None, loss_fn: LossFn | None = None):
+    def __init__(self, model: torch.nn.Module | str | os.PathLike, train_examples: list[Example],
+                 args: BiEncoderArguments | None = None, dev_examples: list[Example] | None = None, corpus=None,
+                 loss_fn: LossFn | None = None):
+        args = BiEncoderArguments() if args is None else args
+        if not isinstance(args, BiEncoderArguments):
+            raise InputError(f"args must be BiEncoderArguments, got {type(args).__name__}")
+        if isinstance(model, (str, os.PathLike)):
+            from fastdpr.models import BiEncoder
+
+            model = BiEncoder.from_pretrained(model, **args.model_settings())
+        elif args.model_settings():
+            raise InputError(f"the model settings {', '.join(args.model_settings())} apply when the task loads "
+                             "the model: give the path of the starting point instead of a loaded model")
+        if topk_of(args.best_metric) and corpus is None:
+            raise InputError(f"best_metric {args.best_metric!r} needs a corpus for top-k accuracy")
         self.model = model
         self.args = args
         self.train_examples = train_examples
@@ -48,26 +160,34 @@ class BiEncoderTask(Task):
         self.corpus = corpus
         self.loss_fn = loss_fn
         self.last_parts = {}
-        self.builder = BatchBuilder(
-            train_examples, args.batch_size, n_hard=args.n_hard, n_random=args.n_random, seed=args.seed,
-            shuffle=args.shuffle, sample_positive=args.sample_positive,
-        )
-        self.batches_per_epoch = self.builder.batches_per_epoch
-        if self.batches_per_epoch == 0:
-            raise InputError(
-                f"{len(train_examples)} training questions make no full batch of {args.batch_size}; "
-                "lower --batch-size"
-            )
-        if topk_of(args.best_metric) and corpus is None:
-            raise InputError(f"best_metric {args.best_metric!r} needs a corpus for top-k accuracy")
+        self.best_metric = args.best_metric
+        self.higher_is_better = topk_of(args.best_metric) is not None
+        self.builder: BatchBuilder | None = None  # made in prepare(), with the Trainer's batch size and seed
+        self.batch_size = self.seed = None
         self.pool = None
         self._order: tuple[int, object] | None = None
         self._grad_cache: GradCacheStep | None = None
+
+    @property
+    def has_validation_data(self) -> bool:
+        return bool(self.dev_examples)
+
+    def arguments(self) -> dict:
+        return self.args.to_dict()
 
     # ------------------------------------------------------------------ setup
     def prepare(self, trainer: "Trainer") -> None:
         args = self.args
         self.device = trainer.device
+        self.batch_size, self.seed = trainer.args.batch_size, trainer.args.seed
+        self.builder = BatchBuilder(
+            self.train_examples, self.batch_size, n_hard=args.n_hard, n_random=args.n_random, seed=self.seed,
+            shuffle=args.shuffle, sample_positive=args.sample_positive,
+        )
+        self.batches_per_epoch = self.builder.batches_per_epoch
+        if self.batches_per_epoch == 0:
+            raise InputError(f"{len(self.train_examples)} training questions make no full batch of "
+                             f"{self.batch_size}; lower --batch-size")
         if self.loss_fn is None:
             self.loss_fn = functools.partial(fused_inbatch_nll(), backend=args.loss_backend)
         if args.freeze_passages:
@@ -210,8 +330,8 @@ class BiEncoderTask(Task):
         was_training = self.model.training
         self.model.eval()
         try:
-            size = min(args.dev_batch_size or args.batch_size, len(dev))
-            builder = BatchBuilder(dev, size, n_hard=args.n_hard, n_random=0, seed=args.seed, shuffle=False,
+            size = min(args.dev_batch_size or self.batch_size, len(dev))
+            builder = BatchBuilder(dev, size, n_hard=args.n_hard, n_random=0, seed=self.seed, shuffle=False,
                                    sample_hard=False)
             losses, q_pool, p_pool, key_pool, pos_cols = [], [], [], [], []
             offset, pool_questions = 0, 0

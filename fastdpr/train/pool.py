@@ -1,7 +1,7 @@
 """Negatives past the batch: passage vectors already encoded (a ``fastdpr encode`` output), scored by every question.
 
-With the passage tower frozen (``TrainingArguments(freeze_passages=True)``) the vectors of the corpus never go stale,
-so each question can meet the whole pool as negatives at the cost of one product with the pool: the fused loss
+With the passage tower frozen (``BiEncoderArguments(freeze_passages=True)``) the vectors of the corpus never go
+stale, so each question can meet the whole pool as negatives at the cost of one product with the pool: the fused loss
 never builds the B×N score matrix, so N can be the corpus. ``k`` instead keeps only the k best pool passages of each
 question by its current vector (the union over the batch, so every question sees at least its own k best).
 

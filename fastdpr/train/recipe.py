@@ -1,7 +1,7 @@
 """The fine-tuning recipe fastdpr recommends for adapting a pretrained dual encoder with little compute, and the
 evidence for it. The quickstart uses it (its results on the published QA sets: ``benchmarks/results/quickstart.md``);
-``TrainingArguments`` keeps DPR's own defaults for training from scratch (docs/architecture.md, "DPR training
-defaults").
+``TrainingArguments`` and ``BiEncoderArguments`` keep DPR's own defaults for training from scratch
+(docs/architecture.md, "DPR training defaults").
 
 Why each choice. The ablations behind them ran on 2 CPU cores on an earlier data set (NQ paragraphs, SQuAD dev and
 SQuADShifts NYT from a package archive that is no longer published): ``benchmarks/results/recipe_ablation.md`` and
@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the trainer imports torch; the recipe's constants must not
+    from fastdpr.train.biencoder import BiEncoderArguments
     from fastdpr.train.trainer import TrainingArguments
 
 
@@ -59,15 +60,16 @@ def mixture_counts(mixture: dict[str, float], total: int) -> dict[str, int]:
     return counts
 
 
-def training_arguments(output_dir: str, examples: int, batch_size: int = DEFAULT_BATCH, lr: float = DEFAULT_LR,
-                       chunk_size: int = 32, eval_times: int = 2, device: str | None = None, seed: int = 0,
-                       show_progress: bool = True, **overrides) -> TrainingArguments:
-    """``TrainingArguments`` of the recipe for ``examples`` training questions seen once (steps = examples //
-    batch_size), validating ``eval_times`` times, evenly spaced."""
+def arguments(output_dir: str, examples: int, batch_size: int = DEFAULT_BATCH, lr: float = DEFAULT_LR,
+              chunk_size: int = 32, eval_times: int = 2, device: str | None = None, seed: int = 0,
+              show_progress: bool = True, **overrides) -> tuple[TrainingArguments, BiEncoderArguments]:
+    """(``TrainingArguments``, ``BiEncoderArguments``) of the recipe for ``examples`` training questions seen once
+    (steps = examples // batch_size), validating ``eval_times`` times, evenly spaced. ``overrides`` name fields of
+    either class."""
     import torch
 
     from fastdpr.models.inference import bf16_supported
-    from fastdpr.train.trainer import TrainingArguments
+    from fastdpr.train.biencoder import split_arguments
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     steps = max(1, examples // batch_size)
@@ -82,4 +84,4 @@ def training_arguments(output_dir: str, examples: int, batch_size: int = DEFAULT
         loss_backend="auto" if device.startswith("cuda") else "torch",
     )
     settings.update(overrides)
-    return TrainingArguments(**settings)
+    return split_arguments(settings)

@@ -1,18 +1,19 @@
 """The training loop of every model (the dual encoder, the reader): schedule, weight decay, mixed precision, DDP,
-checkpoints and exact resume, around a :class:`~fastdpr.train.task.Task` that knows the model and its batches.
+checkpoints and exact resume, around a :class:`~fastdpr.train.task.Task` that knows the model, its batches and its
+validation. This module knows no task: the dual encoder's is ``fastdpr.train.biencoder``, the reader's
+``fastdpr.reader.training``.
 
 Usage::
 
-    from fastdpr.models import BiEncoder
-    from fastdpr.train import Trainer, TrainingArguments, load_examples
+    from fastdpr.train import BiEncoderArguments, BiEncoderTask, Trainer, TrainingArguments, load_examples
 
-    model = BiEncoder.from_pretrained("bert-base-uncased-dir")
-    args = TrainingArguments(output_dir="model/", batch_size=128, n_hard=1, epochs=40, grad_cache=True,
-                             chunk_size=32, precision="bf16")
-    Trainer(model, args, load_examples("train.dpr.json"), dev_examples=load_examples("dev.dpr.json")).train()
+    task = BiEncoderTask("bert-base-uncased-dir", load_examples("train.dpr.json"),
+                         BiEncoderArguments(n_hard=1, grad_cache=True, chunk_size=32),
+                         dev_examples=load_examples("dev.dpr.json"))
+    Trainer(task, TrainingArguments(output_dir="model/", batch_size=128, epochs=40, precision="bf16")).train()
 
-Under ``torchrun --nproc-per-node K`` the same code trains data-parallel: ``batch_size`` is the *global* batch (the
-negatives pool), split evenly over the ranks, and every rank scores its questions against all of it.
+Under ``torchrun --nproc-per-node K`` the same code trains data-parallel: ``batch_size`` is the *global* batch,
+split evenly over the ranks.
 """
 from __future__ import annotations
 
@@ -33,28 +34,26 @@ import torch
 from fastdpr.errors import InputError
 from fastdpr.train import checkpoint as ckpt
 from fastdpr.train import distributed
-from fastdpr.train.biencoder import BiEncoderTask, topk_of
-from fastdpr.train.data import Batch, BatchBuilder, Example
-from fastdpr.train.loss import LossFn
 from fastdpr.train.schedule import linear_schedule, run_fraction
 from fastdpr.train.task import Task
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-BEST_METRICS = {"avg_rank": False, "loss": False}  # name -> higher is better (top-k metrics added: True)
+ARGUMENTS_FILE = "training_args.json"
+# settings that decide which examples a step takes: a resumed run must keep them to continue the run it resumes
+_SAME_ON_RESUME = ("batch_size", "seed")
 
 
 @dataclass
 class TrainingArguments:
-    """Settings of a training run. Defaults follow DPR (docs/architecture.md §4.9): batch 128 with one hard negative per question,
-    lr 2e-5 with linear warm-up then decay, gradient clipping at 2.0, Adam(W), 40 epochs.
+    """Settings of the training loop, whatever is trained (a task's own settings are the task's: the dual
+    encoder's are ``fastdpr.train.biencoder.BiEncoderArguments``). Defaults follow DPR (docs/architecture.md §4.9):
+    batch 128, lr 2e-5 with linear warm-up then decay, gradient clipping at 2.0, Adam(W), 40 epochs.
 
-    ``batch_size`` is the global number of questions per optimizer step (across all ranks); ``warmup_steps``
-    below 1 is read as a fraction of the total steps."""
+    ``batch_size`` is the global number of training examples per optimizer step (across all ranks);
+    ``warmup_steps`` below 1 is read as a fraction of the total steps."""
 
     output_dir: str | None  # None: nothing is written (no checkpoints, metrics or final model)
     batch_size: int = 128
-    n_hard: int = 1
-    n_random: int = 0
     epochs: int = 40  # 0: no bound by epochs (then max_steps or time_budget_s bounds the run)
     max_steps: int = 0  # > 0 stops early (and sizes the schedule) at this many optimizer steps
     # > 0: training stops once this many seconds of training steps have passed, and the schedule follows the
@@ -67,70 +66,32 @@ class TrainingArguments:
     adam_betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = 2.0
     precision: str = "fp32"
-    grad_cache: bool = False
-    # GradCache's own term (Gao et al., 2021): texts per encoder call; the loss's row chunks are `chunk_rows`
-    chunk_size: int = 32
-    gradient_checkpointing: bool = False
-    bidirectional: bool = False
-    # > 0: each question's softmax covers only its group of this many consecutive questions of the batch (their
-    # positives and hard negatives), the rest of the batch is not its negatives: the number of negatives can then
-    # be varied at a fixed batch, encoding and step count (benchmarks/negatives_bench.py). 0: the whole batch
-    group_size: int = 0
-    # query-side fine-tuning: the passage tower is frozen (a shared tower is untied first), so the vectors it
-    # encoded stay valid and the index needs no re-encoding; `negatives_from` (a `fastdpr encode` output of this
-    # model) adds that pool as negatives of every question: all of it (`pool_negatives` 0) or the union of each
-    # question's `pool_negatives` best by its current vector (fastdpr/train/pool.py)
-    freeze_passages: bool = False
-    negatives_from: str | None = None
-    pool_negatives: int = 0
     # < 1: every saved or validated model is start + interpolate·(trained − start), the trained weights averaged
-    # with the starting ones (WiSE-FT, Wortsman et al., CVPR 2022): fine-tuning a pretrained retriever on a few
-    # thousand questions keeps most of its gain on the new data and forgets much less of what it knew
+    # with the starting ones (WiSE-FT, Wortsman et al., CVPR 2022): fine-tuning a pretrained model on a few
+    # thousand examples keeps most of its gain on the new data and forgets much less of what it knew
     interpolate: float = 1.0
-    freeze_word_embeddings: bool = False  # the vocabulary matrix is half of a small encoder's weights
     # dropout on attention probabilities while training (None: the encoder's own). On a CPU torch's fused
-    # attention has no dropout, so any value above 0 runs every attention unfused: a step of the recipe took
-    # 1.6x as long with the encoder's 0.1 (MiniLM, batch 32, bf16, one thread)
+    # attention has no dropout, so any value above 0 runs every attention unfused, which is slower
     attention_dropout: float | None = None
-    loss_backend: str = "auto"  # fastdpr.kernels.inbatch_nll backend: auto | triton | torch
-    sample_positive: bool = False  # DPR takes the first positive; True samples one per epoch
-    shuffle: bool = True
     seed: int = 12345
     logging_steps: int = 10
-    eval_steps: int = 0  # 0: validate at the end of every epoch (when a dev set is given)
+    eval_steps: int = 0  # 0: validate at the end of every epoch (when the task has validation data)
     save_steps: int = 0  # 0: checkpoint at the end of every epoch
     save_every_s: float | None = None  # set: checkpoint by the clock instead, when this many seconds have passed
     save_total_limit: int = 2  # periodic checkpoints kept (the best one is kept apart in <output_dir>/best)
-    best_metric: str = "avg_rank"  # avg_rank | loss | top<k> (top-k needs a corpus)
-    dev_batch_size: int = 0  # 0: same as batch_size
-    dev_max_questions: int = 2000  # questions in the average-rank pool
-    topk: tuple[int, ...] = (1, 5, 20, 100)
     device: str | None = None
     show_progress: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise InputError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        for name in ("batch_size", "chunk_size", "logging_steps"):
+        for name in ("batch_size", "logging_steps"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise InputError(f"time_budget_s must be > 0, got {self.time_budget_s!r}")
         if int(self.epochs) < 0 or (int(self.epochs) == 0 and self.max_steps <= 0 and not self.time_budget_s):
             raise InputError(f"epochs must be >= 1 (0 only with max_steps or time_budget_s), got {self.epochs!r}")
-        if int(self.group_size) < 0:
-            raise InputError(f"group_size must be >= 0 (0: the whole batch), got {self.group_size!r}")
-        if self.negatives_from and not self.freeze_passages:
-            raise InputError("negatives_from needs freeze_passages: the pool's vectors are only valid while the "
-                             "passage tower that encoded them stays as it is")
-        if int(self.pool_negatives) < 0:
-            raise InputError(f"pool_negatives must be >= 0 (0: the whole pool), got {self.pool_negatives!r}")
-        if self.negatives_from and self.group_size:
-            raise InputError("group_size and negatives_from cannot be combined: pool negatives belong to no group")
-        if self.n_hard < 0 or self.n_random < 0:
-            raise InputError("n_hard and n_random must be >= 0")
-        if self.loss_backend not in ("auto", "triton", "torch", "reference"):
-            raise InputError(f"loss_backend must be auto, triton, torch or reference, got {self.loss_backend!r}")
         if not 0.0 <= self.interpolate <= 1.0:
             raise InputError(f"interpolate must be between 0 and 1, got {self.interpolate!r}")
         if self.attention_dropout is not None and not 0.0 <= self.attention_dropout < 1.0:
@@ -139,41 +100,47 @@ class TrainingArguments:
             raise InputError(f"lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0:
             raise InputError(f"warmup must be >= 0, got {self.warmup_steps}")
-        if not (self.best_metric in BEST_METRICS or topk_of(self.best_metric)):
-            raise InputError(f"best_metric must be avg_rank, loss or top<k>, got {self.best_metric!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
+def read_arguments(path: str | Path) -> dict:
+    """``{"training": ..., "task": ...}`` of a ``training_args.json``. A file of the earlier layout holds one flat
+    dict of the loop's and the dual encoder's settings together: it is split by the names of
+    :class:`TrainingArguments`' fields (the rest are the task's)."""
+    try:
+        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot read the training arguments: {err}", path=str(path)) from err
+    if not isinstance(saved, dict):
+        raise InputError("training arguments must be a JSON object", path=str(path))
+    if "training" in saved:
+        return {"training": dict(saved["training"]), "task": dict(saved.get("task") or {})}
+    loop = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {"training": {k: v for k, v in saved.items() if k in loop},
+            "task": {k: v for k, v in saved.items() if k not in loop and k != "world_size"}}
+
+
 class Trainer:
-    """Trains a model through a :class:`~fastdpr.train.task.Task`: the loop, optimizer, schedule, mixed precision,
-    checkpoints and resume are the same whatever is trained (docs/architecture.md §4.9).
+    """Trains the model of a :class:`~fastdpr.train.task.Task`: the loop, optimizer, schedule, mixed precision,
+    checkpoints, resume and validation are the same whatever is trained (docs/architecture.md §4.8b).
 
-    Given a ``BiEncoder`` (and its examples) instead of a task, it trains the dual encoder
-    (:class:`~fastdpr.train.biencoder.BiEncoderTask`): ``loss_fn`` defaults to the fused
-    ``fastdpr.kernels.inbatch_nll``, ``corpus`` (a ``fastdpr.data.Corpus`` or a path) turns on top-k accuracy during
-    validation. ``callbacks`` are called as ``fn(trainer, record)`` after every optimizer step (``record`` holds
-    step, epoch, loss, lr and the task's ``last_parts``); their time is not counted as training time."""
+    Validation runs when the task has validation data (``task.has_validation_data``): every ``eval_steps`` steps
+    (0: every epoch) and at the end, through ``task.validate``; the model best by ``task.best_metric`` is kept in
+    ``<output_dir>/best``. ``callbacks`` are called as ``fn(trainer, record)`` after every optimizer step
+    (``record`` holds step, epoch, loss, lr and the task's ``last_parts``); their time is not counted as training
+    time."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module | Task,
-        args: TrainingArguments,
-        train_examples: list[Example] | None = None,
-        dev_examples: list[Example] | None = None,
-        corpus=None,
-        loss_fn: LossFn | None = None,
-        callbacks: Iterable[Callable[["Trainer", dict], None]] = (),
-    ):
-        if isinstance(model, Task):
-            self.task = model
-        else:
-            if train_examples is None:
-                raise InputError("training a model needs its training examples (or pass a Task)")
-            self.task = BiEncoderTask(model, args, train_examples, dev_examples=dev_examples, corpus=corpus,
-                                      loss_fn=loss_fn)
-        self.model = self.task.model
+    def __init__(self, task: Task, args: TrainingArguments,
+                 callbacks: Iterable[Callable[["Trainer", dict], None]] = ()):
+        if not isinstance(task, Task):
+            raise InputError(f"the Trainer trains a fastdpr.train.task.Task, got {type(task).__name__} (the dual "
+                             "encoder's task is fastdpr.train.biencoder.BiEncoderTask)")
+        if not isinstance(args, TrainingArguments):
+            raise InputError(f"args must be TrainingArguments, got {type(args).__name__}")
+        self.task = task
+        self.model = task.model
         self.args = args
         self.callbacks = list(callbacks)
         # <output_dir>/model: the final model; /best: the best by validation; /checkpoints; metrics.jsonl.
@@ -187,22 +154,6 @@ class Trainer:
         self._prepared = False
         self._start_state = None
         self._step_began: float | None = None  # perf_counter() at the start of the step under way
-
-    # the bi-encoder's parts, under the names they had when the Trainer trained only the dual encoder
-    @property
-    def builder(self) -> BatchBuilder:
-        return self.task.builder
-
-    @property
-    def loss_fn(self) -> LossFn | None:
-        return self.task.loss_fn
-
-    @property
-    def dev_examples(self):
-        return getattr(self.task, "dev_examples", None)
-
-    def _tokens(self, local: Batch) -> tuple[dict, dict]:
-        return self.task.tokens(local)
 
     # ------------------------------------------------------------------ setup
     def _setup(self) -> None:
@@ -230,7 +181,8 @@ class Trainer:
             from fastdpr.models.attention import use_cpu_training_attention, use_seeded_dropout
 
             # seeded dropout (no per-element draws; in the attention no L x L tensors kept for the backward) and,
-            # under autocast, attention in fp32 (the bf16 attention backward is 2-4x slower at small head dimensions)
+            # under autocast, attention in fp32, where torch's CPU attention backward is faster at the head
+            # dimensions of small encoders (models/attention.py)
             use_cpu_training_attention(self.model)
             use_seeded_dropout(self.model)
         # the starting weights, kept (on the CPU) for interpolation
@@ -345,7 +297,8 @@ class Trainer:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             from fastdpr.atomic import write_json
 
-            write_json(self.output_dir / "training_args.json", {**args.to_dict(), "world_size": self.world})
+            write_json(self.output_dir / ARGUMENTS_FILE,
+                       {"training": args.to_dict(), "task": self.task.arguments(), "world_size": self.world})
         metrics = self.output_dir / "metrics.jsonl" if self.output_dir is not None else None
         if writes and resume:
             _truncate_metrics(metrics, self.state["step"])
@@ -397,8 +350,8 @@ class Trainer:
                                   "examples_per_s": window_steps * args.batch_size / max(window_time, 1e-9)}
                         _append_jsonl(metrics, logged)
                     window_loss, window_steps, window_time = 0.0, 0, 0.0
-                if self.dev_examples and ((args.eval_steps and step % args.eval_steps == 0)
-                                          or (not args.eval_steps and end_of_epoch) or done):
+                if self.task.has_validation_data and ((args.eval_steps and step % args.eval_steps == 0)
+                                                      or (not args.eval_steps and end_of_epoch) or done):
                     if step != last_evaluated:
                         self._validate_and_keep_best(metrics)
                         last_evaluated = step
@@ -468,6 +421,7 @@ class Trainer:
         if latest is None:
             where = ckpt.checkpoint_root(self.output_dir) if self.output_dir is not None else None
             raise InputError("no checkpoint to resume from", path=str(where) if where else None)
+        self._check_same_run()
         state, rng = ckpt.load_state(latest, self.rank, map_location=self.device)
         try:
             self.task.load(latest / "model")
@@ -483,6 +437,19 @@ class Trainer:
             ckpt.set_rng_state(rng)
         else:  # a different number of ranks cannot replay the same dropout draws; reseed from the step
             torch.manual_seed(self.args.seed + self.rank + 1_000_003 * self.state["step"])
+
+    def _check_same_run(self) -> None:
+        """Refuse to resume a run under settings that take other examples at each step (its continuation would be
+        another run's)."""
+        path = self.output_dir / ARGUMENTS_FILE
+        if not path.is_file():
+            return
+        saved = read_arguments(path)["training"]
+        for name in _SAME_ON_RESUME:
+            if name in saved and saved[name] != getattr(self.args, name):
+                raise InputError(f"{name} {getattr(self.args, name)!r} is not the {saved[name]!r} of the run being "
+                                 "resumed; resume with the same value or choose another output directory",
+                                 path=str(path))
 
     # ------------------------------------------------------------------ validation
     @contextlib.contextmanager
@@ -510,11 +477,13 @@ class Trainer:
         if self.rank == 0 and result is not None:
             if metrics_path is not None:
                 _append_jsonl(metrics_path, {"step": self.state["step"], **{f"dev_{k}": v for k, v in result.items()}})
-            name = self.args.best_metric
+            name = self.task.best_metric
+            if name not in result:
+                raise InputError(f"the task's validation gave {', '.join(sorted(result))}, not its best_metric "
+                                 f"{name!r}")
             value = result[name]
-            higher = bool(topk_of(name))
             best = self.state["best"]
-            if best is None or (value > best if higher else value < best):
+            if best is None or (value > best if self.task.higher_is_better else value < best):
                 self.state.update(best=value, best_step=self.state["step"])
                 if self.best_model_dir is not None:
                     self.task.save(self.best_model_dir)
@@ -528,8 +497,7 @@ class Trainer:
             self.state.update(best=shared[0], best_step=shared[1])
 
     def validate(self) -> dict | None:
-        """The task's validation (for the dual encoder: DPR's mean in-batch loss and average rank on the dev set,
-        top-k accuracy with a corpus); None when it has none."""
+        """The task's validation of the model as it is now (``task.validate``); None when it has none."""
         self._setup()
         return self.task.validate(self)
 
