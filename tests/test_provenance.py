@@ -62,8 +62,11 @@ def test_a_cached_stage_is_reused_until_its_code_changes(tmp_path, monkeypatch):
     def runner():
         return StageRunner(tmp_path, {"steps": 3}, log=lambda line: None)
 
-    assert runner().stage("a", stage) == {"n": 1}
-    assert runner().stage("a", stage) == {"n": 1} and len(calls) == 1  # nothing changed: reused
+    first = runner()
+    assert first.stage("a", stage) == {"n": 1} and first.redone == ["a"]
+    again = runner()
+    assert again.stage("a", stage) == {"n": 1} and len(calls) == 1  # nothing changed: reused
+    assert again.redone == []
     monkeypatch.setattr(provenance, "package_digest", lambda: "the library changed")
     assert runner().stage("a", stage) == {"n": 2} and len(calls) == 2
     assert StageRunner(tmp_path, {"steps": 4}, log=lambda line: None).stage("a", stage) == {"n": 3}

@@ -97,6 +97,7 @@ def run_quickstart(config: QuickstartConfig, log: Callable[[str], None] | None =
         # CPU seconds of this process per stage (all threads): on a busy machine, wall time overstates the cost
         "cpu_s": {k: round(v, 1) for k, v in runner.cpu_times.items()},
         "wall_s_this_invocation": round(time.perf_counter() - wall, 1),
+        "stages_run_this_invocation": runner.redone,  # empty when every stage was taken from a finished run
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
     }

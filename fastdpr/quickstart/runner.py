@@ -28,6 +28,11 @@ class StageRunner:
         self.settings = settings
         self._redone: set[str] = set()
 
+    @property
+    def redone(self) -> list[str]:
+        """The stages this runner ran (rather than took from their summaries), in name order."""
+        return sorted(self._redone)
+
     def _marker(self, name: str) -> Path:
         return self.out / "stages" / f"{name}.json"
 
