@@ -43,6 +43,7 @@ void IVFLists::relayout(const std::vector<int64_t>& room) {
 
 void IVFLists::make_room(const std::vector<int64_t>& added) {
     const size_t nl = ids_.size();
+    if (added.size() != nl) throw std::invalid_argument("ivf lists: make_room needs one count per list");
     std::vector<int64_t> len(nl);
     bool fits = true;
     for (size_t l = 0; l < nl; ++l) {

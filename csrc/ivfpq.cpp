@@ -52,7 +52,8 @@ double residual_sq(const float* x, const float* c, int64_t d) {
 
 IVFPQ::IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage storage, bool assign_by_ip)
     : d_(dim), nlist_(nlist), m_(m), dsub_(0), nbits_(nbits), ksub_(int64_t{1} << (nbits == 4 ? 4 : 8)),
-      storage_(storage), assign_by_ip_(assign_by_ip), lists_(0, CodeLayout{1, 8}) {
+      storage_(storage), assign_by_ip_(assign_by_ip),
+      lists_(0, CodeLayout{1, 8}) {  // no lists until the arguments are checked: a bad nlist must not allocate
     // checked before anything is allocated, with the ranges the loader accepts
     if (dim <= 0 || dim > kMaxDim) throw std::invalid_argument("ivfpq: dim must be in [1, 2^20], got " + str(dim));
     if (nlist <= 0 || nlist > kMaxNlist)

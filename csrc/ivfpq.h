@@ -18,6 +18,10 @@
 // score-aware loss ||r_perp||^2 + eta ||r_par||^2 of its quantization error r = x - x_hat (r_par: along x), by
 // coordinate descent over the sub-spaces from the nearest-codeword start (fastdpr/index/pq4.py trains the
 // codebooks for the same loss and explains eta).
+//
+// The index files rows and keeps the re-rank rows; the lists are a store of their own (IVFLists, csrc/ivf_lists.h)
+// that it owns, and the search is the stages of csrc/ivfpq_search.h, which read the quantizers, the lists and the
+// re-rank rows through an IndexView and never this class.
 #pragma once
 
 #include <cstdint>

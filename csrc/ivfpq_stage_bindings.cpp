@@ -123,6 +123,7 @@ void bind_ivfpq_stages(py::module_& parent) {
             const int64_t rows = arg_int(n, "n", 1);
             if (ids.size() < rows) throw std::invalid_argument("ids must have n entries");
             const std::string bytes = codes;  // the caller's layout: IVFLists.code_rows
+            // (the layouts of the two built-in code types: enough to check that the bytes hold n rows)
             const CodeLayout layout{qz.m, code_type == "pq4" ? 4 : 8};
             if (bytes.size() < layout.bytes(rows)) throw std::invalid_argument("codes hold fewer than n rows");
             std::unique_ptr<ivfpq::Scanner> scanner = ivfpq::make_scanner(code_type, qz);
