@@ -6,6 +6,7 @@ The expected answers were saved beside the files by the same code, at SIMD level
 by level)."""
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from compiled_extension import extension
 
+import fastdpr
 from fastdpr.index import fileformat
 from fastdpr.index.base import load_index
 from fastdpr.index.ivfpq import IVFPQIndex
@@ -21,6 +23,7 @@ _C = extension("IVFPQ")
 pytestmark = pytest.mark.skipif(_C is None, reason="compiled extension not built")
 
 DATA = Path(__file__).resolve().parent / "data" / "ivfpq"
+ROOT = Path(__file__).resolve().parent.parent
 LEVEL = "avx2"
 # name: index settings; each answers the same queries with rerank 30 (4-bit rows first where it has them)
 FILES = {
@@ -48,7 +51,11 @@ def answers(index, q, exact):
 def write(out: Path) -> None:
     """The files and their answers (run with the code whose format is to be kept)."""
     x, q = data()
-    _C.simd_force(LEVEL)
+    with at_level(LEVEL):
+        write_at_level(out, x, q)
+
+
+def write_at_level(out: Path, x, q) -> None:
     for name, p in FILES.items():
         index = IVFPQIndex(16, nlist=6, m=4, nbits=p["nbits"], store=p["store"], sq=p.get("sq", 0), niter=4,
                            pq_niter=4, backend="compiled")
@@ -60,14 +67,20 @@ def write(out: Path) -> None:
         np.savez(out / f"{name}.answers.npz", scores=scores, ids=ids)
 
 
+def at_level(level: str):
+    """scripts/ivfpq_search_snapshot.py's switch of the kernels' CPU level."""
+    spec = importlib.util.spec_from_file_location("ivfpq_search_snapshot", ROOT / "scripts" / "ivfpq_search_snapshot.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.at_level(level)
+
+
 @pytest.fixture(autouse=True)
-def at_level():
-    if not _C.simd_supported(LEVEL):
+def at_snapshot_level():
+    if not fastdpr.cpu_features().get(LEVEL):
         pytest.skip(f"{LEVEL}: this CPU cannot run it")
-    before = _C.simd_level()
-    _C.simd_force(LEVEL)
-    yield
-    _C.simd_force(before)
+    with at_level(LEVEL):
+        yield
 
 
 @pytest.mark.parametrize("name", FILES)
