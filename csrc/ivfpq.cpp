@@ -52,7 +52,8 @@ double residual_sq(const float* x, const float* c, int64_t d) {
 
 IVFPQ::IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage storage, bool assign_by_ip)
     : d_(dim), nlist_(nlist), m_(m), dsub_(0), nbits_(nbits), ksub_(int64_t{1} << (nbits == 4 ? 4 : 8)),
-      storage_(storage), assign_by_ip_(assign_by_ip) {
+      storage_(storage), assign_by_ip_(assign_by_ip),
+      lists_(0, CodeLayout{1, 8}) {  // no lists until the arguments are checked: a bad nlist must not allocate
     // checked before anything is allocated, with the ranges the loader accepts
     if (dim <= 0 || dim > kMaxDim) throw std::invalid_argument("ivfpq: dim must be in [1, 2^20], got " + str(dim));
     if (nlist <= 0 || nlist > kMaxNlist)
@@ -65,9 +66,7 @@ IVFPQ::IVFPQ(int64_t dim, int64_t nlist, int64_t m, int nbits, VectorStorage sto
         throw std::invalid_argument("ivfpq: 4-bit codes take at most " + str(pq4::kMaxM) + " sub-quantizers, got m=" +
                                     str(m));
     dsub_ = dim / m;
-    code_off_.assign(static_cast<size_t>(nlist), 0);
-    code_room_.assign(static_cast<size_t>(nlist), 0);
-    list_pos_.resize(nlist);
+    lists_ = IVFLists(nlist, CodeLayout{m, nbits});
     list_sq_.assign(static_cast<size_t>(nlist), 0.0);
     list_spread_.assign(static_cast<size_t>(nlist), 0.f);
 }
@@ -84,62 +83,27 @@ size_t IVFPQ::vector_bytes() const {
     }
 }
 
-// Bytes of `rows` code rows of one list: 8-bit (rows, m); 4-bit whole pq4 blocks.
-static size_t code_bytes(int64_t rows, int64_t m, int nbits) {
-    return nbits == 4 ? pq4::packed_bytes(rows, m) : static_cast<size_t>(rows * m);
-}
-
-size_t IVFPQ::list_code_bytes(int64_t l) const { return code_bytes(list_size(l), m_, nbits_); }
-
-// Room for len[l] rows per list; each list's start rounded up to a cache line.
-static std::vector<size_t> code_offsets(const std::vector<int64_t>& len, int64_t m, int nbits, size_t& total) {
-    std::vector<size_t> off(len.size());
-    total = 0;
-    for (size_t l = 0; l < len.size(); ++l) {
-        off[l] = total;
-        total = (total + code_bytes(len[l], m, nbits) + 63) & ~size_t{63};
-    }
-    return off;
-}
-
-void IVFPQ::relayout(const std::vector<int64_t>& room) {
-    size_t total = 0;
-    std::vector<size_t> off = code_offsets(room, m_, nbits_, total);
-    std::vector<uint8_t, HugePageAllocator<uint8_t>> codes(total, 0);  // zeros: the padding of 4-bit blocks
-    for (int64_t l = 0; l < nlist_; ++l)
-        if (const size_t bytes = list_code_bytes(l)) std::memcpy(codes.data() + off[l], list_codes(l), bytes);
-    codes_.swap(codes);
-    code_off_.swap(off);
-    code_room_ = room;
-}
-
 size_t IVFPQ::memory_bytes() const {
     const size_t n = static_cast<size_t>(ntotal_);
-    return codes_.size() + n * (sizeof(uint32_t) + vector_bytes() + (sq_bits_ ? sq4::row_bytes(d_) : 0)) +
-           sizeof(float) * (centroids_T_.size() + codebooks_.size()) + sizeof(double) * list_sq_.size();
+    return lists_.memory_bytes() + n * (vector_bytes() + (sq_bits_ ? sq4::row_bytes(d_) : 0)) +
+           sizeof(float) * (tables_.centroids_T.size() + codebooks_.size()) + sizeof(double) * list_sq_.size();
 }
 
 std::vector<float> IVFPQ::centroids() const {
     if (!trained_) return {};
-    return unpack_columns(centroids_T_.data(), nlist_, d_);
+    return unpack_columns(tables_.centroids_T.data(), nlist_, d_);
 }
 
 void IVFPQ::refresh_spreads() {
     for (int64_t l = 0; l < nlist_; ++l) {
-        const double n = static_cast<double>(list_pos_[l].size());
+        const double n = static_cast<double>(lists_.size(l));
         list_spread_[l] =
             n < 2 ? 0.f : static_cast<float>(std::sqrt(list_sq_[l] / n / static_cast<double>(d_) * 2.0 * std::log(n)));
     }
 }
 
 void IVFPQ::prepare_tables(const float* centroids) {
-    centroids_T_ = pack_columns(centroids, nlist_, d_);
-    const size_t stride = packed_size(ksub_, dsub_);  // 256 is a whole number of tiles, 16 is padded to one
-    codebooks_T_.assign(stride * m_, 0.f);
-    for (int64_t j = 0; j < m_; ++j) {
-        const std::vector<float> t = pack_columns(&codebooks_[j * ksub_ * dsub_], ksub_, dsub_);
-        std::copy(t.begin(), t.end(), codebooks_T_.begin() + j * stride);
-    }
+    tables_.pack(centroids, nlist_, d_, codebooks_.data(), m_, ksub_);
 }
 
 void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
@@ -361,17 +325,6 @@ void IVFPQ::refine_anisotropic(const float* cent, const float* x, int64_t n, con
     errors.rethrow();
 }
 
-// The row goes at index list_size(l), inside the room relayout() made (4-bit: on zero padding).
-void IVFPQ::append_codes(int64_t l, const uint8_t* row) {
-    uint8_t* dst = codes_.data() + code_off_[l];
-    const int64_t len = list_size(l);
-    if (nbits_ == 8) {
-        std::memcpy(dst + len * m_, row, static_cast<size_t>(m_));
-        return;
-    }
-    for (int64_t j = 0; j < m_; ++j) pq4::set_code(dst, m_, len, j, row[j]);
-}
-
 void IVFPQ::encode(const float* x, int64_t n, int64_t* lists, uint8_t* codes) const {
     std::shared_lock<std::shared_mutex> lock(mu_);
     check_trained("encode()");
@@ -430,18 +383,9 @@ void IVFPQ::add(const float* x, int64_t n) {
     for (int64_t c0 = 0; c0 < n; c0 += kChunk)
         assign_lists(cent.data(), x + c0 * d_, std::min(kChunk, n - c0), all_lists.data() + c0);
     {
-        std::vector<int64_t> len(static_cast<size_t>(nlist_));
-        for (int64_t l = 0; l < nlist_; ++l) len[l] = list_size(l);
-        for (const int64_t l : all_lists) ++len[l];
-        bool fits = true;
-        for (int64_t l = 0; l < nlist_; ++l) fits = fits && len[l] <= code_room_[l];
-        // the first add gets exact room; later ones half as much again, so that adding in many batches copies
-        // the codes a logarithmic number of times, not once per batch
-        if (!fits) {
-            if (ntotal_ > 0)
-                for (int64_t& r : len) r += r / 2;
-            relayout(len);
-        }
+        std::vector<int64_t> added(static_cast<size_t>(nlist_), 0);
+        for (const int64_t l : all_lists) ++added[l];
+        lists_.make_room(added);
     }
     std::vector<uint8_t> codes;
     const simd::Kernels& K = simd::kernels();
@@ -461,8 +405,7 @@ void IVFPQ::add(const float* x, int64_t n) {
         const int64_t pos0 = size();
         for (int64_t i = 0; i < nc; ++i) {
             const int64_t l = lists[i];
-            append_codes(l, &codes[i * m_]);
-            list_pos_[l].push_back(static_cast<uint32_t>(pos0 + i));
+            lists_.append(l, &codes[i * m_], static_cast<uint32_t>(pos0 + i));
             list_sq_[l] += residual_sq(xc + i * d_, &cent[l * d_], d_);
         }
         ntotal_ += nc;
@@ -526,13 +469,23 @@ void IVFPQ::search(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_
 
 void IVFPQ::search_unscaled(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
                             int64_t* out_ids, int nthreads, float spread, int64_t exact) const {
-    const ivfpq::Plan plan = ivfpq::Plan::make(*this, k, nprobe, rerank, spread, exact);
-    ivfpq::search(view(), plan, q, nq, scores, out_ids, nthreads);
+    const ivfpq::IndexView ix = view();
+    const ivfpq::Plan plan = ivfpq::Plan::make(ix, k, nprobe, rerank, spread, exact);
+    ivfpq::search(ix, plan, q, nq, scores, out_ids, nthreads);
 }
 
 ivfpq::IndexView IVFPQ::view() const {
-    return {*this, centroids_T_.data(), codebooks_T_.data(), packed_size(ksub_, dsub_), list_pos_.data(),
-            list_spread_.data()};
+    ivfpq::RerankRows rows;
+    rows.ntotal = ntotal_;
+    rows.vectors = vec_ptr_;
+    rows.has_vectors = storage_ != VectorStorage::None;
+    rows.vectors_f32 = storage_ == VectorStorage::F32;
+    rows.vector_bytes = vector_bytes();
+    rows.sq_rows = sq_ptr_;
+    rows.has_sq = sq_bits_ != 0;
+    rows.sq_lo = sq_lo_.data();
+    rows.sq_step = sq_step_.data();
+    return {tables_, list_spread_.data(), lists_, rows};
 }
 
 void IVFPQ::save(io::Writer& w) const {
@@ -551,20 +504,7 @@ void IVFPQ::save(io::Writer& w) const {
         w.add_vector("centroids", centroids());
         w.add_vector("codebooks", codebooks_);
     }
-    std::vector<int64_t> offsets(nlist_ + 1, 0);
-    for (int64_t l = 0; l < nlist_; ++l) offsets[l + 1] = offsets[l] + static_cast<int64_t>(list_pos_[l].size());
-    std::vector<uint8_t> codes;
-    std::vector<int64_t> pos;  // int64 in the file (the format predates 4-byte positions in memory)
-    codes.reserve(nbits_ == 4 ? pq4::packed_bytes(ntotal_, m_) + nlist_ * pq4::block_bytes(m_)
-                              : static_cast<size_t>(ntotal_) * m_);
-    pos.reserve(ntotal_);
-    for (int64_t l = 0; l < nlist_; ++l) {
-        codes.insert(codes.end(), list_codes(l), list_codes(l) + list_code_bytes(l));
-        pos.insert(pos.end(), list_pos_[l].begin(), list_pos_[l].end());
-    }
-    w.add_vector("list_offsets", offsets);
-    w.add_vector("codes", codes);
-    w.add_vector("list_pos", pos);
+    lists_.save(w);  // list_offsets, codes, list_pos
     w.add_vector("list_resid_sq", list_sq_);
     if (storage_ != VectorStorage::None) w.add("vectors", vec_ptr_, static_cast<size_t>(ntotal_) * vector_bytes());
     if (sq_bits_ && !sq_lo_.empty()) {
@@ -603,24 +543,8 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
         rd.check_finite("centroids", c, static_cast<size_t>(nlist * d));
         rd.check_finite("codebooks", cb, static_cast<size_t>(m * ksub * (d / m)));
     }
-    const int64_t* off = rd.array<int64_t>("list_offsets", static_cast<size_t>(nlist + 1));
-    if (off[0] != 0 || off[nlist] != n) rd.fail("list offsets do not cover the vectors");
-    for (int64_t l = 0; l < nlist; ++l)
-        if (off[l + 1] < off[l]) rd.fail("list offsets are not increasing");
-    // 8-bit: (n, m) codes; 4-bit: each list's pq4 blocks, one list after the other
-    size_t all_code_bytes = 0;
-    for (int64_t l = 0; l < nlist; ++l) all_code_bytes += code_bytes(off[l + 1] - off[l], m, nbits);
-    const uint8_t* codes = rd.array<uint8_t>("codes", all_code_bytes);
-    const int64_t* pos = rd.array<int64_t>("list_pos", static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i)
-        if (pos[i] < 0 || pos[i] >= n) rd.fail("list position out of range");
-    {  // every vector filed exactly once (a repeated position would come back twice from one search)
-        std::vector<bool> seen(static_cast<size_t>(n), false);
-        for (int64_t i = 0; i < n; ++i) {
-            if (seen[static_cast<size_t>(pos[i])]) rd.fail("list positions repeat a vector");
-            seen[static_cast<size_t>(pos[i])] = true;
-        }
-    }
+    // list_offsets, codes (8-bit: (n, m); 4-bit: each list's pq4 blocks, one list after the other), list_pos
+    IVFLists lists = IVFLists::load(rd, nlist, CodeLayout{m, nbits}, n);
     const size_t vbytes = static_cast<size_t>(n) * static_cast<size_t>(d) *
                           (storage == VectorStorage::F32 ? 4 : storage == VectorStorage::F16 ? 2 : 0);
     const uint8_t* v = storage != VectorStorage::None ? rd.array<uint8_t>("vectors", vbytes) : nullptr;
@@ -644,19 +568,7 @@ std::unique_ptr<IVFPQ> IVFPQ::load(const io::Reader& rd, bool mmap_vectors) {
     idx->sq_bits_ = sq_bits;
     if (trained) idx->set_trained(c, cb);
     idx->aniso_eta_ = eta;
-    {
-        std::vector<int64_t> len(static_cast<size_t>(nlist));
-        for (int64_t l = 0; l < nlist; ++l) len[l] = off[l + 1] - off[l];
-        idx->relayout(len);  // empty lists of the new sizes
-    }
-    size_t at = 0;
-    for (int64_t l = 0; l < nlist; ++l) {
-        idx->list_pos_[l].assign(pos + off[l], pos + off[l + 1]);  // < n <= kMaxVectors: checked above
-        const size_t bytes = idx->list_code_bytes(l);
-        // (an index of empty lists has no code buffer at all: memcpy must not see its null pointer)
-        if (bytes) std::memcpy(idx->codes_.data() + idx->code_off_[l], codes + at, bytes);
-        at += bytes;
-    }
+    idx->lists_ = std::move(lists);
     idx->ntotal_ = n;
     // files written before the spreads were kept have none: the probe order is then <q, c> whatever the spread
     if (rd.has("list_resid_sq")) {

@@ -18,6 +18,10 @@
 // score-aware loss ||r_perp||^2 + eta ||r_par||^2 of its quantization error r = x - x_hat (r_par: along x), by
 // coordinate descent over the sub-spaces from the nearest-codeword start (fastdpr/index/pq4.py trains the
 // codebooks for the same loss and explains eta).
+//
+// The index files rows and keeps the re-rank rows; the lists are a store of their own (IVFLists, csrc/ivf_lists.h)
+// that it owns, and the search is the stages of csrc/ivfpq_search.h, which read the quantizers, the lists and the
+// re-rank rows through an IndexView and never this class.
 #pragma once
 
 #include <cstdint>
@@ -28,12 +32,10 @@
 
 #include "huge_alloc.h"
 #include "io.h"
+#include "ivf_lists.h"
+#include "ivfpq_search.h"
 
 namespace fastdpr {
-
-namespace ivfpq {
-struct IndexView;
-}
 
 enum class VectorStorage : int { None = 0, F16 = 1, F32 = 2 };
 
@@ -111,11 +113,13 @@ public:
     // second one would cost 6 bytes per vector).
     std::vector<float> centroids() const;
     const std::vector<float>& codebooks() const { return codebooks_; }
-    int64_t list_size(int64_t l) const { return static_cast<int64_t>(list_pos_.at(l).size()); }
+    // The inverted lists (csrc/ivf_lists.h): per list its code rows and their positions.
+    const IVFLists& lists() const { return lists_; }
+    int64_t list_size(int64_t l) const { return lists_.size(l); }
     // 8-bit: (len, m) codes; 4-bit: pq4 blocks (pq4::unpack gives the (len, m) codes); list_code_bytes(l) bytes.
-    const uint8_t* list_codes(int64_t l) const { return codes_.data() + code_off_.at(l); }
-    size_t list_code_bytes(int64_t l) const;
-    const std::vector<uint32_t>& list_positions(int64_t l) const { return list_pos_.at(l); }
+    const uint8_t* list_codes(int64_t l) const { return lists_.codes(l); }
+    size_t list_code_bytes(int64_t l) const { return lists_.code_bytes(l); }
+    const std::vector<uint32_t>& list_positions(int64_t l) const { return lists_.id_vector(l); }
     // Sum over list l of ||x - c_l||^2, and the spread it gives the probe order: s_l = sqrt(mean ||x - c_l||^2 / d)
     // * sqrt(2 ln n_l), the expected largest <u, x - c_l> over the list's n_l members for a unit u if residuals
     // were isotropic Gaussians. Probing by <q, c> + spread |q| s_l visits first the lists whose members reach
@@ -141,15 +145,12 @@ private:
     void search_unscaled(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
                          int64_t* positions, int nthreads, float spread, int64_t exact) const;
     ivfpq::IndexView view() const;  // what the search stages read, valid while mu_ is held
-    void prepare_tables(const float* centroids);  // packed copies (kmeans.h pack_columns) the search kernels stream
+    void prepare_tables(const float* centroids);  // tables_ from the centroids and codebooks_
     // `cent`: the centroid rows (centroids())
     void assign_lists(const float* cent, const float* x, int64_t n, int64_t* lists) const;
     void encode_residuals(const float* cent, const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const;
     void refine_anisotropic(const float* cent, const float* x, int64_t n, const int64_t* lists,
                             uint8_t* codes) const;
-    // Lays the lists out again in one new allocation with room for `room[l]` rows in list l (>= its size).
-    void relayout(const std::vector<int64_t>& room);
-    void append_codes(int64_t list, const uint8_t* code_row);
     void refresh_spreads();  // list_spread_ from list_sq_ after adds or a load
     void fit_sq_ranges(const float* cent, const float* x, int64_t n);  // 4-bit row ranges at the first add
     void own_vectors();  // copy memory-mapped vectors (and 4-bit rows) into owned memory before appending
@@ -163,17 +164,11 @@ private:
     VectorStorage storage_;
     bool assign_by_ip_;
     bool trained_ = false;
-    std::vector<float> centroids_T_;  // (nlist, d) centroids packed for inner_products_T (pack_columns)
     std::vector<float> codebooks_;    // (m, ksub, dsub)
-    std::vector<float> codebooks_T_;  // per sub-quantizer: its ksub codewords packed (packed_size(ksub, dsub))
-    // Every list's codes in one allocation on huge pages, list l from code_off_[l] (64-byte aligned): a search
-    // streams codes from DRAM, and with 4 KiB pages it would also miss the TLB once per page. List l has room for
-    // code_room_[l] rows; add() lays everything out again (one copy of the codes) only when a list runs out.
-    std::vector<uint8_t, HugePageAllocator<uint8_t>> codes_;
-    std::vector<size_t> code_off_;
-    std::vector<int64_t> code_room_;
-    // per list: positions (row numbers in the order added); 4 bytes each, hence at most kMaxVectors rows
-    std::vector<std::vector<uint32_t>> list_pos_;
+    // the centroids and codebooks packed as the search streams them (the only copy of the centroids kept)
+    ivfpq::PackedQuantizers tables_;
+    // per list: code rows and positions (row numbers in the order added; 4 bytes each, hence at most kMaxVectors)
+    IVFLists lists_;
     std::vector<double> list_sq_;  // per list: sum of ||x - c||^2 over its members
     std::vector<float> list_spread_;  // per list: s_l from list_sq_ and the list's size (refresh_spreads)
     int64_t ntotal_ = 0;

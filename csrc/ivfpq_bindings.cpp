@@ -11,6 +11,9 @@
 #include "pq4.h"
 
 namespace fastdpr::bind {
+
+void bind_ivfpq_stages(py::module_& m);  // ivfpq_stage_bindings.cpp
+
 namespace {
 
 VectorStorage storage_of(const std::string& s) {
@@ -208,6 +211,7 @@ void bind_ivfpq(py::module_& m) {
         .def_static(
             "load", [](const io::Reader& r, bool mmap) { return IVFPQ::load(r, mmap); }, py::arg("reader"),
             py::arg("mmap") = false);
+    bind_ivfpq_stages(m);
 }
 
 }  // namespace fastdpr::bind

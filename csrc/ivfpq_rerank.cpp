@@ -1,5 +1,5 @@
-// The re-rank stages of the IVF-PQ search (ivfpq_search.h): a batch's candidates re-scored from the 4-bit rows,
-// then from the stored vectors, each stage visiting the rows in address order.
+// The re-rank chain of the IVF-PQ search (ivfpq_search.h): a batch's candidates re-scored by each step in turn (the
+// 4-bit rows, then the stored vectors), each step visiting the rows in address order.
 #include <algorithm>
 #include <cstring>
 
@@ -70,72 +70,101 @@ void rescore_batch(const uint32_t* const* ids, const uint32_t* count, int64_t nb
         std::sort(b.best.data() + i * keep, b.best.data() + i * keep + b.nbest[i], BetterTotal{});
 }
 
+// The 4-bit rows (csrc/sq4.h): scores a quarter as many bytes per candidate as fp16 vectors read, to cut the
+// candidates before the exact step, or to give the answer of an index without stored vectors.
+class SqRowsStep final : public RerankStep {
+public:
+    explicit SqRowsStep(const RerankRows& rows) : rows_(rows) {}
+
+    int64_t keep(const Plan& plan) const override { return plan.ke; }
+
+    void rescore(const float* q, int64_t d, const int64_t* at, const uint32_t* const* ids, const uint32_t* count,
+                 int64_t n, size_t keep, RescoreBatch& rb) const override {
+        const size_t nc = static_cast<size_t>(n), dd = static_cast<size_t>(d);
+        rb.scaled.resize(nc * dd);
+        rb.offset.resize(nc);
+        for (size_t c = 0; c < nc; ++c)
+            rb.offset[c] = sq4::prepare_query(q + at[c] * d, d, rows_.sq_lo, rows_.sq_step, &rb.scaled[c * dd]);
+        const sq4::DotFn dot4 = sq4::dot_kernel();
+        rescore_batch(ids, count, n, rows_.sq_rows, sq4::row_bytes(d), rows_.ntotal, keep, rb,
+                      [&](size_t c, const uint8_t* row) { return rb.offset[c] + dot4(&rb.scaled[c * dd], row, d); });
+    }
+
+private:
+    RerankRows rows_;
+};
+
+// The stored vectors (fp16 or fp32): the exact scores.
+class VectorsStep final : public RerankStep {
+public:
+    explicit VectorsStep(const RerankRows& rows) : rows_(rows) {}
+
+    int64_t keep(const Plan& plan) const override { return plan.kf; }
+
+    void rescore(const float* q, int64_t d, const int64_t* at, const uint32_t* const* ids, const uint32_t* count,
+                 int64_t n, size_t keep, RescoreBatch& rb) const override {
+        const simd::Kernels& K = simd::kernels();
+        if (rows_.vectors_f32)
+            rescore_batch(ids, count, n, rows_.vectors, rows_.vector_bytes, rows_.ntotal, keep, rb,
+                          [&](size_t c, const uint8_t* row) {
+                              return K.dot(q + at[c] * d, reinterpret_cast<const float*>(row), d);
+                          });
+        else
+            rescore_batch(ids, count, n, rows_.vectors, rows_.vector_bytes, rows_.ntotal, keep, rb,
+                          [&](size_t c, const uint8_t* row) {
+                              return K.dot_f16(q + at[c] * d, reinterpret_cast<const uint16_t*>(row), d);
+                          });
+    }
+
+private:
+    RerankRows rows_;
+};
+
 }  // namespace
+
+std::vector<std::unique_ptr<const RerankStep>> rerank_chain(const IndexView& ix, const Plan& plan) {
+    std::vector<std::unique_ptr<const RerankStep>> chain;
+    if (!plan.rerank) return chain;
+    if (plan.sq_stage) chain.push_back(std::make_unique<SqRowsStep>(ix.rows));
+    if (ix.rows.has_vectors) chain.push_back(std::make_unique<VectorsStep>(ix.rows));
+    return chain;
+}
 
 Reranker::Reranker() : b_(std::make_unique<RescoreBatch>()) {}
 Reranker::~Reranker() = default;
+Reranker::Reranker(Reranker&&) noexcept = default;
 
-void Reranker::run(const IndexView& ix, const Plan& plan, const float* q, int64_t n, uint32_t* const* ids,
-                   uint32_t* count, const Emit& emit) {
-    if (plan.sq_stage && !by_sq_rows(ix, plan, q, n, ids, count, emit)) return;
-    by_vectors(ix, plan, q, n, ids, count, emit);
-}
-
-// The 4-bit rows cut the candidates of the queries that have more than `ke` (all of them without stored vectors, whose
-// answer this stage gives: it returns false, the chain ends here) to their best ke.
-bool Reranker::by_sq_rows(const IndexView& ix, const Plan& plan, const float* q, int64_t n, uint32_t* const* ids,
-                          uint32_t* count, const Emit& emit) {
-    const IVFPQ& index = ix.index;
-    const bool last = index.storage() == VectorStorage::None;
-    std::vector<int64_t> cut;
-    for (int64_t j = 0; j < n; ++j)
-        if (last || count[j] > static_cast<uint32_t>(plan.ke)) cut.push_back(j);
-    const int64_t d = index.dim();
-    const size_t nc = cut.size(), dd = static_cast<size_t>(d);
+void Reranker::run(const std::vector<std::unique_ptr<const RerankStep>>& chain, const Plan& plan, const float* q,
+                   int64_t d, int64_t n, uint32_t* const* ids, uint32_t* count, const Emit& emit) {
     RescoreBatch& rb = *b_;
-    std::vector<const uint32_t*> cut_ids(nc);
-    std::vector<uint32_t> cut_count(nc);
-    rb.scaled.resize(nc * dd);
-    rb.offset.resize(nc);
-    for (size_t c = 0; c < nc; ++c) {
-        cut_ids[c] = ids[cut[c]];
-        cut_count[c] = count[cut[c]];
-        rb.offset[c] = sq4::prepare_query(q + cut[c] * d, d, index.sq_lo().data(), index.sq_step().data(),
-                                          &rb.scaled[c * dd]);
-    }
-    const sq4::DotFn dot4 = sq4::dot_kernel();
-    rescore_batch(cut_ids.data(), cut_count.data(), static_cast<int64_t>(nc), index.sq_rows(), sq4::row_bytes(d),
-                  index.size(), static_cast<size_t>(plan.ke), rb,
-                  [&](size_t c, const uint8_t* row) { return rb.offset[c] + dot4(&rb.scaled[c * dd], row, d); });
-    for (size_t c = 0; c < nc; ++c) {
-        const Scored* best = rb.best.data() + c * static_cast<size_t>(plan.ke);
-        if (last) {
-            emit(cut[c], best, rb.nbest[c]);
-            continue;
+    std::vector<int64_t> at;
+    std::vector<const uint32_t*> step_ids;
+    std::vector<uint32_t> step_count;
+    for (size_t s = 0; s < chain.size(); ++s) {
+        const RerankStep& step = *chain[s];
+        const bool last = s + 1 == chain.size();
+        const int64_t keep = step.keep(plan);
+        // a step before the last has nothing to cut in a query of at most `keep` candidates (the next step orders
+        // them anyway)
+        at.clear();
+        for (int64_t j = 0; j < n; ++j)
+            if (last || count[j] > static_cast<uint32_t>(keep)) at.push_back(j);
+        const size_t nc = at.size();
+        step_ids.resize(nc);
+        step_count.resize(nc);
+        for (size_t c = 0; c < nc; ++c) step_ids[c] = ids[at[c]], step_count[c] = count[at[c]];
+        step.rescore(q, d, at.data(), step_ids.data(), step_count.data(), static_cast<int64_t>(nc),
+                     static_cast<size_t>(keep), rb);
+        for (size_t c = 0; c < nc; ++c) {
+            const Scored* best = rb.best.data() + c * static_cast<size_t>(keep);
+            if (last) {
+                emit(at[c], best, rb.nbest[c]);
+                continue;
+            }
+            for (size_t r = 0; r < rb.nbest[c]; ++r) ids[at[c]][r] = static_cast<uint32_t>(best[r].id);
+            count[at[c]] = static_cast<uint32_t>(rb.nbest[c]);
         }
-        for (size_t r = 0; r < rb.nbest[c]; ++r) ids[cut[c]][r] = static_cast<uint32_t>(best[r].id);
-        count[cut[c]] = static_cast<uint32_t>(rb.nbest[c]);
     }
-    return !last;
-}
-
-// The stored vectors (fp16 or fp32) give the exact scores and the best kf of every query.
-void Reranker::by_vectors(const IndexView& ix, const Plan& plan, const float* q, int64_t n, uint32_t* const* ids,
-                          const uint32_t* count, const Emit& emit) {
-    const IVFPQ& index = ix.index;
-    const int64_t d = index.dim();
-    const simd::Kernels& K = simd::kernels();
-    const bool f32 = index.storage() == VectorStorage::F32;
-    RescoreBatch& rb = *b_;
-    const uint8_t* rows = static_cast<const uint8_t*>(index.vectors());
-    rescore_batch(ids, count, n, rows, index.vector_bytes(), index.size(), static_cast<size_t>(plan.kf), rb,
-                  [&](size_t j, const uint8_t* row) {
-                      const float* qv = q + static_cast<int64_t>(j) * d;
-                      return f32 ? K.dot(qv, reinterpret_cast<const float*>(row), d)
-                                 : K.dot_f16(qv, reinterpret_cast<const uint16_t*>(row), d);
-                  });
-    for (int64_t j = 0; j < n; ++j)
-        emit(j, rb.best.data() + static_cast<size_t>(j * plan.kf), rb.nbest[static_cast<size_t>(j)]);
 }
 
 }  // namespace fastdpr::ivfpq

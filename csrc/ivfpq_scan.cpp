@@ -1,5 +1,5 @@
-// The probe and scan stages of the IVF-PQ search (ivfpq_search.h): the probe order of a query's lists, and one
-// scanner per code type that scores a list's codes and collects the candidates.
+// The probe and scan stages of the IVF-PQ search (ivfpq_search.h): the probe order of a query's lists, and the
+// registry of scanners, one per code type, that score the code rows of a list and collect the candidates.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -7,6 +7,8 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -17,6 +19,8 @@
 
 namespace fastdpr::ivfpq {
 namespace {
+
+constexpr int64_t kKsub8 = 256;  // codewords per sub-quantizer of 8-bit codes
 
 // Sum of the table entries picked by one code row, accumulated in order j = 0..m-1 from `base` (the same order
 // the numpy fallback uses, so both give the same float32 sums from the same tables). Four rows at a time for
@@ -30,7 +34,7 @@ void adc_scan(const uint8_t* codes, int64_t n, int64_t m, const float* lut, floa
         const uint8_t* c3 = c2 + m;
         float s0 = base, s1 = base, s2 = base, s3 = base;
         for (int64_t j = 0; j < m; ++j) {
-            const float* t = lut + j * IVFPQ::kKsub;
+            const float* t = lut + j * kKsub8;
             s0 += t[c0[j]];
             s1 += t[c1[j]];
             s2 += t[c2[j]];
@@ -41,7 +45,7 @@ void adc_scan(const uint8_t* codes, int64_t n, int64_t m, const float* lut, floa
     for (; i < n; ++i) {
         const uint8_t* c = codes + i * m;
         float s = base;
-        for (int64_t j = 0; j < m; ++j) s += lut[j * IVFPQ::kKsub + c[j]];
+        for (int64_t j = 0; j < m; ++j) s += lut[j * kKsub8 + c[j]];
         out[i] = s;
     }
 }
@@ -213,21 +217,20 @@ private:
 // 8-bit codes: one m x 256 float table per query, candidates into a heap.
 class Scanner8 final : public Scanner {
 public:
-    explicit Scanner8(const IndexView& ix) : ix_(ix), lut_(static_cast<size_t>(ix.index.m()) * IVFPQ::kKsub) {}
+    explicit Scanner8(const PackedQuantizers& qz) : qz_(qz), lut_(static_cast<size_t>(qz.m) * kKsub8) {}
 
     void start(const float* qv, size_t keep) override {
-        const int64_t m = ix_.index.m(), dsub = ix_.index.dsub();
+        const int64_t m = qz_.m, dsub = qz_.dsub;
         for (int64_t j = 0; j < m; ++j)
-            inner_products_T(qv + j * dsub, 1, &ix_.codebooks_T[j * ix_.cb_stride], IVFPQ::kKsub, dsub,
-                             &lut_[j * IVFPQ::kKsub]);
+            inner_products_T(qv + j * dsub, 1, &qz_.codebooks_T[j * qz_.cb_stride], kKsub8, dsub,
+                             &lut_[j * kKsub8]);
         heap_.reset(keep);
     }
 
-    void scan(int64_t l, float list_score, int64_t) override {
-        const int64_t len = static_cast<int64_t>(ix_.list_pos[l].size());
+    void scan(const uint8_t* codes, const uint32_t* pos, int64_t len, float list_score, const uint8_t*,
+              size_t) override {
         buf_.resize(len);
-        adc_scan(ix_.index.list_codes(l), len, ix_.index.m(), lut_.data(), list_score, buf_.data());
-        const uint32_t* pos = ix_.list_pos[l].data();
+        adc_scan(codes, len, qz_.m, lut_.data(), list_score, buf_.data());
         float thr = heap_.threshold();
         for (int64_t i = 0; i < len; ++i) {
             if (buf_[i] >= thr) {
@@ -240,7 +243,7 @@ public:
     void take(std::vector<Scored>& found, bool) override { found = heap_.take_sorted(); }
 
 private:
-    const IndexView& ix_;
+    const PackedQuantizers& qz_;
     std::vector<float> lut_, buf_;
     TopK heap_;
 };
@@ -248,21 +251,22 @@ private:
 // 4-bit codes: a quantized m x 16 table per query in SIMD registers (pq4.h), candidates into a Candidates buffer.
 class Scanner4 final : public Scanner {
 public:
-    explicit Scanner4(const IndexView& ix)
-        : ix_(ix),
-          lut_(static_cast<size_t>(ix.index.m()) * pq4::kKsub),
+    explicit Scanner4(const PackedQuantizers& qz)
+        : qz_(qz),
+          lut_(static_cast<size_t>(qz.m) * pq4::kKsub),
           scan_(pq4::scan_kernel()),
           filter_(pq4::filter_kernel()),
           lut4_(simd::level() == cpu::Level::AVX512 ? lut4_avx512 : lut4_scalar) {}
 
     void start(const float* qv, size_t keep) override {
         // m x 16 products of d/m-dimensional sub-vectors, too small for the panel kernel
-        lut4_(qv, ix_.codebooks_T, ix_.cb_stride, ix_.index.m(), ix_.index.dsub(), lut_.data());
-        pq4::quantize_lut(lut_.data(), ix_.index.m(), qlut_);
+        lut4_(qv, qz_.codebooks_T.data(), qz_.cb_stride, qz_.m, qz_.dsub, lut_.data());
+        pq4::quantize_lut(lut_.data(), qz_.m, qlut_);
         cand_.reset(keep);
     }
 
-    void scan(int64_t l, float list_score, int64_t next) override;
+    void scan(const uint8_t* codes, const uint32_t* ids, int64_t n, float list_score, const uint8_t* next,
+              size_t next_bytes) override;
 
     void take(std::vector<Scored>& found, bool sorted) override {
         cand_.take(found);
@@ -270,7 +274,7 @@ public:
     }
 
 private:
-    const IndexView& ix_;
+    const PackedQuantizers& qz_;
     std::vector<float> lut_;
     std::vector<uint16_t> sums_;  // the integer scores of a list
     std::vector<uint32_t> hits_;  // the indices in a list whose sums reach the threshold
@@ -281,8 +285,8 @@ private:
     void (*const lut4_)(const float*, const float*, size_t, int64_t, int64_t, float*);
 };
 
-void Scanner4::scan(int64_t l, float list_score, int64_t next) {
-    const int64_t len = static_cast<int64_t>(ix_.list_pos[l].size());
+void Scanner4::scan(const uint8_t* codes, const uint32_t* pos, int64_t len, float list_score, const uint8_t* next,
+                    size_t next_bytes) {
     const float base = list_score + qlut_.bias, delta = qlut_.delta;
     // the threshold as a sum: a list none of whose code rows can reach it is not scanned, and in a scanned one only
     // the sums that reach it are turned into scores
@@ -294,11 +298,8 @@ void Scanner4::scan(int64_t l, float list_score, int64_t next) {
     // the scan's prefetch runs on into the head of the next list (lists probed in score order are far apart in the
     // codes, and the hardware prefetcher stops at every 4 KiB page); it may be skipped, which costs only a few
     // wasted requests
-    const bool more = next >= 0;
-    scan_(ix_.index.list_codes(l), nb, ix_.index.m(), qlut_.table.data(), sums_.data(),
-          more ? ix_.index.list_codes(next) : nullptr, more ? ix_.index.list_code_bytes(next) : 0);
+    scan_(codes, nb, qz_.m, qlut_.table.data(), sums_.data(), next, next ? next_bytes : 0);
     const uint16_t* sums = sums_.data();
-    const uint32_t* pos = ix_.list_pos[l].data();
     const int64_t nhits = filter_(sums, len, floor, hits_.data());
     for (int64_t h = 0; h < nhits; ++h) {
         const uint32_t i = hits_[static_cast<size_t>(h)];
@@ -307,27 +308,54 @@ void Scanner4::scan(int64_t l, float list_score, int64_t next) {
     }
 }
 
+// The registry of scanners by code type: the two of this file, and any registered later.
+struct ScannerRegistry {
+    std::mutex mu;
+    std::map<std::string, ScannerFactory> factories{
+        {"pq8", [](const PackedQuantizers& qz) { return std::make_unique<Scanner8>(qz); }},
+        {"pq4", [](const PackedQuantizers& qz) { return std::make_unique<Scanner4>(qz); }},
+    };
+};
+
+ScannerRegistry& scanners() {
+    static ScannerRegistry registry;
+    return registry;
+}
+
 }  // namespace
 
-void Prober::probe(const IndexView& ix, const Plan& plan, const float* qv, const float* qc,
-                   std::vector<Scored>& lists) {
-    const int64_t nlist = ix.index.nlist();
+void register_scanner(const std::string& code_type, ScannerFactory factory) {
+    if (!factory) throw std::invalid_argument("ivfpq: register_scanner('" + code_type + "') needs a factory");
+    ScannerRegistry& r = scanners();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.factories[code_type] = std::move(factory);
+}
+
+std::unique_ptr<Scanner> make_scanner(const std::string& code_type, const PackedQuantizers& quantizers) {
+    ScannerFactory factory;
+    {
+        ScannerRegistry& r = scanners();
+        std::lock_guard<std::mutex> lock(r.mu);
+        const auto it = r.factories.find(code_type);
+        if (it == r.factories.end())
+            throw std::invalid_argument("ivfpq: no scanner is registered for code type '" + code_type + "'");
+        factory = it->second;
+    }
+    return factory(quantizers);
+}
+
+void Prober::probe(int64_t nlist, int64_t d, const float* list_spread, const Plan& plan, const float* qv,
+                   const float* qc, std::vector<Scored>& lists) {
     top_.reset(plan.nprobe);
     if (plan.spread == 0.f) {
         top_.push_run(qc, nlist, 0);
     } else {
-        const int64_t d = ix.index.dim();
         const float qn = std::sqrt(simd::kernels().dot(qv, qv, d));
         order_.resize(static_cast<size_t>(nlist));
-        for (int64_t l = 0; l < nlist; ++l) order_[l] = qc[l] + qn * (plan.spread * ix.list_spread[l]);
+        for (int64_t l = 0; l < nlist; ++l) order_[l] = qc[l] + qn * (plan.spread * list_spread[l]);
         top_.push_run(order_.data(), nlist, 0);
     }
     lists = top_.take_sorted();
-}
-
-std::unique_ptr<Scanner> make_scanner(const IndexView& ix) {
-    if (ix.index.nbits() == 4) return std::make_unique<Scanner4>(ix);
-    return std::make_unique<Scanner8>(ix);
 }
 
 }  // namespace fastdpr::ivfpq

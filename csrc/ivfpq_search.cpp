@@ -45,15 +45,21 @@ struct Worker {
     std::unique_ptr<Scanner> scanner;
 };
 
-// The candidates of query `qv` (its <q, c> in qc) into w.found: the probe, then a scan of every non-empty list.
+// The candidates of query `qv` (its <q, c> in qc) into w.found: the probe, then a scan of every non-empty list,
+// its codes and ids handed from the list store to the scanner.
 void scan_query(const IndexView& ix, const Plan& p, const float* qv, const float* qc, Worker& w) {
-    w.prober.probe(ix, p, qv, qc, w.lists);
+    const PackedQuantizers& qz = ix.quantizers;
+    const IVFLists& lists = ix.lists;
+    w.prober.probe(qz.nlist, qz.d, ix.list_spread, p, qv, qc, w.lists);
     w.scanner->start(qv, static_cast<size_t>(p.kc));
     for (size_t li = 0; li < w.lists.size(); ++li) {
         const int64_t l = w.lists[li].id;
-        if (ix.list_pos[l].empty()) continue;
+        const int64_t n = lists.size(l);
+        if (n == 0) continue;
+        const int64_t next = li + 1 < w.lists.size() ? w.lists[li + 1].id : -1;
         // <q, c>: the probe order may add the spread
-        w.scanner->scan(l, qc[l], li + 1 < w.lists.size() ? w.lists[li + 1].id : -1);
+        w.scanner->scan(lists.codes(l), lists.ids(l), n, qc[l], next >= 0 ? lists.codes(next) : nullptr,
+                        next >= 0 ? lists.code_bytes(next) : 0);
     }
     w.scanner->take(w.found, !p.rerank);  // re-ranking sorts anyway
 }
@@ -68,15 +74,18 @@ struct Pending {
 // or with a re-rank their candidates to `pending`.
 void scan_batch(const IndexView& ix, const Plan& p, const float* q, int64_t b0, int64_t bn, float* scores,
                 int64_t* positions, int nthreads, std::vector<Worker>& workers, Pending& pending) {
-    const int64_t d = ix.index.dim(), nlist = ix.index.nlist();
+    const int64_t d = ix.quantizers.d, nlist = ix.quantizers.nlist;
     ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1 && bn > G)
     for (int64_t g = b0 / G; g < (b0 + bn + G - 1) / G; ++g) {
         errors.run([&] {
             Worker& w = workers[static_cast<size_t>(thread_index())];
-            if (!w.scanner) w.qc.resize(static_cast<size_t>(G * nlist)), w.scanner = make_scanner(ix);
+            if (!w.scanner) {
+                w.qc.resize(static_cast<size_t>(G * nlist));
+                w.scanner = make_scanner(ix.lists.layout().code_type(), ix.quantizers);
+            }
             const int64_t q0 = g * G, gn = std::min(G, b0 + bn - q0);
-            inner_products_T(q + q0 * d, gn, ix.centroids_T, nlist, d, w.qc.data());
+            inner_products_T(q + q0 * d, gn, ix.quantizers.centroids_T.data(), nlist, d, w.qc.data());
             for (int64_t r = 0; r < gn; ++r) {
                 const int64_t qi = q0 + r;
                 scan_query(ix, p, q + qi * d, w.qc.data() + r * nlist, w);
@@ -95,9 +104,9 @@ void scan_batch(const IndexView& ix, const Plan& p, const float* q, int64_t b0, 
 }
 
 // The re-rank chain over queries [b0, b0 + bn): one part of consecutive queries per thread.
-void rerank_batch(const IndexView& ix, const Plan& p, const float* q, int64_t b0, int64_t bn, float* scores,
-                  int64_t* positions, int nthreads, std::vector<Reranker>& rerankers, Pending& pending) {
-    const int64_t d = ix.index.dim();
+void rerank_batch(const std::vector<std::unique_ptr<const RerankStep>>& chain, int64_t d, const Plan& p,
+                  const float* q, int64_t b0, int64_t bn, float* scores, int64_t* positions, int nthreads,
+                  std::vector<Reranker>& rerankers, Pending& pending) {
     const int64_t parts = std::min<int64_t>(nthreads, bn);
     ParallelErrors errors;
 #pragma omp parallel for schedule(static, 1) num_threads(nthreads) if (parts > 1)
@@ -108,7 +117,7 @@ void rerank_batch(const IndexView& ix, const Plan& p, const float* q, int64_t b0
             for (int64_t j = 0; j < n; ++j) ids[j] = pending.ids.data() + static_cast<size_t>((i0 + j) * p.kc);
             const int64_t first = b0 + i0;  // the part's first query
             rerankers[static_cast<size_t>(t)].run(
-                ix, p, q + first * d, n, ids.data(), pending.count.data() + i0,
+                chain, p, q + first * d, d, n, ids.data(), pending.count.data() + i0,
                 [&](int64_t j, const Scored* best, size_t nbest) {
                     write_row(p, best, nbest, scores + (first + j) * p.k, positions + (first + j) * p.k);
                 });
@@ -119,12 +128,24 @@ void rerank_batch(const IndexView& ix, const Plan& p, const float* q, int64_t b0
 
 }  // namespace
 
-Plan Plan::make(const IVFPQ& index, int64_t k, int64_t nprobe, int64_t rerank, float spread, int64_t exact) {
-    const int64_t ntotal = index.size();
-    const bool stored = index.storage() != VectorStorage::None;
+void PackedQuantizers::pack(const float* centroids, int64_t nl, int64_t dim, const float* codebooks, int64_t msub,
+                            int64_t ks) {
+    d = dim, nlist = nl, m = msub, dsub = dim / msub, ksub = ks;
+    centroids_T = pack_columns(centroids, nlist, d);
+    cb_stride = packed_size(ksub, dsub);  // 256 is a whole number of tiles, 16 is padded to one
+    codebooks_T.assign(cb_stride * static_cast<size_t>(m), 0.f);
+    for (int64_t j = 0; j < m; ++j) {
+        const std::vector<float> t = pack_columns(codebooks + j * ksub * dsub, ksub, dsub);
+        std::copy(t.begin(), t.end(), codebooks_T.begin() + static_cast<std::ptrdiff_t>(j * cb_stride));
+    }
+}
+
+Plan Plan::make(const IndexView& ix, int64_t k, int64_t nprobe, int64_t rerank, float spread, int64_t exact) {
+    const int64_t ntotal = ix.rows.ntotal;
+    const bool stored = ix.rows.has_vectors;
     Plan p;
     p.k = k;
-    p.nprobe = std::min(nprobe, index.nlist());
+    p.nprobe = std::min(nprobe, ix.quantizers.nlist);
     p.spread = spread;
     // Candidates beyond the index size cannot exist: k and rerank beyond it only pad the output (the heaps are
     // sized by what can be found, never by what was asked).
@@ -133,7 +154,7 @@ Plan Plan::make(const IVFPQ& index, int64_t k, int64_t nprobe, int64_t rerank, f
     p.ke = stored ? std::min(std::max(p.kf, exact), p.kc) : p.kf;
     p.rerank = rerank > 0;
     // the 4-bit rows are read when they are all there is, or when they cut the candidates before the exact scores
-    p.sq_stage = rerank > 0 && index.sq_bits() && (!stored || exact > 0);
+    p.sq_stage = rerank > 0 && ix.rows.has_sq && (!stored || exact > 0);
     return p;
 }
 
@@ -142,6 +163,7 @@ void search(const IndexView& ix, const Plan& p, const float* q, int64_t nq, floa
     const int64_t batch = batch_size(p, nq);
     std::vector<Worker> workers(static_cast<size_t>(nthreads));
     std::vector<Reranker> rerankers(p.rerank ? static_cast<size_t>(nthreads) : 0);
+    const std::vector<std::unique_ptr<const RerankStep>> chain = rerank_chain(ix, p);
     Pending pending;
     for (int64_t b0 = 0; b0 < nq; b0 += batch) {
         const int64_t bn = std::min(batch, nq - b0);
@@ -150,7 +172,8 @@ void search(const IndexView& ix, const Plan& p, const float* q, int64_t nq, floa
             pending.count.assign(static_cast<size_t>(bn), 0);
         }
         scan_batch(ix, p, q, b0, bn, scores, positions, nthreads, workers, pending);
-        if (p.rerank) rerank_batch(ix, p, q, b0, bn, scores, positions, nthreads, rerankers, pending);
+        if (p.rerank)
+            rerank_batch(chain, ix.quantizers.d, p, q, b0, bn, scores, positions, nthreads, rerankers, pending);
     }
 }
 

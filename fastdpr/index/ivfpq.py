@@ -764,6 +764,10 @@ class NumpyIVFPQ:
 
     @classmethod
     def read_sections(cls, reader, mmap: bool = False) -> "NumpyIVFPQ":
+        # The second reader of the format (the first: IVFPQ::load and IVFLists::load in csrc/). It stays because this
+        # backend is for installs without the compiled core, which therefore cannot read for it; the two are held to
+        # one format by tests that read the same files, good and broken, with both (tests/test_index_ivfpq_units.py,
+        # tests/test_index_ivfpq.py) and by files written by older code (tests/test_ivfpq_file_compat.py).
         if reader.type != "ivfpq":
             reader.fail(f"it holds a {reader.type!r} index, not an ivfpq one")
         d = reader.meta_int("dim", 1, 1 << 20)
