@@ -35,22 +35,14 @@ from fastdpr import _C
 @contextlib.contextmanager
 def at_level(level: str):
     """The index core's kernels at CPU level `level` inside the block (ValueError naming it where this CPU lacks
-    it). Builds name the switch set_cpu_cap (a cap, returning the one it replaced) or, before it, simd_force."""
+    it); set_cpu_cap is a cap that returns the one it replaced."""
     if level != "scalar" and not fastdpr.cpu_features().get(level):  # (every CPU runs scalar kernels)
         raise ValueError(f"level={level!r}: this CPU cannot run it")
-    if hasattr(_C, "set_cpu_cap"):
-        before = _C.set_cpu_cap(level)
-        try:
-            yield
-        finally:
-            _C.set_cpu_cap(before)
-        return
-    before = _C.simd_level()
-    _C.simd_force(level)
+    before = _C.set_cpu_cap(level)
     try:
         yield
     finally:
-        _C.simd_force(before)
+        _C.set_cpu_cap(before)
 
 
 def data(rng: np.random.Generator, n: int, d: int) -> np.ndarray:

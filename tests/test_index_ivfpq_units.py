@@ -10,7 +10,7 @@ from compiled_extension import extension
 
 from fastdpr.errors import InputError
 from fastdpr.index import fileformat, numpy_pq4
-from fastdpr.index.base import load_index
+from fastdpr.index import load_index
 
 _C = extension("IVFPQ")
 pytestmark = pytest.mark.skipif(_C is None or not hasattr(_C, "ivfpq_stages"), reason="compiled extension not built")

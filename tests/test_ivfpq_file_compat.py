@@ -16,7 +16,7 @@ from compiled_extension import extension
 
 import fastdpr
 from fastdpr.index import fileformat
-from fastdpr.index.base import load_index
+from fastdpr.index import load_index
 from fastdpr.index.ivfpq import IVFPQIndex
 
 _C = extension("IVFPQ")
