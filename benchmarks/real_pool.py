@@ -455,7 +455,7 @@ def _shard_file(folder: Path, pooling: str, start: int, stop: int) -> Path:
 
 def _to_fp16(array: np.ndarray, what: str) -> np.ndarray:
     top = float(np.abs(array).max()) if array.size else 0.0
-    if not np.isfinite(top) or top > np.finfo(np.float16).max:
+    if not np.isfinite(top) or top > float(np.finfo(np.float16).max):
         raise ValueError(f"{what}: a value of magnitude {top} does not fit float16; store these vectors as fp32")
     return array.astype(np.float16)
 
@@ -561,13 +561,15 @@ def load_vectors(work: Path, pooling: str, n: int | None = None, what: str = "pa
     if what not in ("passages", "queries"):
         raise ValueError(f"what must be 'passages' or 'queries', got {what!r}")
     folder = work / "encode" / what
-    shards = sorted((int(m.name.split("-")[1]), int(m.name.split("-")[2].split(".")[0]))
-                    for m in folder.glob("shard-*.done.json"))
+    # the longest finished shard at each start: a --limit run leaves a short last shard that a later run covers
+    longest: dict[int, int] = {}
+    for marker in folder.glob("shard-*.done.json"):
+        start, stop = (int(x) for x in marker.name[len("shard-"):-len(".done.json")].split("-"))
+        longest[start] = max(stop, longest.get(start, stop))
     parts, end = [], 0
-    for start, stop in shards:
-        if start == end and (n is None or end < n):
-            parts.append(np.load(_shard_file(folder, pooling, start, stop)))
-            end = stop
+    while end in longest and (n is None or end < n):
+        parts.append(np.load(_shard_file(folder, pooling, end, longest[end])))
+        end = longest[end]
     if n is not None and end < n:
         raise ValueError(f"only {end} rows of {what} are encoded in {folder}; run encode with --limit {n} or more")
     out = np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float16)
