@@ -85,17 +85,20 @@ _SKIP_PARTS = {"_modules", "_sources", "_static", "_images", "class-use", "index
 @dataclass(frozen=True)
 class Package:
     """One Debian package and where its English text lies once unpacked: ``kind`` is ``html``, ``man``, ``dictd``
-    or ``fortune``; ``include`` are glob patterns relative to the unpacked root."""
+    or ``fortune``; ``include`` are glob patterns relative to the unpacked root, ``exclude`` patterns of file names
+    among them that are not text."""
 
     name: str
     kind: str
     include: tuple[str, ...]
+    exclude: tuple[str, ...] = ()
 
     def files(self, root: Path) -> list[Path]:
         found = set()
         for pattern in self.include:
             for path in root.glob(pattern):
-                if path.is_file() and not path.is_symlink() and not (_SKIP_PARTS & set(path.parts)):
+                if path.is_file() and not path.is_symlink() and not (_SKIP_PARTS & set(path.parts)) \
+                        and not any(path.match(p) for p in self.exclude):
                     found.add(path)
         return sorted(found)
 
@@ -120,7 +123,8 @@ PACKAGES = (
     Package("dict-jargon", "dictd", ("usr/share/dictd/jargon.index",)),
     Package("dict-devil", "dictd", ("usr/share/dictd/devil.index",)),
     Package("dict-vera", "dictd", ("usr/share/dictd/vera.index",)),
-    Package("fortunes", "fortune", ("usr/share/games/fortunes/[a-z]*[a-z]",)),
+    # beside each fortune file lie its binary index (.dat) and a link named .u8
+    Package("fortunes", "fortune", ("usr/share/games/fortunes/*",), exclude=("*.dat", "*.u8")),
     _html("openjdk-17-doc", "usr/share/doc/openjdk-17-jre-headless/api/**/*.html"),
     _html("python-django-doc", "usr/share/doc/python-django-doc/html/**/*.html"),
     _html("python-pandas-doc", "usr/share/doc/python-pandas-doc/html/**/*.html"),
