@@ -146,6 +146,13 @@ PACKAGES = (
     _html("octave-doc", "usr/share/doc/octave/**/*.html"),
     _html("libreoffice-help-en-us", "usr/share/libreoffice/help/en-US/**/*.html"),
     _html("gimp-help-en", "usr/share/gimp/2.0/help/en/**/*.html"),
+    _html("qtbase5-doc-html", "usr/share/qt5/doc/**/*.html"),
+    _html("python-statsmodels-doc", "usr/share/doc/python-statsmodels-doc/html/**/*.html"),
+    _html("python-sympy-doc", "usr/share/doc/python-sympy-doc/html/**/*.html"),
+    _html("python-dask-doc", "usr/share/doc/python-dask-doc/html/**/*.html"),
+    _html("libboost1.81-doc", "usr/share/doc/libboost1.81-doc/**/*.html"),
+    _html("maxima-doc", "usr/share/doc/maxima-doc/html/*.html"),
+    _html("wireshark-doc", "usr/share/doc/wireshark/**/*.html"),
 )
 
 
