@@ -153,6 +153,12 @@ PACKAGES = (
     _html("libboost1.81-doc", "usr/share/doc/libboost1.81-doc/**/*.html"),
     _html("maxima-doc", "usr/share/doc/maxima-doc/html/*.html"),
     _html("wireshark-doc", "usr/share/doc/wireshark/**/*.html"),
+    # the books and std's pages; core's 27,000 pages mostly repeat std's, print.html repeats a whole book
+    Package("rust-doc", "html", tuple(f"usr/share/doc/rust-doc/html/{book}/**/*.html" for book in (
+        "book", "rust-by-example", "reference", "nomicon", "edition-guide", "embedded-book", "rustc", "rustdoc",
+        "unstable-book", "std")), exclude=("print.html",)),
+    # the user's guide and the libraries' pages, not their hyperlinked source code
+    Package("ghc-doc", "html", ("usr/share/doc/ghc-doc/html/**/*.html",), exclude=("src/*.html",)),
 )
 
 

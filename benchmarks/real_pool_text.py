@@ -101,9 +101,10 @@ _BLOCK_TAGS = {"p", "div", "li", "ul", "ol", "dl", "dt", "dd", "h1", "h2", "h3",
 # whole elements whose text is not the page's prose
 _SKIP_TAGS = {"script", "style", "pre", "nav", "header", "footer", "noscript", "template", "svg", "button",
               "select", "textarea"}
-# class or role words of navigation, sidebars and permalinks in Sphinx, javadoc and DocBook pages
+# class or role words of navigation, sidebars and permalinks in Sphinx, javadoc and DocBook pages (not "header":
+# Qt's pages leave their header <div> unclosed, so skipping it would skip the whole page)
 _SKIP_CLASSES = {"sphinxsidebar", "related", "navigation", "navheader", "navfooter", "headerlink", "footer",
-                 "header", "sidebar", "toc", "breadcrumb", "breadcrumbs", "top-nav", "sub-nav", "flex-header",
+                 "sidebar", "toc", "breadcrumb", "breadcrumbs", "top-nav", "sub-nav", "flex-header",
                  "highlight", "sphinxsidebarwrapper", "prev-next-area", "bd-sidebar", "bd-header", "bd-footer",
                  "copyright", "admonition-title", "linenos", "navbar"}
 _VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source",
@@ -111,8 +112,9 @@ _VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link"
 
 
 class _TextOfPage(HTMLParser):
-    def __init__(self):
+    def __init__(self, skip_classes: bool = True):
         super().__init__(convert_charrefs=True)
+        self.skip_classes = skip_classes
         self.blocks: list[str] = []
         self.title = ""
         self._current: list[str] = []
@@ -135,7 +137,7 @@ class _TextOfPage(HTMLParser):
             return
         attributes = dict(attrs)
         words = set((attributes.get("class") or "").split()) | {attributes.get("role") or ""}
-        if tag in _SKIP_TAGS or words & _SKIP_CLASSES or tag == "head":
+        if tag in _SKIP_TAGS or (self.skip_classes and words & _SKIP_CLASSES) or tag == "head":
             self._in_title = False
             if tag == "head":
                 # the <title> inside <head> is wanted; the rest of <head> has no text anyway
@@ -172,12 +174,24 @@ class _TextOfPage(HTMLParser):
         super().close()
         self._close_block()
 
+    @property
+    def unclosed_skip(self) -> bool:
+        return bool(self._skip)
+
 
 def html_document(path: str | os.PathLike) -> Document:
-    """The title and text blocks of one HTML page (read as UTF-8, undecodable bytes replaced)."""
+    """The title and text blocks of one HTML page (read as UTF-8, undecodable bytes replaced).
+
+    A page where a skipped element is still open at the end (a navigation ``<div>`` whose inner ``<div>``s are not
+    all closed) would lose everything after it, so it is read again without skipping by class or role."""
+    page = Path(path).read_bytes().decode("utf-8", "replace")
     parser = _TextOfPage()
-    parser.feed(Path(path).read_bytes().decode("utf-8", "replace"))
+    parser.feed(page)
     parser.close()
+    if parser.unclosed_skip:
+        parser = _TextOfPage(skip_classes=False)
+        parser.feed(page)
+        parser.close()
     return fold(parser.title), parser.blocks
 
 

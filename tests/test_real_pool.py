@@ -72,6 +72,15 @@ def test_html_keeps_prose_and_leaves_out_code_navigation_and_scripts(text):
     assert "The first bridge was built of wood in the twelfth century and was washed away by a flood." in blocks
 
 
+def test_an_unclosed_navigation_element_does_not_swallow_the_page(text, tmp_path):
+    page = tmp_path / "unbalanced.html"
+    # the sidebar opens three <div>s and closes two: everything after it is inside it as far as the parser knows
+    page.write_text('<html><body><div class="sidebar"><div class="toc"><div>Contents</div>'
+                    '<div class="content"><p>The river rises in the hills above the old city.</p></div></body></html>')
+    _, blocks = text.html_document(page)
+    assert "The river rises in the hills above the old city." in blocks
+
+
 @pytest.mark.skipif(shutil.which("man") is None, reason="man (man-db) renders the man pages")
 def test_man_pages_render_to_paragraphs_and_pointer_pages_are_skipped(text, tmp_path):
     page = tmp_path / "rivers.7.gz"
