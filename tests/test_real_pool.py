@@ -246,6 +246,7 @@ def test_encode_resumes_shard_by_shard_and_prefixes_are_nested(rp, tmp_path, mod
     work = tmp_path / "work"
     first = _build(rp, work, model_dir, shard_size=3, limit=5)
     assert first["passages"]["rows"] == 5 and first["passages"]["rows_encoded_now"] == 5
+    assert first["passages"]["per_second_now"] > 0 and first["passages"]["per_cpu_second_now"] > 0
     prefix = rp.load_vectors(work, "mean", 5)
     with pytest.raises(ValueError, match="only 5 rows"):
         rp.load_vectors(work, "mean", 6)
