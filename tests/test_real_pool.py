@@ -307,3 +307,13 @@ def test_a_package_whose_files_moved_is_named(rp, tmp_path):
 def test_fp16_overflow_is_refused(rp):
     with pytest.raises(ValueError, match="does not fit float16"):
         rp._to_fp16(np.array([[1e6]], dtype=np.float32), "rows 0-1")
+
+
+def test_auto_precision_is_bf16_only_where_it_runs_natively(rp, monkeypatch):
+    from fastdpr.models import precision
+
+    monkeypatch.setattr(precision, "bf16_supported", lambda device="cpu": False)
+    assert rp.resolve_encode_precision("auto", "cpu") == "fp32"
+    monkeypatch.setattr(precision, "bf16_supported", lambda device="cpu": True)
+    assert rp.resolve_encode_precision("auto", "cpu") == "bf16"
+    assert rp.resolve_encode_precision("fp16", "cpu") == "fp16"
