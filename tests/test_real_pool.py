@@ -212,6 +212,7 @@ def test_pipeline_writes_passages_queries_vectors_and_manifest(rp, tmp_path, mod
     assert counts["demo-html-copy"]["passages"] == 0
     assert counts["demo-html-copy"]["duplicates"] == counts["demo-html"]["passages"] > 0
     assert counts["demo-dict"]["passages"] == 2 and counts["demo-fortune"]["passages"] == 2
+    assert counts["demo-dict"]["documents"] == 2 and counts["demo-fortune"]["documents"] == 3  # entries, not files
     assert counts["apt-descriptions"]["passages"] >= 2
     qa = [p for p in passages if p["source"] == "qa-corpus"]
     assert {p["paragraph"] for p in qa} == {"nq-000000000001", "nq-000000000002"}
