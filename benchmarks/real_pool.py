@@ -23,10 +23,10 @@ version and sha256, so two builds can be compared; ``manifest.json`` also holds 
 
 Time per stage, measured on this project's 2-core AMD EPYC (AVX2, no native bf16) at nice 10 while the machine was
 shared with other jobs: fetch 233 s (43 packages, 533 MB of .debs, 3.5 GB unpacked); passages 1,392 s (2 worker
-processes; 1,098,614 passages); queries 3 s (36,283 questions); encode on one thread in fp32 about 30 CPU seconds
-per 1,000 passages (34 passages per CPU second; 10-14 per wall-clock second on the shared machine), so about 8.5
-hours of one free core for 1M passages (the questions, shorter, were not timed). A GPU (``--device cuda``) should
-take minutes; not yet measured.
+processes; 1,098,614 passages); queries 3 s (36,283 questions); encode (``--limit 20000 --threads 1``, fp32)
+20,000 passages in 590 CPU seconds (34 per CPU second; 19.6 per wall-clock second on the shared machine, 34 once it
+was quiet), so about 8 hours of one free core for 1M passages, and the 36,283 questions in 235 s (155 per second).
+A GPU (``--device cuda``) should take minutes; not yet measured.
 
 **Passages.** HTML pages lose scripts, code blocks, navigation, sidebars, headers and footers; man pages are
 rendered with ``man -l``; each dictionary entry, fortune and package description is a document of its own. A
