@@ -6,8 +6,8 @@ corpus stages; the queries are the first ``n_queries`` of NQ-open's dev question
 pass gives both poolings: ``mean`` (sentence-transformers' mean pooling, left
 unnormalised, so norms vary as they do in DPR-style indexes) and ``cls`` (the raw last-layer [CLS] state, DPR's
 pooling applied to a model not trained for it). Encoding runs once (1 thread; bf16 weights with the token states
-pooled in fp32, which gives cosine 0.9999 to fp32 vectors (encode.md in git at c97483c); about 10 minutes on a
-free core) and is cached under ``<fastdpr cache>/bench/ann-real-pool/``, keyed by the passages and questions
+pooled in fp32 where the CPU computes bf16 natively, which gives cosine 0.9999 to fp32 vectors (encode.md in git at
+c97483c); fp32 elsewhere, since emulated bf16 is several times slower than fp32) and is cached under ``<fastdpr cache>/bench/ann-real-pool/``, keyed by the passages and questions
 encoded; later runs load the ``.npy`` files.
 
     python benchmarks/ann_data.py            # encode (or report the cached encoding)
@@ -27,7 +27,15 @@ sys.path.insert(0, str(HERE))
 from datasets import Dataset  # noqa: E402
 from minilm_pool import MAX_LENGTH, POOLINGS, encode_both, load_model  # noqa: E402,F401
 
-PRECISION = "bf16"  # fp32 ran at under 10 passages/s on a shared core; bf16 (AMX) about 3x that
+
+def _precision() -> str:
+    from fastdpr.models.precision import bf16_supported
+
+    return "bf16" if bf16_supported("cpu") else "fp32"
+
+
+# part of the cache key: a CPU with native bf16 and one without encode (and cache) different vectors
+PRECISION = _precision()
 BATCH = 32
 
 
