@@ -8,9 +8,8 @@ Spec: ``"hnsw,M=32,efc=200,ef=128,fp16,graph=ip|cos|l2,mips=l2,phi=...,entry=1,f
 - ``ef``: beam width of the level-0 search; a beam narrower than ``k`` returns the best ``k`` of every node it
   scored (cheaper than raising ``ef`` to ``k``, at lower recall); ``entry``: width of the level-1 beam whose results
   all seed level 0 (1 = plain greedy descent). Both can be overridden per search: ``index.search(q, 100, ef=256)``.
-  Measured on the clustered non-normalised mixture (20k x 128, M=16, efc=200, k=100, ef=100): extra entry points
-  change nothing on the inner-product graph (recall@100 0.993 either way) but lift the L2-reduced graph from
-  0.87 to 0.96, so ``mips=l2`` wants ``entry=8``.
+  On clustered non-normalised data extra entry points leave the inner-product graph's recall as it is but lift the
+  L2-reduced graph's, so ``mips=l2`` wants ``entry=8``.
 - Why the inner-product graph here does not stall like other IP graphs on non-normalised data: the neighbour
   heuristic prunes a candidate when a kept neighbour is more similar to it than the node is, and under inner
   product a few high-norm nodes are "more similar" to everything, so the plain heuristic can leave nodes with few
@@ -18,8 +17,8 @@ Spec: ``"hnsw,M=32,efc=200,ef=128,fp16,graph=ip|cos|l2,mips=l2,phi=...,entry=1,f
   ``select_neighbors`` in ``csrc/hnsw.cpp``), which keeps local structure reachable around the hubs
   (``benchmarks/index_core_bench.py hnsw`` compares the recall with hnswlib's and faiss's HNSW). ``floor`` sets
   that top-up (default M; 0 is the plain heuristic, close to hnswlib's graph, with a quarter of the links): on
-  the real MiniLM mean-pooled pool it searches ~1.1x faster at equal recall and builds ~1.4x faster than the
-  default; on the calibrated synthetic set
+  the real MiniLM mean-pooled pool of the earlier data it searched faster at equal recall and built faster than
+  the default (``hnsw_paired_real.md`` in git at c97483c); on the calibrated synthetic set
   it never reaches recall@100 0.95 below ef 320, where the default does at ef 160
   (``benchmarks/results/hnsw_paired_*.md``).
 - Memory layout: one record per node with the level-0 links next to a half-precision copy of the vector, which is
