@@ -6,7 +6,10 @@ this interpreter for both). The indexes are built once (synthetic clustered rows
 every timing is a fresh process of one build that loads an index and times one setting's searches on one thread
 (the fastest of a few passes over the queries).
 A round runs every setting on both builds, the build going first alternating from round to round, so that a
-change of the machine's load falls on both. Reported per setting: whether both builds return the same ids, their
+change of the machine's load falls on both; with ``--side-by-side`` the two run at the same time, each pinned to a
+core of its own (swapped every round): on a shared host whose load changes from second to second, the paired
+ratios then spread several times less than one build after the other (they share the last-level cache and memory
+bandwidth, alike). Reported per setting: whether both builds return the same ids, their
 recall@k against exact search, and the median over rounds of the per-round q/s ratio (new / base) with its range.
 
     python benchmarks/ivfpq_stages.py --base-python ../main/.venv/bin/python --new-python .venv/bin/python
@@ -111,8 +114,9 @@ def top_k(x: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, axis=1, kind="stable")[:, :k]
 
 
-def time_one(python: str, work: Path, setting: tuple, batch: int, reps: int, tag: str, k: int,
-             mmap: bool) -> tuple:
+def start_one(python: str, work: Path, setting: tuple, batch: int, reps: int, tag: str, k: int, mmap: bool,
+              cpu: int | None = None) -> tuple:
+    """One timing process of one build (pinned to ``cpu`` when given), started; :func:`finish_one` waits for it."""
     name, rerank, exact, spread, nprobe = setting
     out = work / f"ids-{tag}-{name}-{rerank}-{exact}-{spread}-{nprobe}-{batch}.npy"
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -120,10 +124,20 @@ def time_one(python: str, work: Path, setting: tuple, batch: int, reps: int, tag
     # run from the work folder: ``python -c`` puts the current folder first on sys.path, and from a checkout the
     # base build would import the checkout's sources (without their compiled module: the numpy fallback) instead
     # of its own
-    proc = subprocess.run([python, "-c", WORKER, str(work / f"{name}.fdpr"), str(queries), str(out), str(rerank),
-                           str(exact), str(spread), str(nprobe), str(batch), str(k), str(reps), str(int(mmap))],
-                          env=env, capture_output=True, text=True, check=True, cwd=work)
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+    proc = subprocess.Popen([python, "-c", WORKER, str(work / f"{name}.fdpr"), str(queries), str(out), str(rerank),
+                             str(exact), str(spread), str(nprobe), str(batch), str(k), str(reps), str(int(mmap))],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work,
+                            preexec_fn=pin)
+    return proc, python, out
+
+
+def finish_one(started: tuple) -> tuple:
+    proc, python, out = started
+    stdout, stderr = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"{python}: the timing process failed ({proc.returncode}):\n{stderr}")
+    report = json.loads(stdout.strip().splitlines()[-1])
     if not report["impl"].startswith("fastdpr._C."):
         raise SystemExit(f"{python} searched with {report['impl']} (fastdpr from {report['fastdpr']}), not the "
                          "compiled index: check that build's install")
@@ -149,8 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--single", type=int, default=1000, help="of them searched one at a time (batch 1)")
     ap.add_argument("--reps", type=int, default=5, help="passes over the queries per process; the fastest counts")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="run the two builds' processes at the same time, each on a core of its own (swapped every "
+                         "round), so that a change of the host's load falls on both alike")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if args.side_by_side and len(cpus) < 2:
+        raise SystemExit(f"--side-by-side needs two cores; this process may use {len(cpus)}")
     # absolute (the workers run in the work folder), but not through the symlink: a venv's python finds its
     # environment by the path it was started from
     pythons = {side: os.path.abspath(p) if os.sep in p else p
@@ -180,8 +200,14 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = ["base", "new"] if r % 2 == 0 else ["new", "base"]
             for s, b in runs:
-                for side in order:
-                    v, found = time_one(pythons[side], work, s, b, args.reps, side, k, compressed)
+                if args.side_by_side:  # both at once, the cores swapped from round to round
+                    started = {side: start_one(pythons[side], work, s, b, args.reps, side, k, compressed, cpu=c)
+                               for c, side in zip(cpus, order)}
+                    done = {side: finish_one(started[side]) for side in order}
+                else:
+                    done = {side: finish_one(start_one(pythons[side], work, s, b, args.reps, side, k, compressed))
+                            for side in order}
+                for side, (v, found) in done.items():
                     qps[(s, b, side)].append(v)
                     ids[(s, b, side)] = found
             print(f"round {r + 1} of {args.rounds} done", flush=True)
@@ -203,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
             f"sq=4` with the index's own lists, opened memory-mapped" if compressed else
             f"{args.n:,} x {args.dim} synthetic clustered rows, {args.nlist} lists, nprobe {args.nprobe}")
     body = (f"{what}, k {k}, "
-            f"1 thread, {args.rounds} rounds alternating which build goes first, each build in a fresh process per "
-            f"setting and round, q/s of its fastest of {args.reps} passes over the queries; batch 1: the first "
+            f"1 thread, {args.rounds} rounds, each build in a fresh process per setting and round, "
+            + (f"the two at the same time on cores {cpus[0]} and {cpus[1]} (swapped every round), "
+               if args.side_by_side else "alternating which build goes first, ")
+            + f"q/s of its fastest of {args.reps} passes over the queries; batch 1: the first "
             f"{args.single} queries one per call, batch {args.queries}: all in one call. Ratio: new q/s over base q/s "
             f"in the same round (median, min, max over rounds).\n\n" + markdown_table(rows))
     print(body)

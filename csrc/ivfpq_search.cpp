@@ -131,7 +131,8 @@ void rerank_batch(const std::vector<std::unique_ptr<const RerankStep>>& chain, i
 void PackedQuantizers::pack(const float* centroids, int64_t nl, int64_t dim, const float* codebooks, int64_t msub,
                             int64_t ks) {
     d = dim, nlist = nl, m = msub, dsub = dim / msub, ksub = ks;
-    centroids_T = pack_columns(centroids, nlist, d);
+    const std::vector<float> c = pack_columns(centroids, nlist, d);
+    centroids_T.assign(c.begin(), c.end());
     cb_stride = packed_size(ksub, dsub);  // 256 is a whole number of tiles, 16 is padded to one
     codebooks_T.assign(cb_stride * static_cast<size_t>(m), 0.f);
     for (int64_t j = 0; j < m; ++j) {

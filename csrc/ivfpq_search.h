@@ -29,8 +29,10 @@ namespace fastdpr::ivfpq {
 // The coarse centroids and the codebooks as the search streams them: packed by kmeans.h pack_columns.
 struct PackedQuantizers {
     int64_t d = 0, nlist = 0, m = 0, dsub = 0, ksub = 0;
-    std::vector<float> centroids_T;  // (nlist, d) packed for inner_products_T
-    std::vector<float> codebooks_T;  // per sub-quantizer its ksub codewords packed, cb_stride floats apart
+    std::vector<float, LineAlignedAllocator<float>> centroids_T;  // (nlist, d) packed for inner_products_T
+    // per sub-quantizer its ksub codewords packed, cb_stride floats apart (a multiple of 16: every panel row
+    // starts a cache line)
+    std::vector<float, LineAlignedAllocator<float>> codebooks_T;
     size_t cb_stride = 0;
 
     // centroids (nlist, d) and codebooks (m, ksub, d / m); d % m == 0.
