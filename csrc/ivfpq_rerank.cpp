@@ -16,6 +16,7 @@ struct RescoreBatch {
     Returned<size_t> nbest;
     Returned<float> scaled;     // 4-bit: (queries, d), sq4::prepare_query
     Returned<float> offset;     // 4-bit: per query
+    Returned<float> queries;    // the vectors of a step's queries when it takes only some of the batch's
 };
 
 namespace {
@@ -78,13 +79,13 @@ public:
 
     int64_t keep(const Plan& plan) const override { return plan.ke; }
 
-    void rescore(const float* q, int64_t d, const int64_t* at, const uint32_t* const* ids, const uint32_t* count,
-                 int64_t n, size_t keep, RescoreBatch& rb) const override {
+    void rescore(const float* q, int64_t d, const uint32_t* const* ids, const uint32_t* count, int64_t n,
+                 size_t keep, RescoreBatch& rb) const override {
         const size_t nc = static_cast<size_t>(n), dd = static_cast<size_t>(d);
         rb.scaled.resize(nc * dd);
         rb.offset.resize(nc);
         for (size_t c = 0; c < nc; ++c)
-            rb.offset[c] = sq4::prepare_query(q + at[c] * d, d, rows_.sq_lo, rows_.sq_step, &rb.scaled[c * dd]);
+            rb.offset[c] = sq4::prepare_query(q + c * dd, d, rows_.sq_lo, rows_.sq_step, &rb.scaled[c * dd]);
         const sq4::DotFn dot4 = sq4::dot_kernel();
         rescore_batch(ids, count, n, rows_.sq_rows, sq4::row_bytes(d), rows_.ntotal, keep, rb,
                       [&](size_t c, const uint8_t* row) { return rb.offset[c] + dot4(&rb.scaled[c * dd], row, d); });
@@ -101,18 +102,18 @@ public:
 
     int64_t keep(const Plan& plan) const override { return plan.kf; }
 
-    void rescore(const float* q, int64_t d, const int64_t* at, const uint32_t* const* ids, const uint32_t* count,
-                 int64_t n, size_t keep, RescoreBatch& rb) const override {
+    void rescore(const float* q, int64_t d, const uint32_t* const* ids, const uint32_t* count, int64_t n,
+                 size_t keep, RescoreBatch& rb) const override {
         const simd::Kernels& K = simd::kernels();
         if (rows_.vectors_f32)
             rescore_batch(ids, count, n, rows_.vectors, rows_.vector_bytes, rows_.ntotal, keep, rb,
                           [&](size_t c, const uint8_t* row) {
-                              return K.dot(q + at[c] * d, reinterpret_cast<const float*>(row), d);
+                              return K.dot(q + c * d, reinterpret_cast<const float*>(row), d);
                           });
         else
             rescore_batch(ids, count, n, rows_.vectors, rows_.vector_bytes, rows_.ntotal, keep, rb,
                           [&](size_t c, const uint8_t* row) {
-                              return K.dot_f16(q + at[c] * d, reinterpret_cast<const uint16_t*>(row), d);
+                              return K.dot_f16(q + c * d, reinterpret_cast<const uint16_t*>(row), d);
                           });
     }
 
@@ -149,12 +150,22 @@ void Reranker::run(const std::vector<std::unique_ptr<const RerankStep>>& chain, 
         at.clear();
         for (int64_t j = 0; j < n; ++j)
             if (last || count[j] > static_cast<uint32_t>(keep)) at.push_back(j);
-        const size_t nc = at.size();
+        const size_t nc = at.size(), dd = static_cast<size_t>(d);
         step_ids.resize(nc);
         step_count.resize(nc);
         for (size_t c = 0; c < nc; ++c) step_ids[c] = ids[at[c]], step_count[c] = count[at[c]];
-        step.rescore(q, d, at.data(), step_ids.data(), step_count.data(), static_cast<int64_t>(nc),
-                     static_cast<size_t>(keep), rb);
+        // The step reads its queries' vectors as rows 0..nc: a step over some of the batch gets them copied
+        // together (nc d floats, against a dot product per candidate). Looking each one up through `at` in the
+        // candidate loop instead cost 3-4% of a search with an fp16 re-rank of 200 (two builds side by side, 7 of 8
+        // rounds; benchmarks/results/ivfpq_stages_side_by_side.md).
+        const float* qs = q;
+        if (nc != static_cast<size_t>(n)) {
+            rb.queries.resize(nc * dd);
+            for (size_t c = 0; c < nc; ++c) std::memcpy(&rb.queries[c * dd], q + at[c] * d, dd * sizeof(float));
+            qs = rb.queries.data();
+        }
+        step.rescore(qs, d, step_ids.data(), step_count.data(), static_cast<int64_t>(nc), static_cast<size_t>(keep),
+                     rb);
         for (size_t c = 0; c < nc; ++c) {
             const Scored* best = rb.best.data() + c * static_cast<size_t>(keep);
             if (last) {

@@ -130,10 +130,10 @@ public:
     virtual ~RerankStep() = default;
     // The candidates a query keeps after this step.
     virtual int64_t keep(const Plan& plan) const = 0;
-    // Query c of n (vector q + at[c] d) re-scores its candidates ids[c][0, count[c]); its best `keep` go to
+    // Query c of n (vector q + c d) re-scores its candidates ids[c][0, count[c]); its best `keep` go to
     // b.best + c keep, best first, their number to b.nbest[c].
-    virtual void rescore(const float* q, int64_t d, const int64_t* at, const uint32_t* const* ids,
-                         const uint32_t* count, int64_t n, size_t keep, RescoreBatch& b) const = 0;
+    virtual void rescore(const float* q, int64_t d, const uint32_t* const* ids, const uint32_t* count, int64_t n,
+                         size_t keep, RescoreBatch& b) const = 0;
 };
 
 // The steps a search's candidates go through, in order (empty without a re-rank).
