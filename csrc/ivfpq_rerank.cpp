@@ -155,9 +155,8 @@ void Reranker::run(const std::vector<std::unique_ptr<const RerankStep>>& chain, 
         step_count.resize(nc);
         for (size_t c = 0; c < nc; ++c) step_ids[c] = ids[at[c]], step_count[c] = count[at[c]];
         // The step reads its queries' vectors as rows 0..nc: a step over some of the batch gets them copied
-        // together (nc d floats, against a dot product per candidate). Looking each one up through `at` in the
-        // candidate loop instead cost 3-4% of a search with an fp16 re-rank of 200 (two builds side by side, 7 of 8
-        // rounds; benchmarks/results/ivfpq_stages_side_by_side.md).
+        // together (nc d floats, against a dot product per candidate), so that the candidate loop looks nothing up
+        // to find its query (benchmarks/results/ivfpq_stages_side_by_side.md).
         const float* qs = q;
         if (nc != static_cast<size_t>(n)) {
             rb.queries.resize(nc * dd);
