@@ -176,6 +176,8 @@ def test_table_and_plot(tmp_path):
     table = qs.format_table(results)
     assert "NQ (QED test) (200 questions)" in table and "EM 0.450" in table and "500.0 q/s" in table
     assert "from the gold paragraph, 10 questions: EM 0.500" in table
+    # set beside what models of about its size reach on SQuAD v1.1 dev
+    assert "published, whole SQuAD v1.1 dev" in table and "DistilBERT" in table
     assert table.count("[holds]") == len(results["claims"]) == 14
     # what the README calls the packaged model, not the results' key
     assert "starting model" in table and "zero_shot" not in table
