@@ -43,7 +43,8 @@ question asked by several) and split into halves by a hash of that text: ``tune`
 **Encoding and subsets.** Passages are encoded in the order of one fixed random permutation (``encode/order.npy``,
 ``numpy.random.default_rng(SEED).permutation``), so the first ``n`` rows of the vectors are a uniform random sample
 of ``n`` passages and the samples for the growth curve (``SUBSETS``: 10k, 30k, 100k, 300k, 1M) are nested: each is a
-prefix of the next (:func:`load_vectors` with ``n``). ``--limit N`` encodes that prefix only. Vectors are written in
+prefix of the next (:func:`load_vectors` with ``n``). ``--limit N`` encodes that prefix only. The questions are
+encoded after the first shard of passages, so that the smallest subsets can be measured long before the last shard. Vectors are written in
 shards of ``--shard-size`` rows, ``encode/passages/{pooling}-{start}-{stop}.npy`` (the same under
 ``encode/queries/`` for the queries, in file order), each written atomically and marked finished by a
 ``shard-{start}-{stop}.done.json`` written after both poolings: a rerun skips finished shards and redoes any other.
@@ -519,6 +520,20 @@ def _encode_rows(folder: Path, rows: int, shard_size: int, records: Callable[[in
             "per_cpu_second_now": round(encoded / cpu_seconds, 1) if cpu_seconds else None}
 
 
+def _merge_counts(first: dict, rest: dict) -> dict:
+    """The counts of two :func:`_encode_rows` calls over the same rows (the second skipping what the first did)
+    as one."""
+    encoded = first["rows_encoded_now"] + rest["rows_encoded_now"]
+    seconds = sum(encoded_now / rate for encoded_now, rate in
+                  ((d["rows_encoded_now"], d["per_second_now"]) for d in (first, rest)) if rate)
+    cpu = sum(encoded_now / rate for encoded_now, rate in
+              ((d["rows_encoded_now"], d["per_cpu_second_now"]) for d in (first, rest)) if rate)
+    # the second call skips the first's shards again: they are counted once
+    return {"rows": rest["rows"], "shards_skipped": rest["shards_skipped"] - (1 if first["rows_encoded_now"] else 0),
+            "rows_encoded_now": encoded, "per_second_now": round(encoded / seconds, 1) if seconds else None,
+            "per_cpu_second_now": round(encoded / cpu, 1) if cpu else None}
+
+
 def resolve_encode_precision(precision: str, device: str) -> str:
     """``auto`` as bf16 where it is native on ``device``, else fp32; any other name as given."""
     import torch
@@ -579,13 +594,19 @@ def stage_encode(work: Path, model_path: str | None = None, device: str = "cpu",
     def encoder(tower):
         return lambda seqs: encode_both(model, seqs, tower, precision, device, batch_size, show_progress)
 
-    # passages first: a --limit run is for measuring them, and it should not wait on 36,000 questions
-    p = _encode_rows(folder / "passages", rows, shard_size,
-                     lambda a, b: [{"title": "", "text": passages[i]["text"]} for i in order[a:b]],
-                     model.tokenize_passage_lists, encoder("passage"))
+    def encode_passages(upto: int) -> dict:
+        return _encode_rows(folder / "passages", upto, shard_size,
+                            lambda a, b: [{"title": "", "text": passages[i]["text"]} for i in order[a:b]],
+                            model.tokenize_passage_lists, encoder("passage"))
+
+    # the first shard of passages, then the questions, then the other shards: a measurement on the first rows
+    # (a --limit run, the smallest subsets of the growth curve) needs the questions and should not wait on a
+    # million passages for them, nor a --limit run on 36,000 questions before its first passages
+    first = encode_passages(min(rows, shard_size))
     q = _encode_rows(folder / "queries", len(queries), shard_size,
                      lambda a, b: [r["question"] for r in queries[a:b]], model.tokenize_question_lists,
                      encoder("question"))
+    p = _merge_counts(first, encode_passages(rows)) if rows > shard_size else first
     complete = json.loads(_marker(work, "encode").read_text())["passages"]["rows"] \
         if _marker(work, "encode").is_file() else 0
     record = {"model": settings["model"], "poolings": list(POOLINGS), "dims": model.dim, "device": device,

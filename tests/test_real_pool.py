@@ -247,6 +247,13 @@ def test_encode_resumes_shard_by_shard_and_prefixes_are_nested(rp, tmp_path, mod
     work = tmp_path / "work"
     first = _build(rp, work, model_dir, shard_size=3, limit=5)
     assert first["passages"]["rows"] == 5 and first["passages"]["rows_encoded_now"] == 5
+    assert first["passages"]["shards_skipped"] == 0
+    # the questions come after the first shard of passages and before the others
+    marker = {key: (work / "encode" / name).stat().st_mtime_ns for key, name in
+              (("first", "passages/shard-00000000-00000003.done.json"),
+               ("queries", "queries/shard-00000003-00000004.done.json"),
+               ("second", "passages/shard-00000003-00000005.done.json"))}
+    assert marker["first"] <= marker["queries"] <= marker["second"]
     assert first["passages"]["per_second_now"] > 0 and first["passages"]["per_cpu_second_now"] > 0
     prefix = rp.load_vectors(work, "mean", 5)
     with pytest.raises(ValueError, match="only 5 rows"):
