@@ -1,0 +1,166 @@
+"""How the difficulty of inner-product search grows with n: the real MiniLM pool of ``real_pool.py`` against the
+calibrated generator (``fastdpr.index.synthetic``), at the same sizes.
+
+For each size n of ``--sizes`` (the real pool's nested prefixes: each is a uniform sample of the next) and each
+data set, with one fixed index family, balanced L2 k-means lists as fastdpr's IVF-PQ trains them with
+``nlist = round(--lists-per-sqrt * sqrt(n))``, it measures
+
+- **lists and candidates for recall@100 >= 0.95**: per query, probing lists in order of <query, centroid>, how many
+  lists an ideal IVF (exact scores inside the probed lists) must probe to see 95 of its exact top-100, and the share
+  of the n passages those lists hold (median and 90th percentile over queries; ``ann_calibrate.partition_spread``);
+- **local intrinsic dimensionality** (maximum-likelihood estimate over the 100 nearest neighbours, Levina and
+  Bickel 2004) and **relative contrast** (mean distance to a random passage over the distance to the nearest one,
+  He, Kumar and Chang 2012), each per query (median reported), on distances in the Euclidean space where inner
+  product search is nearest-neighbour search: x -> [x, sqrt(M^2 - |x|^2)], q -> [q, 0] (Bachrach et al. 2014),
+  so that |q' - x'|^2 = |q|^2 + M^2 - 2 <q, x>.
+
+The real queries are the ``test`` half of the pool's questions (``--queries`` of them, in file order); the
+generator draws its own queries. Ground truth is exact search (cached per set).
+
+    python benchmarks/ann_growth.py                                  # every size the encoded pool reaches
+    python benchmarks/ann_growth.py --sizes 10000,30000 --pooling mean
+
+Writes ``ann_growth.{json,md}``; sizes beyond what ``real_pool.py encode`` has finished are skipped with a line
+that says so.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import markdown_table, write_results  # noqa: E402
+from ann_calibrate import partition_spread  # noqa: E402
+from datasets import Dataset, cache_dir, calibrated_synthetic, ground_truth  # noqa: E402
+
+K = 100
+SIZES = (10_000, 30_000, 100_000, 300_000, 1_000_000)
+PROFILE = {"mean": "minilm-mean", "cls": "minilm-cls"}
+
+
+def mips_distances(q: np.ndarray, scores: np.ndarray, big_m_sq: float) -> np.ndarray:
+    """Euclidean distances after the MIPS -> nearest-neighbour transform, from the inner products ``scores``
+    (nq, m) of the queries ``q`` with some passages; ``big_m_sq`` is the largest squared passage norm. The appended
+    coordinate makes every |x'| equal M, so no passage norm is needed: |q' - x'|^2 = |q|^2 + M^2 - 2 <q, x>."""
+    q_sq = np.einsum("ij,ij->i", q, q)[:, None]
+    return np.sqrt(np.maximum(q_sq + big_m_sq - 2.0 * scores, 0.0))
+
+
+def lid_mle(nearest: np.ndarray) -> np.ndarray:
+    """Levina-Bickel maximum-likelihood intrinsic dimensionality per row of ``nearest`` (distances to the k nearest
+    neighbours, ascending): -1 / mean_i log(d_i / d_k), over the neighbours with a positive distance."""
+    d = np.asarray(nearest, dtype=np.float64)
+    dk = d[:, -1:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.log(d[:, :-1] / dk)
+    logs = np.where(np.isfinite(logs), logs, np.nan)
+    mean = np.nanmean(logs, axis=1)
+    # every neighbour as far as the k-th (mean 0): no estimate
+    return np.divide(-1.0, mean, out=np.full_like(mean, np.nan), where=mean < 0)
+
+
+def neighbourhood(ds: Dataset, gt: np.ndarray, sample: int = 1000, seed: int = 0) -> dict:
+    """Median LID (k = 100) and relative contrast of the queries, in the MIPS -> NN space."""
+    q = np.ascontiguousarray(ds.queries, dtype=np.float32)
+    big_m_sq = 0.0
+    for start in range(0, ds.n, 65536):
+        block = np.asarray(ds.base[start:start + 65536], dtype=np.float32)
+        big_m_sq = max(big_m_sq, float(np.einsum("ij,ij->i", block, block).max()))
+    top = np.stack([np.asarray(ds.base[row], dtype=np.float32) for row in gt.T], axis=1)  # (nq, K, d)
+    top_scores = np.einsum("qd,qkd->qk", q, top)
+    nearest = np.sort(mips_distances(q, top_scores, big_m_sq), axis=1)
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(ds.n, size=min(sample, ds.n), replace=False))
+    random_scores = q @ np.asarray(ds.base[rows], dtype=np.float32).T
+    mean_random = mips_distances(q, random_scores, big_m_sq).mean(axis=1)
+    with np.errstate(divide="ignore"):
+        contrast = mean_random / nearest[:, 0]
+    lid = lid_mle(nearest)
+    return {"lid_median": float(np.nanmedian(lid)), "lid_p90": float(np.nanpercentile(lid, 90)),
+            "relative_contrast_median": float(np.median(contrast[np.isfinite(contrast)]))}
+
+
+def real_set(work: Path, pooling: str, n: int, n_queries: int) -> Dataset | None:
+    import real_pool
+
+    try:
+        base = real_pool.load_vectors(work, pooling, n)
+        queries = real_pool.load_vectors(work, pooling, what="queries")
+    except ValueError as err:
+        print(f"real {pooling} at {n:,}: skipped ({err})", flush=True)
+        return None
+    if queries.size == 0:
+        print(f"real {pooling} at {n:,}: skipped (no question vectors yet in {work}/encode/queries)", flush=True)
+        return None
+    records = real_pool._read_texts(work / "queries.jsonl")
+    test = [i for i, r in enumerate(records) if r["split"] == "test"][:n_queries]
+    directory = cache_dir() / f"real-pool-{pooling}-{n}-q{len(test)}"
+    directory.mkdir(parents=True, exist_ok=True)
+    return Dataset(name=f"real-{pooling}-{n}", base=np.asarray(base, dtype=np.float32),
+                   queries=np.asarray(queries[test], dtype=np.float32), directory=directory,
+                   description=f"real pool, MiniLM {pooling} pooling, first {n:,} rows of the fixed permutation")
+
+
+def measure(ds: Dataset, lists_per_sqrt: float) -> dict:
+    t0 = time.perf_counter()
+    gt = ground_truth(ds, K)
+    nlist = max(1, int(round(lists_per_sqrt * math.sqrt(ds.n))))
+    part = partition_spread(ds, gt, nlist, "l2-balanced")
+    row = {"set": ds.name.rsplit("-", 1)[0], "n": ds.n, "queries": len(ds.queries), "nlist": nlist,
+           "lists for 95% (median)": part["nprobe_for_95pct_median"],
+           "lists for 95% (p90)": part["nprobe_for_95pct_p90"],
+           "share of lists (median)": part["nprobe_for_95pct_median"] / nlist,
+           "candidates for 95% (median)": part["scanned_for_95pct_median"] * ds.n,
+           "share of passages (median)": part["scanned_for_95pct_median"],
+           "share of passages (p90)": part["scanned_for_95pct_p90"],
+           **neighbourhood(ds, gt), "seconds": round(time.perf_counter() - t0, 1)}
+    print(row, flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, default=None, help="the real pool's folder (default: real_pool.py's)")
+    ap.add_argument("--sizes", default=",".join(str(n) for n in SIZES))
+    ap.add_argument("--pooling", default="mean", choices=sorted(PROFILE))
+    ap.add_argument("--queries", type=int, default=1000)
+    ap.add_argument("--lists-per-sqrt", type=float, default=4.0,
+                    help="nlist = round(this * sqrt(n)): faiss's guideline is 4 to 16")
+    ap.add_argument("--no-synthetic", action="store_true", help="the real pool only")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    import real_pool
+
+    work = args.work or real_pool.default_work()
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    if not sizes or min(sizes) <= 0:
+        raise SystemExit(f"--sizes must be positive numbers, got {args.sizes!r}")
+    rows = []
+    for n in sizes:
+        real = real_set(work, args.pooling, n, args.queries)
+        if real is None:
+            continue
+        rows.append(measure(real, args.lists_per_sqrt))
+        if not args.no_synthetic:
+            rows.append(measure(calibrated_synthetic(n, real.dim, PROFILE[args.pooling], args.queries),
+                                args.lists_per_sqrt))
+    if not rows:
+        raise SystemExit(f"{work}: no size of {sizes} is encoded yet (python benchmarks/real_pool.py encode)")
+    body = (f"Real pool (`real_pool.py`, MiniLM {args.pooling} pooling, test-half questions) against the calibrated "
+            f"generator ({PROFILE[args.pooling]}), balanced L2 lists, nlist = {args.lists_per_sqrt:g} sqrt(n); an "
+            f"ideal IVF probing lists by <q, c> until 95 of the exact top-{K} are seen; LID (k = {K}) and relative "
+            f"contrast in the MIPS -> nearest-neighbour space.\n\n"
+            + markdown_table(rows, floatfmt=".4g") + "\n")
+    print(body)
+    write_results("ann_growth", args.out, {"settings": vars(args) | {"work": str(work)}, "rows": rows}, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

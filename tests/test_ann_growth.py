@@ -1,0 +1,91 @@
+"""benchmarks/ann_growth.py: the neighbourhood measures on cases with a known answer, and a run over a small
+stand-in for the real pool's folder."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+ann_growth = pytest.importorskip("ann_growth")
+
+
+def test_mips_distances_are_those_of_the_augmented_vectors():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((50, 9)).astype(np.float32) * rng.uniform(0.5, 2.0, (50, 1)).astype(np.float32)
+    q = rng.standard_normal((4, 9)).astype(np.float32)
+    norms_sq = np.einsum("ij,ij->i", x, x)
+    big = float(norms_sq.max())
+    x_aug = np.hstack([x, np.sqrt(big - norms_sq)[:, None]])
+    q_aug = np.hstack([q, np.zeros((4, 1), np.float32)])
+    want = np.linalg.norm(q_aug[:, None, :] - x_aug[None, :, :], axis=2)
+    got = ann_growth.mips_distances(q, q @ x.T, big)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # the nearest in the augmented space is the largest inner product
+    assert (got.argmin(axis=1) == (q @ x.T).argmax(axis=1)).all()
+
+
+@pytest.mark.parametrize("dim", [2, 8])
+def test_lid_of_uniform_points_is_near_their_dimension(dim):
+    rng = np.random.default_rng(dim)
+    points = rng.uniform(size=(20_000, dim))
+    centres = rng.uniform(0.3, 0.7, size=(40, dim))
+    d = np.sort(np.linalg.norm(centres[:, None, :] - points[None, :, :], axis=2), axis=1)[:, :100]
+    lid = np.median(ann_growth.lid_mle(d))
+    assert abs(lid - dim) < 0.25 * dim
+
+
+def test_lid_skips_zero_distances_and_is_nan_when_every_neighbour_is_equally_far():
+    d = np.array([[0.0, 1.0, 2.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
+    lid = ann_growth.lid_mle(d)
+    assert np.isfinite(lid[0]) and lid[0] > 0
+    assert np.isnan(lid[1])  # every neighbour at the same distance: no estimate, not a division by zero
+
+
+def _fake_pool(work: Path, n: int, n_queries: int, dim: int = 16, shard: int = 300) -> None:
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((12, dim)) * 3
+    folder = work / "encode" / "passages"
+    folder.mkdir(parents=True)
+    x = (centres[rng.integers(0, 12, n)] + rng.standard_normal((n, dim))).astype(np.float16)
+    for start in range(0, n, shard):
+        stop = min(n, start + shard)
+        for pooling in ("mean", "cls"):
+            np.save(folder / f"{pooling}-{start:08d}-{stop:08d}.npy", x[start:stop])
+        (folder / f"shard-{start:08d}-{stop:08d}.done.json").write_text("{}")
+    qfolder = work / "encode" / "queries"
+    qfolder.mkdir(parents=True)
+    q = (centres[rng.integers(0, 12, n_queries)] + rng.standard_normal((n_queries, dim))).astype(np.float16)
+    for pooling in ("mean", "cls"):
+        np.save(qfolder / f"{pooling}-00000000-{n_queries:08d}.npy", q)
+    (qfolder / f"shard-00000000-{n_queries:08d}.done.json").write_text("{}")
+    with open(work / "queries.jsonl", "w") as f:
+        for i in range(n_queries):
+            f.write(json.dumps({"qid": str(i), "question": f"q{i}", "answers": [],
+                                "source": "s", "split": "test" if i % 2 else "tune"}) + "\n")
+
+
+def test_growth_rows_for_the_sizes_encoded_and_a_line_for_the_rest(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
+    work = tmp_path / "pool"
+    _fake_pool(work, n=900, n_queries=60)
+    out = tmp_path / "out"
+    assert ann_growth.main(["--work", str(work), "--sizes", "400,900,5000", "--queries", "20", "--no-synthetic",
+                            "--out", str(out)]) == 0
+    rows = json.loads((out / "ann_growth.json").read_text())["rows"]
+    assert [r["n"] for r in rows] == [400, 900] and all(r["queries"] == 20 for r in rows)
+    assert "real mean at 5,000: skipped (only 900 rows" in capsys.readouterr().out
+    for r in rows:
+        assert r["nlist"] == round(4 * np.sqrt(r["n"]))
+        assert 1 <= r["lists for 95% (median)"] <= r["nlist"]
+        assert 0 < r["share of passages (median)"] <= r["share of passages (p90)"] <= 1
+        assert r["lid_median"] > 0 and r["relative_contrast_median"] > 1
+
+
+def test_no_size_encoded_is_an_error_that_says_what_to_run(tmp_path):
+    work = tmp_path / "pool"
+    _fake_pool(work, n=300, n_queries=10)
+    with pytest.raises(SystemExit, match="real_pool.py encode"):
+        ann_growth.main(["--work", str(work), "--sizes", "1000", "--no-synthetic", "--out", str(tmp_path)])
