@@ -546,8 +546,9 @@ def section_encoding(ctx: Context) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 def section_negatives(ctx: Context) -> None:
-    """The ablation of negatives at a fixed batch (groups 8 … 1,024 of a batch of 1,024) on the packed data, sized
-    to about 3 minutes of an H200; its own result files land in OUT."""
+    """The ablation of negatives at a fixed batch (groups 8 … 1,024 of a batch of 1,024) on the packed data, every
+    arm on each seed of ``NEGATIVES_SEEDS`` (default 0,1,2), sized to about 3 minutes of an H200 a seed; its own
+    result files land in OUT."""
     rows = Rows(ctx.out, "negatives", "Negatives ablation at GPU size")
     pack = Path(os.environ.get("FASTDPR_NEGATIVES_PACK", REPO / ".gpu" / "negatives"))
     if not (pack / "inputs.tar.xz").is_file():
@@ -556,13 +557,15 @@ def section_negatives(ctx: Context) -> None:
         return
     cmd = [sys.executable, str(BENCH / "negatives_bench.py"), "--device", "cuda", "--inputs", str(pack),
            "--model", str(pack / "model"), "--steps", os.environ.get("NEGATIVES_STEPS", "40"), "--chunk", "256",
+           "--seeds", os.environ.get("NEGATIVES_SEEDS", "0,1,2"),
            "--name", "negatives_gpu", "--out", str(ctx.out), "--work", str(ctx.out / "negatives_work")]
     print(" ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     data = json.loads((ctx.out / "negatives_gpu.json").read_text())
-    for name, sets in data["metrics"].items():
-        for s, m in sets.items():
-            rows.add({"system": name, "set": s, **m})
+    for name, seeds in data["metrics"].items():
+        for seed, sets in seeds.items():
+            for s, m in sets.items():
+                rows.add({"system": name, "seed": seed, "set": s, **m})
 
 
 SECTIONS = {"correctness": section_correctness, "loss": section_loss, "gradcache": section_gradcache,

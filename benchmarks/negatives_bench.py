@@ -6,10 +6,18 @@ only in how many of the batch's passages each question is scored against: the so
 consecutive questions (``TrainingArguments.group_size``), so a question sees G − 1 in-batch negatives plus the
 hard negatives of its group (one BM25 hard negative per question). G = batch is DPR's full in-batch loss.
 
+Every arm is trained once per seed of ``--seeds`` (default three; the seed sets the dropout draws, the same in every
+arm for one seed), and reported as the mean over its seeds with the spread between them.
+
 Evaluation: the quickstart's test sets (NQ test, SQuAD, and the unseen domains Reddit and Amazon reported together;
 no test article reaches training) against its corpus of every paragraph with exact search; DPR top-k accuracy and
 MRR@10 (of the first passage holding an answer), with paired-bootstrap 95% intervals of each arm's difference to
-the smallest group. The unseen domains decide: no training, validation or setting reads them.
+the smallest group (per question, each arm's value averaged over its seeds; seeds paired by number).
+
+**What decides, named before any run:** top-20 on the unseen domains (Reddit and Amazon together), the largest group
+minus the smallest; no training, validation or setting reads those questions. The other sets and MRR@10 are
+reported beside it. The hard negatives' share is the same in every arm: a question meets G − 1 in-batch and G hard
+negatives (its own group's), so about half of its negatives are hard whatever G is.
 
     python benchmarks/negatives_bench.py                       # groups 8,1024,32,128 at batch 1,024 (CPU)
     python benchmarks/negatives_bench.py --quick               # a smoke run of a few minutes
@@ -38,12 +46,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import exit_if_data_unavailable, markdown_table, write_results  # noqa: E402
 
-from fastdpr.eval.compare import paired_bootstrap  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fastdpr.eval.compare import paired_bootstrap, per_question  # noqa: E402
 
 # reported set -> the quickstart's question files it is made of
 SETS = {"nq": ("nq_test",), "squad": ("squad",), "unseen": ("reddit", "amazon")}
 KS = (1, 5, 20, 100)
 DECIDING = "unseen"
+DECIDING_METRIC = "top20"
 
 
 def _config(args):
@@ -78,7 +89,7 @@ def load_start(config, model_path: str | None = None):
 
 
 def _train_in_child(config, group: int, steps: int, device: str, queue, model_path: str | None = None,
-                    pool: str | None = None) -> None:
+                    pool: str | None = None, seed: int = 0) -> None:
     """One arm in its own process, so that its peak memory is its own and no state leaks between arms. ``pool``
     (none | all | K) makes it a question-side arm: passage tower frozen, the starting model's pool vectors as
     negatives (none of them, all, or each question's K best)."""
@@ -93,13 +104,13 @@ def _train_in_child(config, group: int, steps: int, device: str, queue, model_pa
         torch.set_num_threads(config.threads)
     ws = _workspace(config)
     train = load_examples(str(ws.out / "train.dpr.json"))
-    out = ws.out / (f"train_g{group}" if pool is None else f"train_f{pool}")
+    out = ws.out / (f"train_g{group}_s{seed}" if pool is None else f"train_f{pool}")
     frozen = {} if pool is None else dict(
         freeze_passages=True, negatives_from=None if pool == "none" else str(ws.out / "vectors_zero_shot"),
         pool_negatives=0 if pool in ("none", "all") else int(pool))
     args, task_args = recipe.arguments(
         output_dir=str(out), examples=len(train), batch_size=config.batch_size, lr=config.lr,
-        chunk_size=config.chunk_size, seed=config.seed, show_progress=False, n_hard=config.mine_hard,
+        chunk_size=config.chunk_size, seed=seed, show_progress=False, n_hard=config.mine_hard,
         device=device, max_steps=steps, epochs=math.ceil(steps * config.batch_size / len(train)),
         # the arms are compared as trained: no interpolation with the starting weights, no checkpoint selection
         interpolate=1.0, group_size=group if pool is None else 0, save_steps=10**9, logging_steps=1, warmup_steps=0.1, **frozen)
@@ -114,7 +125,7 @@ def _train_in_child(config, group: int, steps: int, device: str, queue, model_pa
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     peak = (torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda")
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    queue.put({"group": group, "pool": pool, "steps": trainer.total_steps, "examples": len(train), "batch": args.batch_size,
+    queue.put({"group": group, "pool": pool, "seed": seed, "steps": trainer.total_steps, "examples": len(train), "batch": args.batch_size,
                "lr": args.lr, "precision": args.precision, "grad_cache": task_args.grad_cache,
                "chunk": task_args.chunk_size, "loss_backend": task_args.loss_backend, "train_seconds": seconds,
                "examples_per_s": trainer.total_steps * args.batch_size / seconds,
@@ -123,10 +134,10 @@ def _train_in_child(config, group: int, steps: int, device: str, queue, model_pa
 
 
 def _train(config, group: int, steps: int, device: str, model_path: str | None = None,
-           pool: str | None = None) -> dict:
+           pool: str | None = None, seed: int = 0) -> dict:
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    child = ctx.Process(target=_train_in_child, args=(config, group, steps, device, queue, model_path, pool))
+    child = ctx.Process(target=_train_in_child, args=(config, group, steps, device, queue, model_path, pool, seed))
     child.start()
     child.join()
     if child.exitcode != 0:
@@ -170,6 +181,8 @@ def main() -> int:
     parser.add_argument("--frozen-pools", default=None,
                         help="question-side arms (passage tower frozen, the starting model's index reused), each "
                              "with pool negatives none | all | K best (default none,1000,4000,all; '' for none)")
+    parser.add_argument("--seeds", default=None, help="comma-separated training seeds of every group arm (default "
+                                                       "0,1,2; --quick 0,1)")
     parser.add_argument("--chunk", type=int, default=32, help="GradCache chunk (texts per encoder call)")
     # the recipe's 1e-4 at batch 32 scaled by sqrt(batch / 32), rounded: a few steps of a large batch must move
     parser.add_argument("--lr", type=float, default=5e-4)
@@ -202,6 +215,12 @@ def main() -> int:
     args.frozen_pools = [p.strip() for p in pools.split(",") if p.strip()]
     if any(p not in ("none", "all") and not (p.isdigit() and int(p) > 0) for p in args.frozen_pools):
         parser.error(f"--frozen-pools {pools!r}: each must be none, all or a positive count")
+    try:
+        args.seeds = [int(x) for x in (args.seeds or ("0,1" if quick else "0,1,2")).split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--seeds {args.seeds!r}: comma-separated whole numbers")
+    if not args.seeds or len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds {args.seeds}: at least one, each once")
     args.batch = args.batch or (8 if quick else 1024)
     args.steps = args.steps or (2 if quick else 3)
     args.questions = args.questions or (40 if quick else 1000)
@@ -254,9 +273,10 @@ def main() -> int:
             runner.stage("eval_bm25", lambda: _evaluate(ws, ex.retrievers(ws, include_dense=False)["bm25"]),
                          after=("bm25",))
         runner.stage("eval_zero_shot", zero_shot, after=("zero_shot",))
-        for group in args.groups:
-            name = f"g{group}"
-            runner.stage(f"train_{name}", lambda g=group: _train(config, g, args.steps, args.device, args.model),
+        for group, seed in [(g, s) for s in args.seeds for g in args.groups]:  # every arm of a seed, then the next
+            name = f"g{group}_s{seed}"
+            runner.stage(f"train_{name}", lambda g=group, sd=seed: _train(config, g, args.steps, args.device,
+                                                                          args.model, seed=sd),
                          after=("mine",))
             runner.stage(f"dense_{name}", lambda n=name: ex.stage_dense(ws, f"train_{n}", f"dense_{n}"),
                          after=(f"train_{name}",))
@@ -266,7 +286,7 @@ def main() -> int:
         for pool in args.frozen_pools:
             name = f"f{pool}"
             runner.stage(f"train_{name}", lambda p=pool: _train(config, args.batch, args.steps, args.device,
-                                                                args.model, pool=p),
+                                                                args.model, pool=p, seed=args.seeds[0]),
                          after=("mine", "zero_shot"))
             # the passage tower did not move: the starting model's index serves the trained question tower
             runner.stage(f"eval_{name}", lambda n=name: _evaluate(ws, ex.dense_retriever(ws, f"train_{n}",
@@ -316,43 +336,72 @@ def _finished(work: Path) -> dict:
     return {p.stem: json.loads(p.read_text()) for p in sorted((work / "stages").glob("*.json"))}
 
 
+def seed_mean(runs: dict, s: str) -> dict:
+    """The metrics of set ``s`` averaged over the runs (seed -> {set: first-hit ranks}) of one system."""
+    per_seed = [metrics_of(r[s]) for r in runs.values()]
+    return {k: float(np.mean([m[k] for m in per_seed])) for k in per_seed[0]}
+
+
+def seed_values(runs: dict, s: str, metric: str) -> list[float]:
+    return [metrics_of(r[s])[metric] for r in runs.values()]
+
+
+def paired_over_seeds(base: dict, arm: dict, s: str, metric: str, rounds: int = 2000) -> dict:
+    """``arm`` minus ``base`` on set ``s``: the mean difference with a 95% interval over resamples of the questions
+    (each question's value averaged over the seeds both ran), and the difference seed by seed."""
+    seeds = [sd for sd in arm if sd in base]
+    diff = np.mean([per_question(arm[sd][s], metric) - per_question(base[sd][s], metric) for sd in seeds], axis=0)
+    rng = np.random.default_rng(0)
+    means = diff[rng.integers(0, len(diff), size=(rounds, len(diff)))].mean(axis=1)
+    by_seed = [float((per_question(arm[sd][s], metric) - per_question(base[sd][s], metric)).mean()) for sd in seeds]
+    lo, hi = float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+    return {"difference": float(diff.mean()), "ci95_low": lo, "ci95_high": hi,
+            "excludes 0": "yes" if lo > 0 or hi < 0 else "no", "seeds": len(seeds),
+            "per seed min": min(by_seed), "per seed max": max(by_seed), "per seed": [round(v, 4) for v in by_seed]}
+
+
 def _report(args, stages: dict) -> int:
     import torch
 
     corpus, mine = stages["corpus"]["summary"], stages["mine"]["summary"]
-    systems = {"starting model": stages["eval_zero_shot"]["summary"]}
+    # system -> seed -> set -> first-hit ranks (one "seed" for what is not trained per seed)
+    systems = {"starting model": {0: stages["eval_zero_shot"]["summary"]}}
     if "eval_bm25" in stages:
-        systems = {"bm25": stages["eval_bm25"]["summary"], **systems}
-    arms, missing = {}, []
+        systems = {"bm25": {0: stages["eval_bm25"]["summary"]}, **systems}
+    arms, training, missing = {}, [], []
     for g in sorted(args.groups):  # run in any order (the extremes first, say), reported by size
-        if f"eval_g{g}" not in stages:
-            missing.append(g)
-            continue
-        arms[g] = stages[f"train_g{g}"]["summary"]
-        systems[f"groups of {g}"] = stages[f"eval_g{g}"]["summary"]
-    sizes = {s: len(r) for s, r in systems["starting model"].items()}
+        runs = {sd: stages[f"eval_g{g}_s{sd}"]["summary"] for sd in args.seeds if f"eval_g{g}_s{sd}" in stages}
+        missing += [f"groups of {g}, seed {sd}" for sd in args.seeds if sd not in runs]
+        if runs:
+            arms[g] = runs
+            systems[f"groups of {g}"] = runs
+            training += [stages[f"train_g{g}_s{sd}"]["summary"] for sd in runs]
+    sizes = {s: len(r) for s, r in systems["starting model"][0].items()}
 
     tables, intervals = "", []
     for s in SETS:
-        rows = [{"system": name, "negatives": (g - 1 + g) if (g := _group_of(name)) else None,
-                 **metrics_of(ranks[s])} for name, ranks in systems.items()]
+        rows = []
+        for name, runs in systems.items():
+            row = {"system": name, "negatives": (g - 1 + g) if (g := _group_of(name)) else None,
+                   "seeds": len(runs), **seed_mean(runs, s)}
+            values = seed_values(runs, s, DECIDING_METRIC)
+            row[f"{DECIDING_METRIC} seed min"] = min(values)
+            row[f"{DECIDING_METRIC} seed max"] = max(values)
+            rows.append(row)
         tables += f"\n**{s}** ({sizes[s]:,} questions)\n\n" + markdown_table(rows, floatfmt=".3f")
     base = min(arms) if arms else None
     for s in SETS:
         for g in arms:
             if g == base:
                 continue
-            for metric in ("top20", "mrr10"):
-                mean, lo, hi = paired_bootstrap(systems[f"groups of {base}"][s], systems[f"groups of {g}"][s],
-                                                metric)
+            for metric in (DECIDING_METRIC, "mrr10"):
                 intervals.append({"set": s, "arm": f"groups of {g} − groups of {base}", "metric": metric,
-                                  "difference": mean, "ci95_low": lo, "ci95_high": hi,
-                                  "excludes 0": "yes" if lo > 0 or hi < 0 else "no"})
-    train_rows = [{"group": g, "negatives": 2 * g - 1, "steps": t["steps"], "batch": t["batch"], "lr": t["lr"],
-                   "precision": t["precision"], "chunk": t["chunk"], "loss backend": t["loss_backend"],
-                   "train s": round(t["train_seconds"], 1), "examples/s": round(t["examples_per_s"], 1),
-                   f"peak MiB ({t['peak_kind']})": round(t["peak_mib"]),
-                   "first loss": t["losses"][0], "last loss": t["losses"][-1]} for g, t in arms.items()]
+                                  **paired_over_seeds(arms[base], arms[g], s, metric)})
+    train_rows = [{"group": t["group"], "seed": t.get("seed", 0), "negatives": 2 * t["group"] - 1,
+                   "steps": t["steps"], "batch": t["batch"], "lr": t["lr"], "precision": t["precision"],
+                   "chunk": t["chunk"], "loss backend": t["loss_backend"], "train s": round(t["train_seconds"], 1),
+                   "examples/s": round(t["examples_per_s"], 1), f"peak MiB ({t['peak_kind']})": round(t["peak_mib"]),
+                   "first loss": t["losses"][0], "last loss": t["losses"][-1]} for t in training]
     frozen, frozen_rows = {}, []
     for pool in args.frozen_pools:
         if f"eval_f{pool}" not in stages:
@@ -360,56 +409,60 @@ def _report(args, stages: dict) -> int:
             continue
         frozen[pool] = stages[f"train_f{pool}"]["summary"]
         label = f"question side, pool {pool}"
-        systems[label] = stages[f"eval_f{pool}"]["summary"]
+        systems[label] = {args.seeds[0]: stages[f"eval_f{pool}"]["summary"]}
         t = frozen[pool]
         frozen_rows.append({"pool negatives": pool, "train s": round(t["train_seconds"], 1),
                             "examples/s": round(t["examples_per_s"], 1), **{
-                                f"{s} {m}": metrics_of(systems[label][s])[m] for s in SETS for m in ("top20", "mrr10")}})
+                                f"{s} {m}": seed_mean(systems[label], s)[m] for s in SETS for m in ("top20", "mrr10")}})
     if arms:
         full = max(arms)
-        t = arms[full]
+        t = next(t for t in training if t["group"] == full)
         frozen_rows.append({"pool negatives": f"full fine-tuning (groups of {full}; re-encodes the corpus)",
                             "train s": round(t["train_seconds"], 1), "examples/s": round(t["examples_per_s"], 1),
-                            **{f"{s} {m}": metrics_of(systems[f"groups of {full}"][s])[m] for s in SETS
-                               for m in ("top20", "mrr10")}})
+                            **{f"{s} {m}": seed_mean(arms[full], s)[m] for s in SETS for m in ("top20", "mrr10")}})
     for pool in frozen:
         for s in SETS:
-            mean, lo, hi = paired_bootstrap(systems["starting model"][s], systems[f"question side, pool {pool}"][s],
-                                            "top20")
+            mean, lo, hi = paired_bootstrap(systems["starting model"][0][s],
+                                            systems[f"question side, pool {pool}"][args.seeds[0]][s], "top20")
             intervals.append({"set": s, "arm": f"question side, pool {pool} − starting model", "metric": "top20",
                               "difference": mean, "ci95_low": lo, "ci95_high": hi,
-                              "excludes 0": "yes" if lo > 0 or hi < 0 else "no"})
+                              "excludes 0": "yes" if lo > 0 or hi < 0 else "no", "seeds": 1})
     verdict = _verdict(systems, arms, intervals)
-    payload = {"groups": args.groups, "batch": args.batch, "steps": args.steps, "lr": args.lr, "chunk": args.chunk,
-               "device": args.device, "threads": torch.get_num_threads(), "passage_length": args.passage_length,
-               "corpus": corpus, "mining": mine, "question_sets": {k: list(v) for k, v in SETS.items()},
-               "metrics": {name: {s: metrics_of(r) for s, r in ranks.items()} for name, ranks in systems.items()},
-               "first_hit_ranks": systems, "training": {str(g): t for g, t in arms.items()},
-               "question_side_training": frozen,
-               "intervals": intervals, "verdict": verdict, "frozen_pools": args.frozen_pools, "unfinished_groups": missing,
+    payload = {"groups": args.groups, "seeds": args.seeds, "batch": args.batch, "steps": args.steps, "lr": args.lr,
+               "chunk": args.chunk, "device": args.device, "threads": torch.get_num_threads(),
+               "passage_length": args.passage_length, "corpus": corpus, "mining": mine,
+               "question_sets": {k: list(v) for k, v in SETS.items()},
+               "deciding": {"set": DECIDING, "metric": DECIDING_METRIC},
+               "metrics": {name: {str(sd): {s: metrics_of(r) for s, r in run.items()} for sd, run in runs.items()}
+                           for name, runs in systems.items()},
+               "first_hit_ranks": {name: {str(sd): run for sd, run in runs.items()} for name, runs in systems.items()},
+               "training": training, "question_side_training": frozen, "intervals": intervals, "verdict": verdict,
+               "frozen_pools": args.frozen_pools, "unfinished": missing,
                "stage_seconds": {k: round(v.get("seconds", 0.0), 1) for k, v in stages.items()}}
     wall = sum(v.get("seconds", 0.0) for v in stages.values())
     warmup = int(round(0.1 * args.steps))  # the recipe's 10%, rounded as the trainer rounds it
-    body = (f"Batch {args.batch:,} questions, {args.steps} optimizer steps per arm at lr {args.lr:g} ({warmup} warm-up "
+    body = (f"**Result** (decided by {DECIDING_METRIC} on the {DECIDING} set, named before the run): {verdict}\n\n"
+            f"Batch {args.batch:,} questions, {args.steps} optimizer steps per arm at lr {args.lr:g} ({warmup} warm-up "
             f"steps, then linear decay to 0), GradCache chunk {args.chunk}, {mine['train_records']:,} distinct training examples "
             f"(one BM25 hard negative each, mixture of the recipe), passages of {args.passage_length} tokens; "
+            f"seeds {', '.join(map(str, args.seeds))} for every group arm; "
             f"device {args.device}, {torch.get_num_threads()} threads; stages took {wall / 60:.1f} min in all.\n"
             f"Evaluation corpus: {corpus['passages']:,} passages; exact search; DPR has_answer. "
-            "\"negatives\" = in-batch negatives + hard negatives a question is scored against (G − 1 + G).\n\n"
+            "\"negatives\" = in-batch negatives + hard negatives a question is scored against (G − 1 + G). Metrics "
+            "are means over an arm's seeds, with the lowest and highest seed beside the deciding metric.\n\n"
             "### Retrieval\n" + tables
             + f"\n### Paired bootstrap (2,000 resamples of the questions), each arm minus groups of {base}\n\n"
+              "Each question's value averaged over the seeds; \"per seed\": the same difference seed by seed.\n\n"
             + markdown_table(intervals, floatfmt=".4f")
-            + "\n### Training runs (same examples, order, steps and lr; only the softmax groups differ)\n\n"
+            + "\n### Training runs (same examples, order, steps and lr; only the softmax groups and seeds differ)\n\n"
             + markdown_table(train_rows, floatfmt=".4g")
             + "\nLosses are not comparable across arms: a softmax over more negatives starts higher.\n"
             + ("\n### Question-side fine-tuning (passage tower frozen, the starting model's index reused)\n\n"
-               "Same examples, batch, steps and lr as above; only the question tower trains, and each question also "
-               "meets the pool's passages (the evaluation corpus as the starting model encoded it) as negatives: "
-               "none, each question's K best, or all. Train time includes encoding the batch's passages without a "
-               "graph; no arm re-encodes the corpus, which full fine-tuning must.\n\n"
+               f"Seed {args.seeds[0]} only. Same examples, batch, steps and lr as above; only the question tower "
+               "trains, and each question also meets the pool's passages (the evaluation corpus as the starting model "
+               "encoded it) as negatives: none, each question's K best, or all. Train time includes encoding the "
+               "batch's passages without a graph; no arm re-encodes the corpus, which full fine-tuning must.\n\n"
                + markdown_table(frozen_rows, floatfmt=".3f") if frozen_rows else "")
-            + "\n"
-            + f"**Result:** {verdict}\n"
             + (f"\nNot finished: {', '.join(map(str, missing))}.\n" if missing else ""))
     path = write_results(args.name, args.out, payload, body)
     _plot(systems, arms, path.with_suffix(".png"))
@@ -425,22 +478,23 @@ def _verdict(systems: dict, arms: dict, intervals: list[dict]) -> str:
     if len(arms) < 2:
         return "fewer than two arms finished: nothing to compare"
     groups = sorted(arms)
-    top20 = [metrics_of(systems[f"groups of {g}"][DECIDING])["top20"] for g in groups]
-    mrr = [metrics_of(systems[f"groups of {g}"][DECIDING])["mrr10"] for g in groups]
-    largest = [r for r in intervals if r["set"] == DECIDING and r["arm"].startswith(f"groups of {groups[-1]} ")]
-    sig = {r["metric"]: r for r in largest}
-    rises = all(a <= b for a, b in zip(top20, top20[1:]))
-    text = (f"on the unseen domains (Reddit and Amazon, the deciding set), top-20 across groups {', '.join(map(str, groups))} is "
-            f"{', '.join(f'{v:.3f}' for v in top20)} and MRR@10 {', '.join(f'{v:.3f}' for v in mrr)}; "
-            + ("top-20 never falls as the negatives grow. " if rises else
-               "top-20 does not rise monotonically with the number of negatives. "))
-    for metric in ("top20", "mrr10"):
-        r = sig.get(metric)
-        if r:
-            text += (f"Groups of {groups[-1]} minus groups of {groups[0]}, {metric}: {r['difference']:+.4f} "
-                     f"[{r['ci95_low']:+.4f}, {r['ci95_high']:+.4f}] "
-                     + ("(the interval excludes 0). " if r["excludes 0"] == "yes" else "(the interval includes 0). "))
-    return text.strip()
+    m = DECIDING_METRIC
+    start = seed_mean(systems["starting model"], DECIDING)[m]
+    values = [seed_mean(arms[g], DECIDING)[m] for g in groups]
+    r = next(r for r in intervals
+             if r["set"] == DECIDING and r["metric"] == m and r["arm"].startswith(f"groups of {groups[-1]} "))
+    text = (f"groups of {groups[-1]} minus groups of {groups[0]}: {r['difference']:+.4f} "
+            f"[{r['ci95_low']:+.4f}, {r['ci95_high']:+.4f}] over {r['seeds']} seeds (seed by seed "
+            f"{', '.join(f'{v:+.4f}' for v in r['per seed'])}); "
+            + ("the interval excludes 0. " if r["excludes 0"] == "yes" else "the interval includes 0: no difference "
+               "shown. ")
+            + f"{m} across groups {', '.join(map(str, groups))}: {', '.join(f'{v:.3f}' for v in values)} "
+            f"(starting model {start:.3f}). ")
+    below = [f"groups of {g}, seed {sd}" for g in groups for sd, run in arms[g].items()
+             if metrics_of(run[DECIDING])[m] <= start]
+    text += ("Every arm ends above the starting model on every seed." if not below else
+             f"Not above the starting model: {', '.join(below)} (more steps needed for a sound comparison).")
+    return text
 
 
 def _plot(systems: dict, arms: dict, path: Path) -> None:
@@ -457,9 +511,9 @@ def _plot(systems: dict, arms: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(SETS), figsize=(5 * len(SETS), 3.8))
     for ax, s in zip(axes, SETS):
         for metric, style in (("top20", "o-"), ("mrr10", "s--")):
-            ax.plot([2 * g - 1 for g in groups], [metrics_of(systems[f"groups of {g}"][s])[metric] for g in groups],
-                    style, label=f"{metric}, fine-tuned")
-            ax.axhline(metrics_of(systems["starting model"][s])[metric], color="C2" if metric == "top20" else "C3",
+            ax.plot([2 * g - 1 for g in groups], [seed_mean(arms[g], s)[metric] for g in groups],
+                    style, label=f"{metric}, fine-tuned (mean of seeds)")
+            ax.axhline(seed_mean(systems["starting model"], s)[metric], color="C2" if metric == "top20" else "C3",
                        ls=":", label=f"{metric}, starting model")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("negatives per question (in-batch + hard)")
