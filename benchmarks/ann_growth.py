@@ -14,8 +14,11 @@ data set, with one fixed index family, balanced L2 k-means lists as fastdpr's IV
   product search is nearest-neighbour search: x -> [x, sqrt(M^2 - |x|^2)], q -> [q, 0] (Bachrach et al. 2014),
   so that |q' - x'|^2 = |q|^2 + M^2 - 2 <q, x>.
 
-The real queries are the ``test`` half of the pool's questions (``--queries`` of them, in file order); the
-generator draws its own queries. Ground truth is exact search (cached per set).
+The real queries are the ``test`` half of the pool's questions (``--queries`` of them, in file order), or with
+``--query-source passages`` passages of the pool itself that lie beyond every measured prefix (rows
+``[largest size, largest size + --queries)`` of the permutation): queries from the corpus's own topics, against
+questions that mostly have nothing close in it. The generator draws its own queries. Ground truth is exact search
+(cached per set).
 
     python benchmarks/ann_growth.py                                  # every size the encoded pool reaches
     python benchmarks/ann_growth.py --sizes 10000,30000 --pooling mean
@@ -86,24 +89,36 @@ def neighbourhood(ds: Dataset, gt: np.ndarray, sample: int = 1000, seed: int = 0
             "relative_contrast_median": float(np.median(contrast[np.isfinite(contrast)]))}
 
 
-def real_set(work: Path, pooling: str, n: int, n_queries: int) -> Dataset | None:
+def real_set(work: Path, pooling: str, n: int, n_queries: int, query_source: str = "questions",
+             beyond: int = 0) -> Dataset | None:
+    """The first ``n`` passages of the real pool with ``n_queries`` queries: test-half questions, or (``query_source
+    = "passages"``) the passages of rows ``[beyond, beyond + n_queries)``, outside every prefix measured."""
     import real_pool
 
+    label = f"real {pooling} at {n:,}" + (" (passage queries)" if query_source == "passages" else "")
     try:
         base = real_pool.load_vectors(work, pooling, n)
-        queries = real_pool.load_vectors(work, pooling, what="queries")
+        if query_source == "passages":
+            queries = real_pool.load_vectors(work, pooling, beyond + n_queries)[beyond:]
+        else:
+            queries = real_pool.load_vectors(work, pooling, what="queries")
     except ValueError as err:
-        print(f"real {pooling} at {n:,}: skipped ({err})", flush=True)
+        print(f"{label}: skipped ({err})", flush=True)
         return None
     if queries.size == 0:
-        print(f"real {pooling} at {n:,}: skipped (no question vectors yet in {work}/encode/queries)", flush=True)
+        print(f"{label}: skipped (no question vectors yet in {work}/encode/queries)", flush=True)
         return None
-    records = real_pool._read_texts(work / "queries.jsonl")
-    test = [i for i, r in enumerate(records) if r["split"] == "test"][:n_queries]
-    directory = cache_dir() / f"real-pool-{pooling}-{n}-q{len(test)}"
+    if query_source == "passages":
+        tag = f"p{beyond}-{n_queries}"
+    else:
+        records = real_pool._read_texts(work / "queries.jsonl")
+        test = [i for i, r in enumerate(records) if r["split"] == "test"][:n_queries]
+        queries, tag = queries[test], f"q{len(test)}"
+    directory = cache_dir() / f"real-pool-{pooling}-{n}-{tag}"
     directory.mkdir(parents=True, exist_ok=True)
-    return Dataset(name=f"real-{pooling}-{n}", base=np.asarray(base, dtype=np.float32),
-                   queries=np.asarray(queries[test], dtype=np.float32), directory=directory,
+    name = f"real-{pooling}" + ("-passage-queries" if query_source == "passages" else "") + f"-{n}"
+    return Dataset(name=name, base=np.asarray(base, dtype=np.float32),
+                   queries=np.asarray(queries, dtype=np.float32), directory=directory,
                    description=f"real pool, MiniLM {pooling} pooling, first {n:,} rows of the fixed permutation")
 
 
@@ -132,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--lists-per-sqrt", type=float, default=4.0,
                     help="nlist = round(this * sqrt(n)): faiss's guideline is 4 to 16")
+    ap.add_argument("--query-source", choices=("questions", "passages"), default="questions",
+                    help="test-half questions, or pool passages beyond the largest size")
     ap.add_argument("--no-synthetic", action="store_true", help="the real pool only")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -143,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--sizes must be positive numbers, got {args.sizes!r}")
     rows = []
     for n in sizes:
-        real = real_set(work, args.pooling, n, args.queries)
+        real = real_set(work, args.pooling, n, args.queries, args.query_source, beyond=max(sizes))
         if real is None:
             continue
         rows.append(measure(real, args.lists_per_sqrt))
@@ -152,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                                 args.lists_per_sqrt))
     if not rows:
         raise SystemExit(f"{work}: no size of {sizes} is encoded yet (python benchmarks/real_pool.py encode)")
-    body = (f"Real pool (`real_pool.py`, MiniLM {args.pooling} pooling, test-half questions) against the calibrated "
+    queries = "test-half questions" if args.query_source == "questions" else "pool passages as queries"
+    body = (f"Real pool (`real_pool.py`, MiniLM {args.pooling} pooling, {queries}) against the calibrated "
             f"generator ({PROFILE[args.pooling]}), balanced L2 lists, nlist = {args.lists_per_sqrt:g} sqrt(n); an "
             f"ideal IVF probing lists by <q, c> until 95 of the exact top-{K} are seen; LID (k = {K}) and relative "
             f"contrast in the MIPS -> nearest-neighbour space.\n\n"

@@ -89,3 +89,17 @@ def test_no_size_encoded_is_an_error_that_says_what_to_run(tmp_path):
     _fake_pool(work, n=300, n_queries=10)
     with pytest.raises(SystemExit, match="real_pool.py encode"):
         ann_growth.main(["--work", str(work), "--sizes", "1000", "--no-synthetic", "--out", str(tmp_path)])
+
+
+def test_passage_queries_come_from_beyond_every_measured_prefix(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
+    work = tmp_path / "pool"
+    _fake_pool(work, n=900, n_queries=60)
+    ds = ann_growth.real_set(work, "mean", 400, 50, "passages", beyond=600)
+    import real_pool
+
+    rows = real_pool.load_vectors(work, "mean", 650)[600:].astype(np.float32)
+    assert ds.name == "real-mean-passage-queries-400" and ds.n == 400
+    np.testing.assert_array_equal(ds.queries, rows)
+    # not enough rows beyond the prefixes: skipped with the reason
+    assert ann_growth.real_set(work, "mean", 400, 400, "passages", beyond=600) is None
