@@ -8,8 +8,8 @@ every timing is a fresh process of one build that loads an index and times one s
 A round runs every setting on both builds, the build going first alternating from round to round, so that a
 change of the machine's load falls on both; with ``--side-by-side`` the two run at the same time, each pinned to a
 core of its own (swapped every round), so that a change of a shared host's load falls on both at once (they
-share the last-level cache and memory bandwidth, alike). Reported per setting: whether both builds return the same ids, their
-recall@k against exact search, and the median over rounds of the per-round q/s ratio (new / base) with its range.
+share the last-level cache and memory bandwidth, alike). Reported per setting: whether both builds return the same
+ids, their recall@k against exact search, and the median over rounds of the per-round q/s ratio (new / base) with its range.
 
     python benchmarks/ivfpq_stages.py --base-python ../main/.venv/bin/python --new-python .venv/bin/python
         # benchmarks/results/ivfpq_stages.{json,md}

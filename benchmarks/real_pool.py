@@ -44,8 +44,8 @@ question asked by several) and split into halves by a hash of that text: ``tune`
 ``numpy.random.default_rng(SEED).permutation``), so the first ``n`` rows of the vectors are a uniform random sample
 of ``n`` passages and the samples for the growth curve (``SUBSETS``: 10k, 30k, 100k, 300k, 1M) are nested: each is a
 prefix of the next (:func:`load_vectors` with ``n``). ``--limit N`` encodes that prefix only. The questions are
-encoded after the first shard of passages, so that the smallest subsets can be measured long before the last shard. Vectors are written in
-shards of ``--shard-size`` rows, ``encode/passages/{pooling}-{start}-{stop}.npy`` (the same under
+encoded after the first shard of passages, so that the smallest subsets can be measured long before the last
+shard. Vectors are written in shards of ``--shard-size`` rows, ``encode/passages/{pooling}-{start}-{stop}.npy`` (the same under
 ``encode/queries/`` for the queries, in file order), each written atomically and marked finished by a
 ``shard-{start}-{stop}.done.json`` written after both poolings: a rerun skips finished shards and redoes any other.
 Vectors are stored as **float16**: encoding runs in bf16 where the device has it natively (a GPU, a CPU with AMX;

@@ -49,7 +49,7 @@ bool operator!=(const HugePageAllocator<T>&, const HugePageAllocator<U>&) { retu
 // IVF-PQ): 64-byte aligned, so that a 64-byte row of a packed panel is one cache line, not two. malloc aligns to
 // 16 bytes, and its mmapped blocks start 16 bytes into a page: the coarse probe and each query's 4-bit table then
 // read twice the lines they need (under callgrind's cache model, 256 first-level misses per query's table instead of
-// 128), and how often depended on where the heap happened to put the table.
+// 128: benchmarks/results/ivfpq_stages_side_by_side.md), and how often depended on where the heap put the table.
 template <class T>
 struct LineAlignedAllocator {
     using value_type = T;
