@@ -155,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     import real_pool
 
     work = args.work or real_pool.default_work()
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    try:
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"--sizes must be positive whole numbers, got {args.sizes!r}") from None
     if not sizes or min(sizes) <= 0:
         raise SystemExit(f"--sizes must be positive numbers, got {args.sizes!r}")
     rows = []

@@ -201,10 +201,21 @@ def main(argv=None) -> int:
             "alpha": 0.5}))
     if args.arm is None:
         return 0
-    arm = json.loads(args.arm)
+    try:
+        arm = json.loads(args.arm)
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"--arm {args.arm!r}: not JSON ({err})") from None
+    if not isinstance(arm, dict):
+        raise SystemExit(f"--arm {args.arm!r}: a JSON object of settings, e.g. '{{\"examples\": 6144}}'")
     unknown = set(arm) - ARM_KEYS
     if unknown:
         raise SystemExit(f"--arm: unknown settings {sorted(unknown)}; known: {sorted(ARM_KEYS)}")
+    try:
+        alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
+    except ValueError:
+        raise SystemExit(f"--alphas {args.alphas!r}: comma-separated numbers in [0, 1]") from None
+    if not alphas or any(not 0.0 <= a <= 1.0 for a in alphas):
+        raise SystemExit(f"--alphas {args.alphas!r}: comma-separated numbers in [0, 1]")
     folder = work / arm_name(arm)
     folder.mkdir(exist_ok=True)
     info_path = folder / "train.json"
@@ -212,7 +223,7 @@ def main(argv=None) -> int:
         info = json.loads(info_path.read_text())
     else:
         info = train_arm(ws, arm, folder)
-    for alpha in [float(a) for a in args.alphas.split(",") if a.strip()]:
+    for alpha in alphas:
         row = f"{json.dumps(arm, sort_keys=True)} alpha {alpha}"
         if row in done:
             continue

@@ -103,3 +103,8 @@ def test_passage_queries_come_from_beyond_every_measured_prefix(tmp_path, monkey
     np.testing.assert_array_equal(ds.queries, rows)
     # not enough rows beyond the prefixes: skipped with the reason
     assert ann_growth.real_set(work, "mean", 400, 400, "passages", beyond=600) is None
+
+
+def test_sizes_that_are_not_numbers_are_refused_by_name(tmp_path):
+    with pytest.raises(SystemExit, match="--sizes must be positive whole numbers"):
+        ann_growth.main(["--work", str(tmp_path), "--sizes", "10k"])
