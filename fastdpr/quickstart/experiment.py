@@ -271,7 +271,7 @@ def stage_train(ws: Workspace, name: str = "train", batch_size: int | None = Non
     args, task_args = recipe.arguments(
         output_dir=str(ws.out / name), examples=len(train), batch_size=batch_size or c.batch_size,
         lr=lr or c.lr, chunk_size=c.chunk_size, eval_times=c.eval_times, seed=c.seed,
-        show_progress=c.show_progress, n_hard=c.mine_hard,
+        show_progress=c.show_progress, n_hard=c.mine_hard, interpolate=c.interpolate,
     )
     log = []
     trainer = Trainer(BiEncoderTask(model, train, task_args, dev_examples=dev), args,
@@ -285,7 +285,8 @@ def stage_train(ws: Workspace, name: str = "train", batch_size: int | None = Non
     validation = [json.loads(line) for line in metrics.read_text().splitlines()
                   if '"dev_' in line] if metrics.is_file() else []
     return {"examples": len(train), "dev_examples": len(dev), "steps": trainer.total_steps,
-            "batch_size": args.batch_size, "lr": args.lr, "precision": args.precision,
+            "batch_size": args.batch_size, "lr": args.lr, "interpolate": args.interpolate,
+            "precision": args.precision,
             "grad_cache": task_args.grad_cache, "chunk_size": task_args.chunk_size,
             "best_metric": task_args.best_metric,
             "best": state["best"], "best_step": state["best_step"], "loss_first": losses[0] if losses else None,
