@@ -3,6 +3,10 @@ steps on the run's training questions (new Wikipedia and QED), read the top pass
 the held-out NQ test questions (QED's test articles) and the SQuAD questions (XQuAD) from their gold paragraph, and
 report EM from the top 1 and the top k with the CPU seconds the stage took.
 
+``--eval dev`` reads the validation questions instead (QED dev and new Wikipedia dev, open domain from the same
+hybrid top passages), and nothing of the test sets: the reader's settings are chosen there, by the metric named
+here before any run (:data:`DECIDING`): EM from the top ``reader_top_k`` passages pooled over both validation sets.
+
     fastdpr quickstart --out qs                      # once: every stage the reader stage builds on
     python benchmarks/quickstart_reader.py qs [--steps 300 --lr 1e-4 --passages 2 --train-length 192] \\
         [--threads 1] [--json run.json]
@@ -30,6 +34,9 @@ from _common import machine  # noqa: E402
 
 # what the reader stage writes; everything else in the quickstart directory is only read
 WRITTEN = ("reader", "reader_predictions.json")
+#: the validation sets of ``--eval dev`` and the metric that chooses a reader recipe on them
+DEV_SETS = ("dev_qed", "dev_new_wiki")
+DECIDING = "EM from the top-k hybrid passages, pooled over dev_qed and dev_new_wiki"
 
 
 def cpu_seconds() -> float:
@@ -49,6 +56,21 @@ def linked_workspace(source: Path, work: Path) -> Path:
     return work
 
 
+def validate(ws, ex) -> dict:
+    """The reader of the quickstart's recipe trained, then read open domain on :data:`DEV_SETS` only: EM/F1 from
+    the top 1 and the top k of each set, and the deciding figure (EM from the top k pooled over both)."""
+    reader, stats = ex.train_reader(ws)
+    k = ws.config.reader_top_k
+    by_set, hits, n = {}, 0.0, 0
+    for name in DEV_SETS:
+        questions = ws.questions(name)
+        scores, _ = ex.read_open_domain(ws, reader, questions)
+        by_set[name] = {"questions": len(questions), **scores}
+        hits += scores[f"top{k}"]["em"] * len(questions)
+        n += len(questions)
+    return {f"em_top{k}_pooled": round(hits / max(n, 1), 4), "questions": n, "by_set": by_set, "train": stats}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("quickstart", help="a finished quickstart's output directory")
@@ -62,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default=None, help="the quickstart's data cache (default: its default)")
     parser.add_argument("--work", default=None, help="working directory (default: a new temporary one)")
     parser.add_argument("--json", default=None, help="write the result here as well")
+    parser.add_argument("--eval", choices=("test", "dev"), default="test",
+                        help="test: the quickstart's reader stage (NQ test, XQuAD); dev: the validation questions "
+                             "only, for choosing a recipe")
     args = parser.parse_args(argv)
 
     import torch
@@ -84,15 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     ws = ex.Workspace(config, work, Path(config.cache) if config.cache else sources.default_cache(),
                       log=lambda line: print(line, file=sys.stderr, flush=True))
     cpu, wall = cpu_seconds(), time.perf_counter()
-    result = ex.stage_reader(ws)
+    result = ex.stage_reader(ws) if args.eval == "test" else validate(ws, ex)
     cpu, wall = cpu_seconds() - cpu, time.perf_counter() - wall
     recipe = {k: getattr(config, k) for k in ("reader_steps", "reader_batch_size", "reader_passages", "reader_lr",
                                               "reader_train_length", "reader_train_questions", "seed")}
+    if args.eval == "test":
+        scores = {
+            "em_top1": result["by_top_k"]["top1"]["em"], f"em_top{config.reader_top_k}": result["em"],
+            "f1_top1": result["by_top_k"]["top1"]["f1"], f"f1_top{config.reader_top_k}": result["f1"],
+            "questions": result["n"], "squad_gold_paragraph": result["squad_gold_paragraph"],
+        }
+    else:
+        scores = {"deciding": DECIDING, **{k: v for k, v in result.items() if k != "train"}}
     report = {
-        "recipe": recipe, "threads": torch.get_num_threads(),
-        "em_top1": result["by_top_k"]["top1"]["em"], f"em_top{config.reader_top_k}": result["em"],
-        "f1_top1": result["by_top_k"]["top1"]["f1"], f"f1_top{config.reader_top_k}": result["f1"],
-        "questions": result["n"], "squad_gold_paragraph": result["squad_gold_paragraph"],
+        "recipe": recipe, "eval": args.eval, "threads": torch.get_num_threads(), **scores,
         "stage_cpu_s": round(cpu, 1), "stage_wall_s": round(wall, 1),
         "train": result["train"], "load_average": os.getloadavg(), "machine": machine(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -278,8 +279,19 @@ def test_the_reader_trained_here_is_the_same_work_on_any_machine(tmp_path, sampl
     clock = itertools.count(0.0, 1000.0)  # every reading of the clock: another 1,000 s gone
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     result = ex.stage_reader(ws)
+    # the same reader recipe judged on the validation questions only (benchmarks/quickstart_reader.py --eval dev)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import quickstart_reader
+
+    dev = quickstart_reader.validate(ws, ex)
     monkeypatch.undo()
-    (kwargs,) = calls
+    assert len(calls) == 2 and calls[0] == calls[1]
+    sizes = {name: len(ws.questions(name)) for name in quickstart_reader.DEV_SETS}
+    assert dev["questions"] == sum(sizes.values()) > 0 and set(dev["by_set"]) == set(sizes)
+    pooled = sum(dev["by_set"][n]["top3"]["em"] * sizes[n] for n in sizes) / sum(sizes.values())
+    assert dev["em_top3_pooled"] == pytest.approx(pooled, abs=1e-4)
+    assert all(dev["by_set"][n]["top1"]["n"] == sizes[n] for n in sizes)
+    kwargs = calls[0]
     assert kwargs["max_steps"] == 7 and kwargs.get("time_budget_s") is None
     assert (kwargs["batch_size"], kwargs["n_passages"], kwargs["lr"], kwargs["max_length"]) == (2, 3, 3e-4, 64)
     assert result["train"]["steps"] == 7 and result["train"]["stopped_by"] == "steps"

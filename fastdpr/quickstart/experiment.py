@@ -387,12 +387,11 @@ def stage_search(ws: Workspace) -> dict:
             "alpha_table": hybrid.tuning_table, "metrics": metrics}
 
 
-def stage_reader(ws: Workspace) -> dict:
-    """A reader trained here from the packaged MiniLM for ``reader_steps`` steps on the training questions (with
-    passages BM25 finds in the training pool), then read: NQ test questions from the hybrid retriever's top
-    passages (open domain), and XQuAD questions from their gold paragraph (reading comprehension)."""
+def train_reader(ws: Workspace):
+    """(reader, training summary): the reader of :func:`stage_reader`, trained from the packaged MiniLM for
+    ``reader_steps`` steps on the training questions, with passages BM25 finds in the training pool."""
     from fastdpr.data import Corpus
-    from fastdpr.reader import bf16_supported, evaluate_answers, select_answer, train_reader_from_questions
+    from fastdpr.reader import train_reader_from_questions
     from fastdpr.retrieve import SparseRetriever
     from fastdpr.sparse import BM25
 
@@ -407,35 +406,51 @@ def stage_reader(ws: Workspace) -> dict:
         n_passages=c.reader_passages, max_length=c.reader_train_length, lr=c.reader_lr,
         freeze_word_embeddings=True, seed=c.seed, show_progress=c.show_progress)
     train_time = {"wall_s": round(time.perf_counter() - start, 1), "cpu_s": round(time.process_time() - cpu_start, 1)}
+    return reader, {**stats, **train_time}
+
+
+def read_answers(ws: Workspace, reader, questions: list[dict], passages: list[list[dict]], ks) -> tuple[dict, list]:
+    """({"top<k>": EM/F1 of the answers chosen from the first k passages}, the predictions from the first max(ks)):
+    each question's passages read once, the answers for every k chosen from the same scores."""
+    from fastdpr.reader import bf16_supported, evaluate_answers, select_answer
+
     precision = "bf16" if bf16_supported() else "fp32"
+    scored = reader.score_passages([q["question"] for q in questions], passages, max(ks), precision=precision,
+                                   show_progress=ws.config.show_progress)
+    by_k = {k: [select_answer(row, ctxs, k) for row, ctxs in zip(scored, passages)] for k in ks}
+    gold = [q["answers"] for q in questions]
+    return ({f"top{k}": evaluate_answers([p["answer"] for p in predicted], gold) for k, predicted in by_k.items()},
+            by_k[max(ks)])
 
-    def read(questions: list[dict], passages: list[list[dict]], top_k: int, ks) -> tuple[dict, list[dict]]:
-        scored = reader.score_passages([q["question"] for q in questions], passages, top_k, precision=precision,
-                                       show_progress=c.show_progress)
-        by_k = {k: [select_answer(row, ctxs, k) for row, ctxs in zip(scored, passages)] for k in ks}
-        gold = [q["answers"] for q in questions]
-        return ({f"top{k}": evaluate_answers([p["answer"] for p in predicted], gold)
-                 for k, predicted in by_k.items()}, by_k[max(ks)])
 
+def read_open_domain(ws: Workspace, reader, questions: list[dict]) -> tuple[dict, list[dict]]:
+    """EM/F1 from the hybrid retriever's top 1 and top ``reader_top_k`` passages, and the predictions."""
+    top_k = ws.config.reader_top_k
+    passages = retrievers(ws)["hybrid"].retrieve([q["question"] for q in questions], top_k)
+    return read_answers(ws, reader, questions, passages, sorted({1, top_k}))
+
+
+def stage_reader(ws: Workspace) -> dict:
+    """A reader trained here (:func:`train_reader`), then read: NQ test questions from the hybrid retriever's top
+    passages (open domain), and XQuAD questions from their gold paragraph (reading comprehension)."""
+    c = ws.config
+    reader, stats = train_reader(ws)
     start = time.perf_counter()
     test = take(ws.questions("nq_test"), c.reader_test_questions, "reader_test")
-    passages = retrievers(ws)["hybrid"].retrieve([q["question"] for q in test], c.reader_top_k)
-    # read once; answers from the top 1 and from the top k are both chosen from the same scores
-    open_domain, predictions = read(test, passages, c.reader_top_k, sorted({1, c.reader_top_k}))
+    open_domain, predictions = read_open_domain(ws, reader, test)
     open_seconds = time.perf_counter() - start
     write_json(ws.out / "reader_predictions.json",
                [{"qid": q["qid"], "question": q["question"], "answers": q["answers"], **p}
                 for q, p in zip(test, predictions)])
     corpus = ws.corpus()
     squad = take(ws.questions("squad"), c.reader_squad_questions, "reader_squad")
-    comprehension, _ = read(squad, [[corpus.get(q["gold_ids"][0])] for q in squad], 1, [1])
+    comprehension, _ = read_answers(ws, reader, squad, [[corpus.get(q["gold_ids"][0])] for q in squad], [1])
     return {**open_domain[f"top{c.reader_top_k}"], "by_top_k": open_domain, "top_k": c.reader_top_k,
             "retriever": "hybrid", "read_seconds": round(open_seconds, 1),
             "squad_gold_paragraph": comprehension["top1"],
             "source": (f"trained here: {stats['steps']} steps of {c.reader_batch_size} questions x "
-                       f"{c.reader_passages} passages in {train_time['wall_s']:.0f} s "
-                       f"({train_time['cpu_s']:.0f} CPU-s)"),
-            "train": {**stats, **train_time}}
+                       f"{c.reader_passages} passages in {stats['wall_s']:.0f} s ({stats['cpu_s']:.0f} CPU-s)"),
+            "train": stats}
 
 
 # ------------------------------------------------------------------------------------------------------- speed
