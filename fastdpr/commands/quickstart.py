@@ -28,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-passages", type=int, default=None,
                         help="cap the corpus; the test questions' paragraphs are always kept (0: every paragraph)")
     parser.add_argument("--train-examples", type=int, default=None,
-                        help=f"training questions the dual encoder asks for, fewer where a source runs out (default: {full.train_examples:,}; "
-                             f"--fast: {fast.train_examples:,})")
+                        help=f"training questions the dual encoder asks for, fewer where a source runs out "
+                             f"(default: {full.train_examples:,}; --fast: {fast.train_examples:,})")
     parser.add_argument("--batch-size", type=int, default=None,
                         help=f"questions per optimizer step (default: {full.batch_size}; --fast: {fast.batch_size}; "
                              f"above {full.chunk_size}, GradCache keeps the memory of {full.chunk_size})")
