@@ -56,10 +56,16 @@ def linked_workspace(source: Path, work: Path) -> Path:
     return work
 
 
-def validate(ws, ex) -> dict:
-    """The reader of the quickstart's recipe trained, then read open domain on :data:`DEV_SETS` only: EM/F1 from
-    the top 1 and the top k of each set, and the deciding figure (EM from the top k pooled over both)."""
-    reader, stats = ex.train_reader(ws)
+def validate(ws, ex, trained: str | None = None) -> dict:
+    """The reader of the quickstart's recipe trained (or the one already trained in ``trained``), then read open
+    domain on :data:`DEV_SETS` only: EM/F1 from the top 1 and the top k of each set, and the deciding figure (EM
+    from the top k pooled over both)."""
+    if trained:
+        from fastdpr.reader import Reader
+
+        reader, stats = Reader.from_pretrained(trained).eval(), {"trained": str(trained)}
+    else:
+        reader, stats = ex.train_reader(ws)
     k = ws.config.reader_top_k
     by_set, hits, n = {}, 0.0, 0
     for name in DEV_SETS:
@@ -84,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default=None, help="the quickstart's data cache (default: its default)")
     parser.add_argument("--work", default=None, help="working directory (default: a new temporary one)")
     parser.add_argument("--json", default=None, help="write the result here as well")
+    parser.add_argument("--trained", default=None,
+                        help="with --eval dev: read with this already trained reader instead of training one")
     parser.add_argument("--eval", choices=("test", "dev"), default="test",
                         help="test: the quickstart's reader stage (NQ test, XQuAD); dev: the validation questions "
                              "only, for choosing a recipe")
@@ -109,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     ws = ex.Workspace(config, work, Path(config.cache) if config.cache else sources.default_cache(),
                       log=lambda line: print(line, file=sys.stderr, flush=True))
     cpu, wall = cpu_seconds(), time.perf_counter()
-    result = ex.stage_reader(ws) if args.eval == "test" else validate(ws, ex)
+    if args.trained and args.eval != "dev":
+        parser.error("--trained needs --eval dev (the test sets are read by the quickstart's own stage)")
+    if args.trained and not (Path(args.trained) / "fastdpr_reader.json").is_file():
+        parser.error(f"--trained {args.trained}: not a reader directory (no fastdpr_reader.json)")
+    result = ex.stage_reader(ws) if args.eval == "test" else validate(ws, ex, args.trained)
     cpu, wall = cpu_seconds() - cpu, time.perf_counter() - wall
     recipe = {k: getattr(config, k) for k in ("reader_steps", "reader_batch_size", "reader_passages", "reader_lr",
                                               "reader_train_length", "reader_train_questions", "seed")}

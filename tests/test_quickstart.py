@@ -284,8 +284,10 @@ def test_the_reader_trained_here_is_the_same_work_on_any_machine(tmp_path, sampl
     import quickstart_reader
 
     dev = quickstart_reader.validate(ws, ex)
+    reread = quickstart_reader.validate(ws, ex, trained=str(ws.out / "reader"))  # the reader it saved, not retrained
     monkeypatch.undo()
     assert len(calls) == 2 and calls[0] == calls[1]
+    assert reread["by_set"] == dev["by_set"] and reread["train"] == {"trained": str(ws.out / "reader")}
     sizes = {name: len(ws.questions(name)) for name in quickstart_reader.DEV_SETS}
     assert dev["questions"] == sum(sizes.values()) > 0 and set(dev["by_set"]) == set(sizes)
     pooled = sum(dev["by_set"][n]["top3"]["em"] * sizes[n] for n in sizes) / sum(sizes.values())
