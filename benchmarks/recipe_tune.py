@@ -67,6 +67,7 @@ def measure(ws, retriever, what: dict) -> dict:
         acc = evaluate_retriever(ws, retriever, name)
         row[name] = {k: round(float(acc[k]), 4) for k in (*(f"top{k}" for k in KS), "mrr10")}
         row[name]["questions"] = len(ws.questions(name))
+        row[name]["ranks"] = acc["ranks"]  # each question's first-hit rank, for paired intervals between rows
     row["dev_top20"] = round(sum(row[n]["top20"] for n in DEV_SETS) / len(DEV_SETS), 4)
     row["dev_mrr10"] = round(sum(row[n]["mrr10"] for n in DEV_SETS) / len(DEV_SETS), 4)
     print(json.dumps(row), flush=True)
@@ -133,6 +134,45 @@ def dense_over_corpus(ws, model):
     return DenseRetriever(model, build_index(vectors, "flat"), corpus, precision=precision)
 
 
+def run_recipe(run: Path, config) -> dict:
+    """The recipe the quickstart run ``run`` trained with, from its train stage's summary (the config's defaults
+    are today's, not necessarily the run's; runs before the summary named its interpolation used the recipe's)."""
+    from fastdpr.train import recipe
+
+    path = run / "stages" / "train.json"
+    summary = json.loads(path.read_text()).get("summary", {}) if path.is_file() else {}
+    examples = summary.get("examples", config.train_examples)
+    return {"examples": examples, "lr": summary.get("lr", config.lr),
+            "steps": summary.get("steps", examples // config.batch_size),
+            "alpha": summary.get("interpolate", recipe.INTERPOLATE)}
+
+
+def intervals(rows: list[dict], chosen: dict) -> list[dict]:
+    """Paired bootstrap intervals (95%, over each validation set's questions) of the chosen row against the
+    starting model and the run's recipe, where both rows kept their per-question ranks."""
+    from fastdpr.eval.compare import paired_bootstrap
+
+    table = []
+    for base in ("starting model", "quickstart recipe"):
+        other = next((r for r in rows if r["row"] == base), None)
+        if other is None or other is chosen:
+            continue
+        for name in DEV_SETS:
+            a, b = other[name].get("ranks"), chosen[name].get("ranks")
+            if not a or not b or len(a) != len(b):
+                continue
+            cell = {"comparison": f"chosen - {base}", "set": name}
+            for metric in ("top20", "mrr10"):
+                mean, lo, hi = paired_bootstrap(a, b, metric)
+                cell[metric] = f"{mean:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+            table.append(cell)
+    return table
+
+
+def _without_ranks(row: dict) -> dict:
+    return {k: ({kk: vv for kk, vv in v.items() if kk != "ranks"} if k in DEV_SETS else v) for k, v in row.items()}
+
+
 def report(work: Path, out: str | None, run: Path) -> int:
     rows = read_rows(work)
     if not rows:
@@ -157,7 +197,12 @@ def report(work: Path, out: str | None, run: Path) -> int:
           + _common.markdown_table(table, floatfmt=".4f")
           + f"\n\nChosen: **{chosen['row']}** (mean top-20 {chosen['dev_top20']:.4f}, mean MRR@10 "
             f"{chosen['dev_mrr10']:.4f}).\n")
-    path = _common.write_results("recipe_tune", out, {"run": str(run), "rows": rows, "chosen": chosen["row"]}, md)
+    paired = intervals(rows, chosen)
+    md += ("\nPaired bootstrap intervals of the chosen row (2,000 resamples of each set's questions, 95%):\n\n"
+           + _common.markdown_table(paired) + "\n" if paired else
+           "\nNo paired intervals: the rows compared were measured before rows kept per-question ranks.\n")
+    path = _common.write_results("recipe_tune", out, {"run": str(run), "rows": [_without_ranks(r) for r in rows],
+                                                      "chosen": chosen["row"], "intervals": paired}, md)
     print(md)
     print(f"wrote {path}")
     return 0
@@ -195,10 +240,8 @@ def main(argv=None) -> int:
     if "starting model" not in done:
         append_row(work, measure(ws, retrievers(ws, include_dense=False)["zero_shot"], {"row": "starting model"}))
     if "quickstart recipe" not in done:
-        c = ws.config
-        append_row(work, measure(ws, dense_retriever(ws), {
-            "row": "quickstart recipe", "examples": c.train_examples, "lr": c.lr, "steps": c.train_examples // c.batch_size,
-            "alpha": 0.5}))
+        append_row(work, measure(ws, dense_retriever(ws), {"row": "quickstart recipe",
+                                                            **run_recipe(args.run, ws.config)}))
     if args.arm is None:
         return 0
     try:
