@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=None)
     parser.add_argument("--train-length", type=int, default=None, help="tokens of a training row")
     parser.add_argument("--train-questions", type=int, default=None)
+    parser.add_argument("--mixture", default=None,
+                        help='JSON shares of the training sources, e.g. \'{"new_wiki": 0.75, "qed": 0.25}\' '
+                             "(default: every training question once)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--cache", default=None, help="the quickstart's data cache (default: its default)")
     parser.add_argument("--work", default=None, help="working directory (default: a new temporary one)")
@@ -106,10 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     source = Path(args.quickstart)
     if not (source / "index_zero_shot").exists() or not (source / "questions").is_dir():
         parser.error(f"{source}: not a finished quickstart run (run `fastdpr quickstart --out {source}` first)")
+    mixture = None
+    if args.mixture is not None:
+        try:
+            mixture = json.loads(args.mixture)
+        except json.JSONDecodeError as err:
+            parser.error(f"--mixture {args.mixture!r}: not JSON ({err})")
+        if not isinstance(mixture, dict) or not all(isinstance(v, (int, float)) for v in mixture.values()):
+            parser.error(f"--mixture {args.mixture!r}: a JSON object of source -> share")
     config = QuickstartConfig.preset(
         out=str(source), cache=args.cache, threads=args.threads, show_progress=False,
         reader_steps=args.steps, reader_batch_size=args.batch_size, reader_passages=args.passages,
         reader_lr=args.lr, reader_train_length=args.train_length, reader_train_questions=args.train_questions,
+        reader_mixture=mixture,
     )
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -124,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     result = ex.stage_reader(ws) if args.eval == "test" else validate(ws, ex, args.trained)
     cpu, wall = cpu_seconds() - cpu, time.perf_counter() - wall
     recipe = {k: getattr(config, k) for k in ("reader_steps", "reader_batch_size", "reader_passages", "reader_lr",
-                                              "reader_train_length", "reader_train_questions", "seed")}
+                                              "reader_train_length", "reader_train_questions", "reader_mixture",
+                                              "seed")}
     if args.eval == "test":
         scores = {
             "em_top1": result["by_top_k"]["top1"]["em"], f"em_top{config.reader_top_k}": result["em"],

@@ -302,6 +302,22 @@ def test_the_reader_trained_here_is_the_same_work_on_any_machine(tmp_path, sampl
     assert result["squad_gold_paragraph"]["n"] == 3 and result["train"]["cpu_s"] > 0
 
 
+def test_a_reader_mixture_draws_its_shares_repeating_a_small_source():
+    from fastdpr.errors import InputError
+
+    by_source = {"big": [{"qid": f"b{i}"} for i in range(50)], "small": [{"qid": f"s{i}"} for i in range(7)]}
+    drawn = ex.mixed_questions(by_source, {"big": 0.5, "small": 0.5}, 40, "reader")
+    small = [q["qid"] for q in drawn if q["qid"].startswith("s")]
+    assert len(drawn) == 40 and len(small) == 20 and len(set(small)) == 7  # every small one, repeated
+    assert max(small.count(q) for q in set(small)) - min(small.count(q) for q in set(small)) <= 1  # evenly
+    assert len({q["qid"] for q in drawn if q["qid"].startswith("b")}) == 20  # the big source: no repeat
+    assert ex.mixed_questions(by_source, {"big": 0.5, "small": 0.5}, 40, "reader") == drawn  # deterministic
+    with pytest.raises(InputError, match="unknown sources"):
+        ex.mixed_questions(by_source, {"nyt": 1.0}, 10, "reader")
+    with pytest.raises(InputError, match="no training questions"):
+        ex.mixed_questions({"big": [], "small": by_source["small"]}, {"big": 1.0}, 10, "reader")
+
+
 def test_fast_preset_is_smaller_than_the_default():
     fast, full = qs.QuickstartConfig.preset(fast=True), qs.QuickstartConfig.preset()
     assert fast.fast and fast.max_passages and fast.train_examples < full.train_examples

@@ -59,6 +59,10 @@ class QuickstartConfig:
     # every machine gets the same reader however loaded it is (a time budget gave a busy machine a reader that
     # answered worse from the top 5 passages than from the top 1)
     reader_train_questions: int | None = None
+    # None: every training question once (new Wikipedia's 6,197 and QED's 550 as they come); a mixture such as
+    # {"new_wiki": 0.75, "qed": 0.25} draws reader_steps x reader_batch_size questions in those shares instead,
+    # repeating a source's questions (in hash order) when it has fewer
+    reader_mixture: dict | None = None
     reader_steps: int = 800
     reader_batch_size: int = 8  # questions a step
     reader_passages: int = 2  # passages a question in training: its positive and reader_passages - 1 negatives

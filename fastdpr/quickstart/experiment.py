@@ -387,6 +387,25 @@ def stage_search(ws: Workspace) -> dict:
             "alpha_table": hybrid.tuning_table, "metrics": metrics}
 
 
+def mixed_questions(by_source: dict[str, list[dict]], mixture: dict[str, float], total: int,
+                    salt: str) -> list[dict]:
+    """``total`` questions drawn from ``by_source`` in ``mixture``'s shares: each source's questions in hash order,
+    repeated from the start when the source has fewer than its share."""
+    from fastdpr.errors import InputError
+    from fastdpr.train import recipe
+
+    unknown = sorted(set(mixture) - set(by_source))
+    if unknown:
+        raise InputError(f"reader_mixture: unknown sources {unknown}; known: {sorted(by_source)}")
+    chosen = []
+    for name, count in recipe.mixture_counts(mixture, total).items():
+        ordered = hash_order(by_source[name], "qid", f"{salt}:{name}")
+        if count and not ordered:
+            raise InputError(f"reader_mixture: source {name!r} has no training questions")
+        chosen += [ordered[i % len(ordered)] for i in range(count)]
+    return chosen
+
+
 def train_reader(ws: Workspace):
     """(reader, training summary): the reader of :func:`stage_reader`, trained from the packaged MiniLM for
     ``reader_steps`` steps on the training questions, with passages BM25 finds in the training pool."""
@@ -398,8 +417,11 @@ def train_reader(ws: Workspace):
     c = ws.config
     train_corpus = Corpus.from_passages(sources.read_jsonl(ws.out / "train_corpus.jsonl"))
     retriever = SparseRetriever(BM25.from_corpus(train_corpus, show_progress=False), train_corpus)
-    train_qs = take([q for name in TRAIN_SOURCES for q in ws.questions(f"train_{name}")],
-                    c.reader_train_questions, "reader")
+    by_source = {name: ws.questions(f"train_{name}") for name in TRAIN_SOURCES}
+    if c.reader_mixture:
+        train_qs = mixed_questions(by_source, c.reader_mixture, c.reader_steps * c.reader_batch_size, "reader")
+    else:
+        train_qs = take([q for qs in by_source.values() for q in qs], c.reader_train_questions, "reader")
     cpu_start, start = time.process_time(), time.perf_counter()
     reader, stats = train_reader_from_questions(
         train_qs, retriever, ws.out / "reader", max_steps=c.reader_steps, batch_size=c.reader_batch_size,
