@@ -16,6 +16,7 @@ It prints each fitted profile as Python (to paste into ``PROFILES``) and the syn
 ones. One thread; a few minutes per pooling.
 
     python benchmarks/ann_fit_synthetic.py [--pooling mean,cls] [--rounds 2]
+    python benchmarks/ann_fit_synthetic.py --growth 10000,30000,100000 --pooling mean   # to real_pool.py's curve
     python benchmarks/ann_fit_synthetic.py --time 1000000x768   # generation time and memory, 1 thread, written
                                                                 # to benchmarks/results/ann_synthetic_generation.*
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 import tempfile
 import time
@@ -53,12 +55,13 @@ START = {"mean": {"leaf_size": 50.8, "leaves_per_topic": 32.0, "topic_share": 0.
                  "off_manifold": 0.575, "norm_by_leaf": 0.45}}
 
 
-def stats(ds: Dataset, work: Path) -> dict:
-    """The statistics the fit compares (passage/query norms, anisotropy, the partition statistic)."""
+def stats(ds: Dataset, work: Path, nlist: int = NLIST) -> dict:
+    """The statistics the fit compares (passage/query norms, anisotropy, the partition statistic over ``nlist``
+    lists)."""
     with tempfile.TemporaryDirectory(dir=work) as d:
         ds = dataclasses.replace(ds, directory=Path(d))
         gt = ground_truth(ds, 100)
-        part = partition_spread(ds, gt, NLIST, SCHEME)
+        part = partition_spread(ds, gt, nlist, SCHEME)
     return {"passage_norms": norms(ds.base), "query_norms": norms(ds.queries), "anisotropy": anisotropy(ds.base),
             "partition": part}
 
@@ -151,8 +154,17 @@ def fit(pooling: str, rounds: int, start: dict, work: Path) -> tuple[Profile, di
         got = stats(synthetic_set(profile, real.n, real.dim, len(real.queries)), work)
         return loss(got, want), got
 
+    params, best_loss, best_stats = coordinate_search(evaluate, params, rounds, fmt)
+    profile = Profile(**fields, **params)
+    return profile, want, best_stats
+
+
+def coordinate_search(evaluate, params: dict, rounds: int, show) -> tuple[dict, float, object]:
+    """Step 3: from ``params``, each round tries one step up and one down for every key of ``SEARCHED`` (steps
+    shrinking round by round) and keeps the first that lowers ``evaluate``'s loss; returns (params, loss, the
+    statistics ``evaluate`` gave for them)."""
     best_loss, best_stats = evaluate(params)
-    print(f"  start {params}: loss {best_loss:.3f}  {fmt(best_stats)}", flush=True)
+    print(f"  start {params}: loss {best_loss:.3f}  {show(best_stats)}", flush=True)
     for r in range(rounds):
         shrink = 1.0 / (r + 1)
         for key, (lo, hi, mult) in SEARCHED.items():
@@ -165,12 +177,51 @@ def fit(pooling: str, rounds: int, start: dict, work: Path) -> tuple[Profile, di
                 if trial[key] == params[key] or trial["topic_share"] + trial["leaf_share"] > 0.98:
                     continue
                 value, got = evaluate(trial)
-                print(f"  round {r} {key}={trial[key]}: loss {value:.3f}  {fmt(got)}", flush=True)
+                print(f"  round {r} {key}={trial[key]}: loss {value:.3f}  {show(got)}", flush=True)
                 if value < best_loss:
                     params, best_loss, best_stats = trial, value, got
                     break
-    profile = Profile(**fields, **params)
-    return profile, want, best_stats
+    return params, best_loss, best_stats
+
+
+def growth_nlist(n: int, lists_per_sqrt: float) -> int:
+    """The list count of ``ann_growth.py``'s index family at ``n`` passages."""
+    return max(1, int(round(lists_per_sqrt * math.sqrt(n))))
+
+
+def fit_growth(pooling: str, sizes: list[int], rounds: int, start: dict, work: Path, pool: Path,
+               n_queries: int = 1000, query_source: str = "questions",
+               lists_per_sqrt: float = 4.0) -> tuple[Profile, dict, dict]:
+    """The fit of :func:`fit` against the real pool's growth curve (``real_pool.py``, nested prefixes of
+    ``sizes``) instead of one size: norms, query offset and spectrum read off the largest prefix, the structure
+    searched to minimise the mean over sizes of :func:`loss`, each size partitioned into
+    ``lists_per_sqrt * sqrt(n)`` lists as ``ann_growth.py`` measures it. Returns (profile, real statistics by
+    size, synthetic statistics by size)."""
+    from ann_growth import real_set
+
+    reals = [ds for ds in (real_set(pool, pooling, n, n_queries, query_source, beyond=max(sizes)) for n in sizes)
+             if ds is not None]
+    if not reals:
+        raise SystemExit(f"{pool}: no size of {sizes} is encoded yet (python benchmarks/real_pool.py encode)")
+    want = {ds.n: stats(ds, work, growth_nlist(ds.n, lists_per_sqrt)) for ds in reals}
+    for n, w in want.items():
+        print(f"real {pooling} at {n:,}: {fmt(w)}", flush=True)
+    largest = reals[-1]
+    fields = measured_profile(f"minilm-{pooling}-growth", largest)
+    params = dict(start)
+    params["spectrum_decay"], fields["spectrum_offset"] = fit_spectrum(largest)
+
+    def evaluate(values: dict) -> tuple[float, dict]:
+        profile = Profile(**fields, **values)
+        got = {ds.n: stats(synthetic_set(profile, ds.n, ds.dim, len(ds.queries)), work,
+                           growth_nlist(ds.n, lists_per_sqrt)) for ds in reals}
+        return float(np.mean([loss(got[n], want[n]) for n in want])), got
+
+    def show(got: dict) -> str:
+        return " | ".join(f"{n:,}: {fmt(s)}" for n, s in got.items())
+
+    params, _, best = coordinate_search(evaluate, params, rounds, show)
+    return Profile(**fields, **params), want, best
 
 
 def time_generation(n: int, dim: int, out: Path) -> None:
@@ -207,6 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-profiles", dest="from_profiles", action="store_true",
                     help="start from the profiles in fastdpr.index.synthetic.PROFILES")
     ap.add_argument("--time", metavar="NxD", help="time generating NxD passages instead of fitting")
+    ap.add_argument("--growth", metavar="SIZES", default=None,
+                    help="fit to the real pool of real_pool.py at these nested sizes (comma-separated), "
+                         "nlist = --lists-per-sqrt * sqrt(n), instead of the quickstart's pool at one size")
+    ap.add_argument("--pool", type=Path, default=None, help="with --growth: real_pool.py's folder")
+    ap.add_argument("--queries", type=int, default=1000, help="with --growth: real queries per size")
+    ap.add_argument("--query-source", choices=("questions", "passages"), default="questions")
+    ap.add_argument("--lists-per-sqrt", type=float, default=4.0)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args(argv)
     if args.time:
@@ -217,6 +275,29 @@ def main(argv: list[str] | None = None) -> int:
         time_generation(n, dim, args.out)
         return 0
     from fastdpr.index.synthetic import PROFILES
+
+    if args.growth is not None:
+        try:
+            sizes = sorted({int(v) for v in args.growth.split(",") if v.strip()})
+        except ValueError:
+            ap.error(f"--growth takes comma-separated passage counts, e.g. 10000,30000; got {args.growth!r}")
+        if not sizes or sizes[0] <= 0:
+            ap.error(f"--growth takes positive passage counts; got {args.growth!r}")
+        import real_pool
+
+        with tempfile.TemporaryDirectory() as work:
+            for pooling in args.pooling.split(","):
+                name = f"minilm-{pooling}"
+                start = ({k: getattr(PROFILES[name], k) for k in STRUCTURE} if args.from_profiles
+                         else START[pooling])
+                profile, want, got = fit_growth(pooling, sizes, args.rounds, start, Path(work),
+                                                args.pool or real_pool.default_work(), args.queries,
+                                                args.query_source, args.lists_per_sqrt)
+                print(f"\n{pooling}, fitted to the growth curve:", flush=True)
+                for n in want:
+                    print(f"  {n:,} real      {fmt(want[n])}\n  {n:,} synthetic {fmt(got[n])}", flush=True)
+                print(f"{profile!r}\n", flush=True)
+        return 0
 
     with tempfile.TemporaryDirectory() as work:
         for pooling in args.pooling.split(","):

@@ -108,3 +108,34 @@ def test_passage_queries_come_from_beyond_every_measured_prefix(tmp_path, monkey
 def test_sizes_that_are_not_numbers_are_refused_by_name(tmp_path):
     with pytest.raises(SystemExit, match="--sizes must be positive whole numbers"):
         ann_growth.main(["--work", str(tmp_path), "--sizes", "10k"])
+
+
+def test_the_generator_fitted_to_the_growth_curve_matches_every_size_no_worse_than_where_it_started(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
+    fit_synthetic = pytest.importorskip("ann_fit_synthetic")
+    work = tmp_path / "pool"
+    _fake_pool(work, n=900, n_queries=60)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    start = dict(fit_synthetic.START["mean"])
+    profile, want, got = fit_synthetic.fit_growth("mean", [300, 900, 5000], 1, start, scratch, work, n_queries=20)
+    assert sorted(want) == sorted(got) == [300, 900]  # 5,000 is not encoded: left out
+    for n in want:
+        for stats in (want[n], got[n]):  # each size partitioned into its own 4 sqrt(n) lists
+            assert 1 <= stats["partition"]["nprobe_for_95pct_median"] <= fit_synthetic.growth_nlist(n, 4.0)
+    # the profile's norms come from the largest prefix measured
+    largest = ann_growth.real_set(work, "mean", 900, 20, beyond=5000)
+    assert profile.norm_table == fit_synthetic.measured_profile("x", largest)["norm_table"]
+
+    def mean_loss(values):
+        p = fit_synthetic.Profile(**{**{k: getattr(profile, k) for k in profile.__dataclass_fields__}, **values})
+        return np.mean([fit_synthetic.loss(
+            fit_synthetic.stats(fit_synthetic.synthetic_set(p, n, 16, 20), scratch, fit_synthetic.growth_nlist(n, 4.0)),
+            want[n]) for n in want])
+
+    fitted = {k: getattr(profile, k) for k in (*fit_synthetic.STRUCTURE, "spectrum_decay")}
+    started = {**start, "spectrum_decay": profile.spectrum_decay}
+    assert mean_loss(fitted) <= mean_loss(started) + 1e-9  # the search keeps a step only when it lowers the loss
+    with pytest.raises(SystemExit, match="real_pool.py encode"):
+        fit_synthetic.fit_growth("mean", [5000], 1, start, scratch, work, n_queries=20)
