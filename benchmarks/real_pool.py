@@ -13,7 +13,7 @@ Stages, each resumable and each leaving ``<stage>.done.json`` so that a rerun sk
     python benchmarks/real_pool.py fetch        # apt-get download + dpkg-deb -x the pinned packages; apt-cache dumpavail
     python benchmarks/real_pool.py passages     # passages.jsonl: {"id", "source", "title", "text"}, deduplicated
     python benchmarks/real_pool.py queries      # queries.jsonl: {"qid", "question", "answers", "source", "split"}
-    python benchmarks/real_pool.py encode [--limit N] [--device cuda] [--threads T]
+    python benchmarks/real_pool.py encode [--limit N] [--device cuda] [--threads T]   # resumes within a shard too
     python benchmarks/real_pool.py all          # the four in order: a rebuild from nothing
 
 Rebuilding from nothing needs Debian bookworm's package lists (``apt-get update``), ``man`` (man-db, for the man
@@ -80,6 +80,8 @@ STAGES = ("fetch", "passages", "queries", "encode")
 SEED = 0
 SUBSETS = (10_000, 30_000, 100_000, 300_000, 1_000_000)
 SHARD_SIZE = 50_000
+# rows encoded between checkpoints inside a shard: an interrupted shard loses at most this many (a few CPU-minutes)
+PIECE = 5_000
 #: ``auto``: bf16 where matrix products run natively in it (CUDA, CPUs with AMX or AVX-512 BF16), else fp32 (on an
 #: AVX2 CPU bf16 is emulated and several times slower than fp32)
 PRECISION = "auto"
@@ -483,6 +485,14 @@ def _shard_file(folder: Path, pooling: str, start: int, stop: int) -> Path:
     return folder / f"{pooling}-{start:08d}-{stop:08d}.npy"
 
 
+def _piece_done(folder: Path, start: int, stop: int) -> Path:
+    return folder / "pieces" / f"piece-{start:08d}-{stop:08d}.done.json"
+
+
+def _piece_file(folder: Path, pooling: str, start: int, stop: int) -> Path:
+    return folder / "pieces" / f"{pooling}-{start:08d}-{stop:08d}.npy"
+
+
 def _to_fp16(array: np.ndarray, what: str) -> np.ndarray:
     top = float(np.abs(array).max()) if array.size else 0.0
     if not np.isfinite(top) or top > float(np.finfo(np.float16).max):
@@ -491,9 +501,11 @@ def _to_fp16(array: np.ndarray, what: str) -> np.ndarray:
 
 
 def _encode_rows(folder: Path, rows: int, shard_size: int, records: Callable[[int, int], list],
-                 tokenize: Callable[[list], object], encode: Callable[[object], dict]) -> dict:
+                 tokenize: Callable[[list], object], encode: Callable[[object], dict], piece: int = PIECE) -> dict:
     """Encode rows ``[0, rows)`` shard by shard into ``folder``, skipping finished shards; returns counts and the
-    rate of the shards encoded now."""
+    rate of the rows encoded now. Inside a shard, every ``piece`` rows are saved under ``pieces/`` as they finish
+    (a shard takes most of an hour of one core): an interrupted shard resumes from its last finished piece, and
+    its pieces are joined into the shard's files and removed once all are there."""
     from fastdpr.atomic import save_npy, write_json
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -504,16 +516,35 @@ def _encode_rows(folder: Path, rows: int, shard_size: int, records: Callable[[in
         if marker.is_file() and all(_shard_file(folder, p, start, stop).is_file() for p in POOLINGS):
             skipped += 1
             continue
-        t0, c0 = time.perf_counter(), time.process_time()
-        vectors = encode(tokenize(records(start, stop)))
+        parts: dict[str, list[np.ndarray]] = {p: [] for p in POOLINGS}
+        shard_seconds = shard_cpu = 0.0
+        pieces = [(start + a, start + b) for a, b in shard_ranges(stop - start, piece)]
+        for a, b in pieces:
+            done = _piece_done(folder, a, b)
+            if done.is_file() and all(_piece_file(folder, p, a, b).is_file() for p in POOLINGS):
+                for pooling in POOLINGS:
+                    parts[pooling].append(np.load(_piece_file(folder, pooling, a, b)))
+                continue
+            t0, c0 = time.perf_counter(), time.process_time()
+            vectors = encode(tokenize(records(a, b)))
+            for pooling in POOLINGS:
+                half = _to_fp16(vectors[pooling], f"{folder.name} rows {a}-{b} ({pooling})")
+                save_npy(_piece_file(folder, pooling, a, b), half)
+                parts[pooling].append(half)
+            took, cpu = time.perf_counter() - t0, time.process_time() - c0
+            write_json(done, {"start": a, "stop": b, "seconds": round(took, 1), "cpu_seconds": round(cpu, 1)})
+            encoded += b - a
+            shard_seconds += took
+            shard_cpu += cpu
         for pooling in POOLINGS:
-            save_npy(_shard_file(folder, pooling, start, stop),
-                     _to_fp16(vectors[pooling], f"{folder.name} rows {start}-{stop} ({pooling})"))
-        took, cpu = time.perf_counter() - t0, time.process_time() - c0
-        write_json(marker, {"start": start, "stop": stop, "seconds": round(took, 1), "cpu_seconds": round(cpu, 1)})
-        encoded += stop - start
-        seconds += took
-        cpu_seconds += cpu
+            save_npy(_shard_file(folder, pooling, start, stop), np.concatenate(parts[pooling]))
+        write_json(marker, {"start": start, "stop": stop, "seconds": round(shard_seconds, 1),
+                            "cpu_seconds": round(shard_cpu, 1), "pieces": len(pieces)})
+        for a, b in pieces:
+            for path in (_piece_done(folder, a, b), *(_piece_file(folder, p, a, b) for p in POOLINGS)):
+                path.unlink(missing_ok=True)
+        seconds += shard_seconds
+        cpu_seconds += shard_cpu
     # CPU seconds too: on a shared machine the wall-clock rate says more about the neighbours than about the CPU
     return {"rows": rows, "shards_skipped": skipped, "rows_encoded_now": encoded,
             "per_second_now": round(encoded / seconds, 1) if seconds else None,
@@ -553,7 +584,7 @@ def _read_texts(path: Path) -> list[dict]:
 
 def stage_encode(work: Path, model_path: str | None = None, device: str = "cpu", limit: int | None = None,
                  threads: int | None = None, shard_size: int = SHARD_SIZE, batch_size: int = 32,
-                 precision: str = PRECISION, show_progress: bool | None = None) -> dict:
+                 precision: str = PRECISION, show_progress: bool | None = None, piece: int = PIECE) -> dict:
     """Both poolings of the first ``limit`` passages (all when ``None``) in the order of ``encode/order.npy``, and
     of every query, in shards. ``model_path`` is a sentence-transformers directory (default the packaged MiniLM)."""
     import torch
@@ -568,6 +599,8 @@ def stage_encode(work: Path, model_path: str | None = None, device: str = "cpu",
         raise SystemExit(f"--limit must be positive, got {limit}")
     if shard_size <= 0:
         raise SystemExit(f"--shard-size must be positive, got {shard_size}")
+    if piece <= 0:
+        raise SystemExit(f"piece must be positive, got {piece}")
     settings = {"model": model_path or MODEL_NAME, "max_length": MAX_LENGTH, "precision": precision,
                 "seed": SEED, "shard_size": shard_size, "dtype": "float16", "poolings": list(POOLINGS),
                 "passages_sha256": passages_done["sha256"], "queries_sha256": queries_done["sha256"]}
@@ -597,7 +630,7 @@ def stage_encode(work: Path, model_path: str | None = None, device: str = "cpu",
     def encode_passages(upto: int) -> dict:
         return _encode_rows(folder / "passages", upto, shard_size,
                             lambda a, b: [{"title": "", "text": passages[i]["text"]} for i in order[a:b]],
-                            model.tokenize_passage_lists, encoder("passage"))
+                            model.tokenize_passage_lists, encoder("passage"), piece)
 
     # the first shard of passages, then the questions, then the other shards: a measurement on the first rows
     # (a --limit run, the smallest subsets of the growth curve) needs the questions and should not wait on a
@@ -605,7 +638,7 @@ def stage_encode(work: Path, model_path: str | None = None, device: str = "cpu",
     first = encode_passages(min(rows, shard_size))
     q = _encode_rows(folder / "queries", len(queries), shard_size,
                      lambda a, b: [r["question"] for r in queries[a:b]], model.tokenize_question_lists,
-                     encoder("question"))
+                     encoder("question"), piece)
     p = _merge_counts(first, encode_passages(rows)) if rows > shard_size else first
     complete = json.loads(_marker(work, "encode").read_text())["passages"]["rows"] \
         if _marker(work, "encode").is_file() else 0

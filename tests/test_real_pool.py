@@ -291,6 +291,42 @@ def test_encode_resumes_shard_by_shard_and_prefixes_are_nested(rp, tmp_path, mod
                                atol=1e-2)
 
 
+def test_a_shard_interrupted_between_pieces_resumes_from_its_last_finished_piece(rp, tmp_path, model_dir,
+                                                                                  monkeypatch):
+    import minilm_pool
+
+    straight = _build(rp, tmp_path / "straight", model_dir, shard_size=5, limit=5, piece=2)
+    assert straight["passages"]["rows_encoded_now"] == 5
+    want = rp.load_vectors(tmp_path / "straight", "mean", 5)
+
+    work = tmp_path / "work"
+    real, calls = minilm_pool.encode_both, []
+
+    def dies_on_the_third_piece(model, seqs, tower, *args, **kwargs):
+        if tower == "passage":
+            calls.append(len(seqs))
+            if len(calls) == 3:
+                raise KeyboardInterrupt  # the job stopped while the shard's last piece was encoded
+        return real(model, seqs, tower, *args, **kwargs)
+
+    monkeypatch.setattr(minilm_pool, "encode_both", dies_on_the_third_piece)
+    with pytest.raises(KeyboardInterrupt):
+        _build(rp, work, model_dir, shard_size=5, limit=5, piece=2)
+    folder = work / "encode" / "passages"
+    assert calls == [2, 2, 1] and not (folder / "shard-00000000-00000005.done.json").exists()
+    assert sorted(p.name for p in (folder / "pieces").glob("*.done.json")) == [
+        "piece-00000000-00000002.done.json", "piece-00000002-00000004.done.json"]
+    monkeypatch.setattr(minilm_pool, "encode_both", real)
+    resumed = rp.stage_encode(work, model_path=str(model_dir), shard_size=5, limit=5, piece=2,
+                              show_progress=False)
+    assert resumed["passages"]["rows_encoded_now"] == 1  # the two finished pieces were not encoded again
+    np.testing.assert_allclose(rp.load_vectors(work, "mean", 5).astype(np.float32), want.astype(np.float32),
+                               atol=1e-2)
+    assert not list((folder / "pieces").iterdir())  # joined into the shard's files and removed
+    with pytest.raises(SystemExit, match="piece must be positive"):
+        rp.stage_encode(work, model_path=str(model_dir), shard_size=5, piece=0, show_progress=False)
+
+
 def test_stages_refuse_work_built_with_other_settings(rp, tmp_path, model_dir):
     work = tmp_path / "work"
     _build(rp, work, model_dir, shard_size=4, limit=2)
