@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             "em_top1": result["by_top_k"]["top1"]["em"], f"em_top{config.reader_top_k}": result["em"],
             "f1_top1": result["by_top_k"]["top1"]["f1"], f"f1_top{config.reader_top_k}": result["f1"],
             "questions": result["n"], "squad_gold_paragraph": result["squad_gold_paragraph"],
+            "nq_gold_paragraph": result["nq_gold_paragraph"],
         }
     else:
         scores = {"deciding": DECIDING, **{k: v for k, v in result.items() if k != "train"}}

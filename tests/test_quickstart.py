@@ -170,13 +170,15 @@ def test_table_and_plot(tmp_path):
     metrics = _metrics(GOOD)
     results = {"datasets": metrics, "qps": {"bm25": 500.0, "zero_shot": 40.0, "dense": 40.0, "hybrid": 30.0},
                "reader": {"em": 0.45, "f1": 0.5, "n": 10, "top_k": 5, "retriever": "hybrid",
-                          "squad_gold_paragraph": {"em": 0.5, "f1": 0.6, "n": 10}},
+                          "squad_gold_paragraph": {"em": 0.5, "f1": 0.6, "n": 10},
+                          "nq_gold_paragraph": {"em": 0.55, "f1": 0.65, "n": 10}},
                "index": {"spec": "flat", "passages": 100, "dim": 384, "bytes": 153600},
                "hybrid_alpha": 0.5}
     results["claims"] = claims(metrics, comparisons(metrics, rounds=100), results["reader"])
     table = qs.format_table(results)
     assert "NQ (QED test) (200 questions)" in table and "EM 0.450" in table and "500.0 q/s" in table
     assert "from the gold paragraph, 10 questions: EM 0.500" in table
+    assert "the same NQ questions from their gold paragraph: EM 0.550" in table
     # set beside what models of about its size reach on SQuAD v1.1 dev
     assert "published, whole SQuAD v1.1 dev" in table and "DistilBERT" in table
     assert table.count("[holds]") == len(results["claims"]) == 14
@@ -300,6 +302,7 @@ def test_the_reader_trained_here_is_the_same_work_on_any_machine(tmp_path, sampl
     assert result["n"] == min(4, len(ws.questions("nq_test"))) and set(result["by_top_k"]) == {"top1", "top3"}
     assert "7 steps of 2 questions x 3 passages" in result["source"]
     assert result["squad_gold_paragraph"]["n"] == 3 and result["train"]["cpu_s"] > 0
+    assert result["nq_gold_paragraph"]["n"] == result["n"]  # the same NQ questions, from their gold paragraph
 
 
 def test_a_reader_mixture_draws_its_shares_repeating_a_small_source():

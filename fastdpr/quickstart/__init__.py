@@ -62,7 +62,8 @@ def run_quickstart(config: QuickstartConfig, log: Callable[[str], None] | None =
                    "docs/architecture.md, 'Real data'",
         "retrieval": {name: {f"top{k}": nq[name][f"top{k}"] for k in KS} for name in RETRIEVERS},
         "reader": {k: reader[k] for k in ("em", "f1", "n", "top_k", "retriever", "source", "by_top_k",
-                                          "squad_gold_paragraph", "read_seconds") if k in reader},
+                                          "squad_gold_paragraph", "nq_gold_paragraph", "read_seconds")
+                   if k in reader},
         "qps": {name: speed["qps"][name] for name in RETRIEVERS},
         "datasets": metrics,
         "comparisons": compared,

@@ -465,11 +465,13 @@ def stage_reader(ws: Workspace) -> dict:
                [{"qid": q["qid"], "question": q["question"], "answers": q["answers"], **p}
                 for q, p in zip(test, predictions)])
     corpus = ws.corpus()
+    # the same NQ questions from their gold paragraph: how much of the open-domain miss is reading, not retrieval
+    nq_gold, _ = read_answers(ws, reader, test, [[corpus.get(q["gold_ids"][0])] for q in test], [1])
     squad = take(ws.questions("squad"), c.reader_squad_questions, "reader_squad")
     comprehension, _ = read_answers(ws, reader, squad, [[corpus.get(q["gold_ids"][0])] for q in squad], [1])
     return {**open_domain[f"top{c.reader_top_k}"], "by_top_k": open_domain, "top_k": c.reader_top_k,
             "retriever": "hybrid", "read_seconds": round(open_seconds, 1),
-            "squad_gold_paragraph": comprehension["top1"],
+            "squad_gold_paragraph": comprehension["top1"], "nq_gold_paragraph": nq_gold["top1"],
             "source": (f"trained here: {stats['steps']} steps of {c.reader_batch_size} questions x "
                        f"{c.reader_passages} passages in {stats['wall_s']:.0f} s ({stats['cpu_s']:.0f} CPU-s)"),
             "train": stats}

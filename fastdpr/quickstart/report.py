@@ -115,6 +115,9 @@ def format_table(results: dict) -> str:
     for k, m in (r.get("by_top_k") or {}).items():
         if k != f"top{r['top_k']}":
             lines.append(f"  reading only the {k.replace('top', 'top-')} passage: EM {m['em']:.3f}  F1 {m['f1']:.3f}")
+    if r.get("nq_gold_paragraph"):
+        m = r["nq_gold_paragraph"]
+        lines.append(f"  the same NQ questions from their gold paragraph: EM {m['em']:.3f}  F1 {m['f1']:.3f}")
     if r.get("squad_gold_paragraph"):
         m = r["squad_gold_paragraph"]
         lines.append(f"  SQuAD (XQuAD en) from the gold paragraph, {m['n']} questions: EM {m['em']:.3f}  "
