@@ -67,11 +67,13 @@ def validate(ws, ex, trained: str | None = None) -> dict:
     else:
         reader, stats = ex.train_reader(ws)
     k = ws.config.reader_top_k
+    corpus = ws.corpus()
     by_set, hits, n = {}, 0.0, 0
     for name in DEV_SETS:
         questions = ws.questions(name)
         scores, _ = ex.read_open_domain(ws, reader, questions)
-        by_set[name] = {"questions": len(questions), **scores}
+        gold, _ = ex.read_answers(ws, reader, questions, [[corpus.get(q["gold_ids"][0])] for q in questions], [1])
+        by_set[name] = {"questions": len(questions), **scores, "gold_paragraph": gold["top1"]}
         hits += scores[f"top{k}"]["em"] * len(questions)
         n += len(questions)
     return {f"em_top{k}_pooled": round(hits / max(n, 1), 4), "questions": n, "by_set": by_set, "train": stats}

@@ -294,7 +294,7 @@ def test_the_reader_trained_here_is_the_same_work_on_any_machine(tmp_path, sampl
     assert dev["questions"] == sum(sizes.values()) > 0 and set(dev["by_set"]) == set(sizes)
     pooled = sum(dev["by_set"][n]["top3"]["em"] * sizes[n] for n in sizes) / sum(sizes.values())
     assert dev["em_top3_pooled"] == pytest.approx(pooled, abs=1e-4)
-    assert all(dev["by_set"][n]["top1"]["n"] == sizes[n] for n in sizes)
+    assert all(dev["by_set"][n]["top1"]["n"] == dev["by_set"][n]["gold_paragraph"]["n"] == sizes[n] for n in sizes)
     kwargs = calls[0]
     assert kwargs["max_steps"] == 7 and kwargs.get("time_budget_s") is None
     assert (kwargs["batch_size"], kwargs["n_passages"], kwargs["lr"], kwargs["max_length"]) == (2, 3, 3e-4, 64)
