@@ -179,7 +179,9 @@ class Server:
         self.log = open(log, "a", encoding="utf-8")
         self.log.write(f"$ {' '.join(argv)}\n")
         self.log.flush()
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "FASTDPR_API_KEY": ""}
+        # served without a key: the variable left out (the server refuses one that is set but empty)
+        env = {k: v for k, v in os.environ.items() if k != "FASTDPR_API_KEY"}
+        env["TOKENIZERS_PARALLELISM"] = "false"
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=self.log, env=env)
         from fastdpr.serve import Client
 
