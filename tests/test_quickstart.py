@@ -321,6 +321,17 @@ def test_a_reader_mixture_draws_its_shares_repeating_a_small_source():
         ex.mixed_questions({"big": [], "small": by_source["small"]}, {"big": 1.0}, 10, "reader")
 
 
+def test_a_reader_mixture_with_a_question_count_is_refused():
+    from fastdpr.errors import InputError
+
+    with pytest.raises(InputError, match="reader_train_questions 300 are both set"):
+        qs.QuickstartConfig(reader_mixture={"qed": 1.0}, reader_train_questions=300)
+    # the fast preset's own count gives way to a mixture asked for
+    fast = qs.QuickstartConfig.preset(fast=True, reader_mixture={"qed": 1.0})
+    assert fast.reader_mixture == {"qed": 1.0} and fast.reader_train_questions is None
+    assert qs.QuickstartConfig.preset(fast=True).reader_train_questions == 200
+
+
 def test_fast_preset_is_smaller_than_the_default():
     fast, full = qs.QuickstartConfig.preset(fast=True), qs.QuickstartConfig.preset()
     assert fast.fast and fast.max_passages and fast.train_examples < full.train_examples

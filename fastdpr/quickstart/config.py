@@ -88,7 +88,17 @@ class QuickstartConfig:
         else:
             base = {}
         base.update({k: v for k, v in overrides.items() if v is not None})
+        if overrides.get("reader_mixture") and overrides.get("reader_train_questions") is None:
+            base.pop("reader_train_questions", None)  # a mixture sets its own count (the fast preset's 200 goes)
         return cls(**base)
+
+    def __post_init__(self) -> None:
+        if self.reader_mixture and self.reader_train_questions is not None:
+            from fastdpr.errors import InputError
+
+            raise InputError(
+                f"reader_mixture {self.reader_mixture} and reader_train_questions {self.reader_train_questions} "
+                "are both set: a mixture draws reader_steps x reader_batch_size questions itself; set one of them")
 
     def settings(self) -> dict:
         """What changes the results (not where they go or how they are shown)."""
