@@ -1,0 +1,301 @@
+"""Peers on the real pool of ``real_pool.py``: fastdpr ``auto`` + ``tune`` against ScaNN, faiss IVF-PQ fast scan
+with a refine step and faiss's RaBitQ IVF, at recall@100 >= 0.95, one thread; every setting chosen on the tuning
+questions, every reported figure measured on the test questions (``real_pool.query_split``: half each, by hash).
+
+**The same tuning budget for every system.** fastdpr builds what ``auto`` chooses and ``index.tune`` picks its
+settings on the tuning questions. Each peer gets a sweep of its build (list or leaf counts of
+``--lists-per-sqrt`` x sqrt(n); faiss fast scan and RaBitQ each in their own code layout) and, for every build, the
+very procedure ``tune`` runs for fastdpr (``fastdpr.index.tune``: the same re-rank ladder 2k, 4k, 8k, ... of
+candidates re-scored exactly — faiss's ``k_factor`` = R / k, ScaNN's reorder R —, the smallest list count that
+clears the target by two standard errors found by doubling and bisection, the cheapest depths timed, the winner
+confirmed on the half of the tuning sample that took no part in choosing it) through an adapter that maps
+``nprobe`` / ``rerank`` onto the peer's own knobs. The fastest of a peer's builds on the tuning questions is its
+entry. Then every entry, and exact search, is timed side by side on the test questions in alternating rounds (the
+best round of each), so a changing load on the shared cores moves all of them alike.
+
+    python benchmarks/ann_peers.py --n 1000000                      # the real 1M (after real_pool.py encode)
+    python benchmarks/ann_peers.py --n 30000 --lists-per-sqrt 2,4   # a prefix of what is encoded so far
+
+Writes ``<name>.{json,md}`` (default ``ann_peers_<pooling>_<n>``); ScaNN and RaBitQ are skipped, with the reason
+in the report, where the installed packages lack them (``pip install scann``; faiss >= 1.12 for RaBitQ).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import markdown_table, write_results  # noqa: E402
+from ann_auto import side_by_side  # noqa: E402
+from datasets import Dataset, cache_dir, ground_truth  # noqa: E402
+
+K = 100
+TARGET = 0.95
+THREADS = 1
+
+
+class PeerIndex:
+    """A peer's built index seen through fastdpr's tuning interface: ``nprobe`` is the number of lists (or leaves)
+    searched and ``rerank`` the number of candidates re-scored exactly, so ``fastdpr.index.tune`` chooses its
+    settings the way it chooses fastdpr's."""
+
+    kind = "ivfpq"
+    store, sq = "fp32", 0  # every peer keeps full vectors to re-rank with (tune's ladder of depths applies)
+
+    def __init__(self, name: str, handle, search, n: int, dim: int, nlist: int):
+        self.name, self.handle, self._search = name, handle, search
+        self.n, self.dim, self.nlist = n, dim, nlist
+        self.nprobe, self.rerank, self.tuned = 1, 2 * K, None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def search(self, q, k, threads=THREADS, nprobe=None, rerank=None):
+        ids = self._search(self.handle, np.ascontiguousarray(q, dtype=np.float32), k, threads,
+                           nprobe or self.nprobe, max(k, rerank or self.rerank))
+        return None, np.asarray(ids, dtype=np.int64)
+
+
+def faiss_builds(lists: list[int], d: int, train: int) -> tuple[list[tuple], str]:
+    """(name, build, search, nlist, params) of each faiss build, and why none where faiss lacks them."""
+    try:
+        import faiss
+    except ImportError:
+        return [], "faiss not installed (pip install faiss-cpu)"
+    ip = faiss.METRIC_INNER_PRODUCT
+
+    def factory_build(factory):
+        def build(base):
+            faiss.omp_set_num_threads(os.cpu_count() or 1)
+            index = faiss.index_factory(d, factory, ip)
+            rows = np.sort(np.random.default_rng(0).choice(len(base), min(train, len(base)), replace=False))
+            index.train(np.ascontiguousarray(base[rows], dtype=np.float32))
+            for s in range(0, len(base), 65536):
+                index.add(np.ascontiguousarray(base[s:s + 65536], dtype=np.float32))
+            return index
+        return build
+
+    def search(index, q, k, threads, nprobe, rerank):
+        faiss.omp_set_num_threads(threads)
+        faiss.extract_index_ivf(index).nprobe = int(nprobe)
+        faiss.downcast_index(index).k_factor = rerank / k
+        return index.search(q, k)[1]
+
+    layouts = [("faiss-ivfpq-fastscan", "PQ{m}x4fs".format(m=max(1, d // 2)))]
+    why = ""
+    if hasattr(faiss, "IndexIVFRaBitQFastScan"):
+        layouts += [("faiss-ivf-rabitq-fs", "RaBitQfs"), ("faiss-ivf-rabitq4-fs", "RaBitQfs4")]
+    else:
+        why = f"faiss {faiss.__version__} has no RaBitQ IVF (1.12 and later)"
+    out = [(name, factory_build(f"IVF{nl},{codes},RFlat"), search, nl, {"factory": f"IVF{nl},{codes},RFlat"})
+           for name, codes in layouts for nl in lists]
+    return out, why
+
+
+def scann_builds(lists: list[int], d: int, train: int) -> tuple[list[tuple], str]:
+    try:
+        import scann
+    except ImportError:
+        return [], "scann not installed (pip install scann)"
+
+    def leaf_build(leaves):
+        def build(base):
+            base = np.ascontiguousarray(base, dtype=np.float32)
+            # ScaNN's recipe for inner product: k-means tree, anisotropic 4-bit AH on 2-dimensional blocks
+            # (threshold 0.2 as in its examples), then an exact float re-rank of the short list
+            b = (scann.scann_ops_pybind.builder(base, K, "dot_product")
+                 .tree(num_leaves=leaves, num_leaves_to_search=max(1, leaves // 16),
+                       training_sample_size=min(len(base), train))
+                 .score_ah(2, anisotropic_quantization_threshold=0.2)
+                 .reorder(4 * K))
+            b.set_n_training_threads(os.cpu_count() or 1)
+            return b.build()
+        return build
+
+    def search(searcher, q, k, threads, nprobe, rerank):
+        # one thread: search_batched runs on the calling thread only
+        return searcher.search_batched(q, k, int(rerank), int(nprobe))[0]
+
+    return [("scann", leaf_build(nl), search, nl, {"num_leaves": nl, "dims_per_block": 2,
+                                                   "anisotropic_quantization_threshold": 0.2})
+            for nl in lists], ""
+
+
+def load_real(work: Path, pooling: str, n: int, n_queries: int) -> tuple[Dataset, np.ndarray, np.ndarray]:
+    """The first ``n`` passages of the pool, and the first ``n_queries`` tuning and test questions: (data set of
+    all its questions, tuning rows, test rows)."""
+    import real_pool
+
+    base = real_pool.load_vectors(work, pooling, n)
+    questions = real_pool.load_vectors(work, pooling, what="queries")
+    if questions.size == 0:
+        raise SystemExit(f"no question vectors in {work}/encode/queries: python benchmarks/real_pool.py encode")
+    records = real_pool._read_texts(work / "queries.jsonl")
+    tune_rows = [i for i, r in enumerate(records) if r["split"] == "tune"][:n_queries]
+    test_rows = [i for i, r in enumerate(records) if r["split"] == "test"][:n_queries]
+    rows = tune_rows + test_rows
+    directory = cache_dir() / f"real-pool-{pooling}-{n}-tune{len(tune_rows)}-test{len(test_rows)}"
+    directory.mkdir(parents=True, exist_ok=True)
+    ds = Dataset(name=f"real-{pooling}-{n}", base=np.asarray(base, dtype=np.float32),
+                 queries=np.asarray(questions[rows], dtype=np.float32), directory=directory,
+                 description=f"real pool ({work}), MiniLM {pooling} pooling, first {n:,} rows of the fixed permutation")
+    return ds, np.arange(len(tune_rows)), np.arange(len(tune_rows), len(rows))
+
+
+def tune_peer(name, build, search, nlist, params, ds, q_tune, gt_tune) -> dict:
+    from fastdpr.errors import InputError
+    from fastdpr.index import tune
+
+    t0 = time.perf_counter()
+    handle = build(ds.base)
+    build_s = time.perf_counter() - t0
+    index = PeerIndex(name, handle, search, ds.n, ds.dim, nlist)
+    t0 = time.perf_counter()
+    try:
+        result = tune.tune(index, q_tune, target_recall=TARGET, k=K, truth=gt_tune, threads=THREADS)
+    except InputError as err:  # the target is out of this build's reach
+        return {"system": name, "build": params, "build_s": build_s, "error": str(err), "index": None}
+    row = {"system": name, "build": params, "nlist": nlist, "build_s": round(build_s, 1),
+           "tune_s": round(time.perf_counter() - t0, 1), "settings": dict(result.params),
+           "tune_recall": result.recall, "tune_qps": result.qps, "evaluations": result.evaluations, "index": index}
+    print(f"  {name} {params}: {row['settings']} recall {result.recall:.4f} at {result.qps:.0f} q/s on the tuning "
+          f"questions (build {build_s:.0f} s, tune {row['tune_s']:.0f} s)", flush=True)
+    return row
+
+
+def run(args) -> dict:
+    from fastdpr.index import FlatIndex, build_index
+    from fastdpr.index.auto import choose_index
+    from fastdpr.index.tune import recall_at
+
+    ds, tune_rows, test_rows = load_real(args.work, args.pooling, args.n, args.queries)
+    gt = ground_truth(ds, K)
+    q_tune, q_test = ds.queries[tune_rows], ds.queries[test_rows]
+    gt_tune, gt_test = gt[tune_rows], gt[test_rows]
+    lists = sorted({max(1, int(round(f * math.sqrt(ds.n)))) for f in args.lists_per_sqrt})
+    print(f"{ds.name}: {ds.n:,} x {ds.dim}, {len(tune_rows)} tuning and {len(test_rows)} test questions; "
+          f"peer list counts {lists}", flush=True)
+
+    choice = choose_index(ds.n, ds.dim)
+    t0 = time.perf_counter()
+    ours = build_index(ds.base, "auto")
+    build_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tuned = ours.tune(q_tune, target_recall=TARGET, k=K, truth=gt_tune, threads=THREADS)
+    fastdpr_row = {"system": "fastdpr auto + tune", "build": {"spec": choice.spec}, "build_s": round(build_s, 1),
+                   "tune_s": round(time.perf_counter() - t0, 1), "settings": dict(tuned.params),
+                   "tune_recall": tuned.recall, "tune_qps": tuned.qps, "evaluations": tuned.evaluations}
+    print(f"  fastdpr auto -> {choice.spec}: {tuned.params} recall {tuned.recall:.4f}", flush=True)
+
+    skipped, tried = {}, []
+    peers = {}
+    for family in args.peers:
+        builds, why = (faiss_builds if family == "faiss" else scann_builds)(lists, ds.dim, args.train)
+        if why:
+            skipped[family] = why
+            print(f"  {family}: {why}", flush=True)
+        for spec in builds:
+            row = tune_peer(*spec, ds, q_tune, gt_tune)
+            best = peers.get(row["system"])
+            if row["index"] is not None and (best is None or row["tune_qps"] > best["tune_qps"]):
+                peers[row["system"]] = row  # the fastest build so far; the slower one's memory goes
+            tried.append({k: v for k, v in row.items() if k != "index"})
+
+    flat = FlatIndex(ds.dim)
+    flat.add(ds.base)
+    contenders = {"fastdpr auto + tune": lambda: ours.search(q_test, K, threads=THREADS),
+                  "exact (fastdpr flat)": lambda: flat.search(q_test, K, threads=THREADS)}
+    test_recall = {"fastdpr auto + tune": recall_at(ours.search(q_test, K, threads=THREADS)[1], gt_test),
+                   "exact (fastdpr flat)": 1.0}
+    for name, row in peers.items():
+        index, settings = row["index"], row["settings"]
+        contenders[name] = lambda i=index, s=settings: i.search(q_test, K, THREADS, **s)
+        test_recall[name] = recall_at(index.search(q_test, K, THREADS, **settings)[1], gt_test)
+    times = side_by_side(contenders, args.rounds)
+    chosen = [fastdpr_row] + [{k: v for k, v in r.items() if k != "index"} for r in peers.values()]
+    for row in chosen:
+        row["test_recall"] = test_recall[row["system"]]
+        row["test_qps"] = len(q_test) / times[row["system"]]
+    exact_qps = len(q_test) / times["exact (fastdpr flat)"]
+    return {"set": ds.name, "n": ds.n, "dim": ds.dim, "description": ds.description, "pooling": args.pooling,
+            "tune_questions": len(tune_rows), "test_questions": len(test_rows), "lists": lists, "train": args.train,
+            "rounds": args.rounds, "chosen": chosen, "tried": tried, "skipped": skipped, "exact_qps": exact_qps,
+            "load": os.getloadavg()}
+
+
+def report(out: dict) -> str:
+    rows = []
+    fastdpr_qps = out["chosen"][0]["test_qps"]
+    for r in out["chosen"]:
+        rows.append({"system": r["system"], "build": ", ".join(f"{k} {v}" for k, v in r["build"].items()),
+                     "settings": ", ".join(f"{k} {v}" for k, v in r["settings"].items()),
+                     "recall@100 tuning": r["tune_recall"], "recall@100 test": r["test_recall"],
+                     "q/s test": int(round(r["test_qps"])), "fastdpr ÷ it": f"{fastdpr_qps / r['test_qps']:.2f}×",
+                     "build s": int(round(r["build_s"]))})
+    rows.append({"system": "exact (fastdpr flat)", "recall@100 test": 1.0, "q/s test": int(round(out["exact_qps"])),
+                 "fastdpr ÷ it": f"{fastdpr_qps / out['exact_qps']:.2f}×"})
+    tried = [{"system": t["system"], "build": ", ".join(f"{k} {v}" for k, v in t["build"].items()),
+              "settings": ", ".join(f"{k} {v}" for k, v in t.get("settings", {}).items()) or t.get("error", ""),
+              "recall@100 tuning": t.get("tune_recall"), "q/s tuning": int(round(t["tune_qps"])) if "tune_qps" in t
+              else None, "build s": int(round(t["build_s"])), "tune s": int(round(t.get("tune_s") or 0))} for t in out["tried"]]
+    peers = [r for r in out["chosen"][1:]]
+    best = max(peers, key=lambda r: r["test_qps"]) if peers else None
+    verdict = (f"fastdpr auto + tune {fastdpr_qps:.0f} q/s against the best peer, {best['system']}, "
+               f"{best['test_qps']:.0f} q/s: **{fastdpr_qps / best['test_qps']:.2f}×** (target 1.5×)"
+               if best else "no peer measured")
+    skipped = "".join(f"\n- {k}: {v}" for k, v in out["skipped"].items())
+    return (f"{out['description']}; {out['tune_questions']} tuning and {out['test_questions']} test questions; "
+            f"recall@100 target {TARGET}, 1 thread; peer list counts {out['lists']} (k-means on "
+            f"{min(out['train'], out['n']):,} rows); q/s the best of {out['rounds']} alternating rounds on the test "
+            f"questions; load average at the end {tuple(round(v, 1) for v in out['load'])}.\n\n"
+            f"{verdict}.\n\n### Chosen on the tuning questions, measured on the test questions\n\n"
+            + markdown_table(rows, floatfmt=".4f")
+            + "\n\n### Every build tried (tuning questions)\n\n" + markdown_table(tried, floatfmt=".4f")
+            + (f"\n\nNot measured:{skipped}" if skipped else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import real_pool
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, required=True, help="passages: the first n of the pool's fixed permutation")
+    ap.add_argument("--pooling", default="mean", choices=real_pool.POOLINGS)
+    ap.add_argument("--queries", type=int, default=1000, help="tuning questions, and as many test questions")
+    ap.add_argument("--lists-per-sqrt", default="2,4,8",
+                    help="the peers' list (leaf) counts, as multiples of sqrt(n), comma-separated")
+    ap.add_argument("--train", type=int, default=250_000, help="rows the peers' k-means sees")
+    ap.add_argument("--peers", default="faiss,scann")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds on the test questions")
+    ap.add_argument("--work", type=Path, default=None, help="real_pool.py's folder (default: its cache folder)")
+    ap.add_argument("--name", default=None)
+    ap.add_argument("--out", default=None, help="results folder (default: benchmarks/results)")
+    args = ap.parse_args(argv)
+    try:
+        args.lists_per_sqrt = [float(v) for v in args.lists_per_sqrt.split(",") if v.strip()]
+    except ValueError:
+        ap.error(f"--lists-per-sqrt {args.lists_per_sqrt!r}: comma-separated numbers")
+    args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = set(args.peers) - {"faiss", "scann"}
+    if unknown:
+        ap.error(f"--peers: unknown {sorted(unknown)}; known: faiss, scann")
+    if args.n < 1 or args.queries < 1 or args.rounds < 1 or not args.lists_per_sqrt:
+        ap.error("--n, --queries, --rounds and --lists-per-sqrt must be positive")
+    args.work = args.work or real_pool.default_work()
+    try:
+        out = run(args)
+    except ValueError as err:  # fewer rows encoded than asked for
+        raise SystemExit(f"ann_peers: {err}") from None
+    name = args.name or f"ann_peers_{args.pooling}_{args.n}"
+    write_results(name, args.out, out, report(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""benchmarks/ann_peers.py: peers tuned by fastdpr's own procedure through an adapter, on a small stand-in for the
+real pool's folder."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+ann_peers = pytest.importorskip("ann_peers")
+from test_ann_growth import _fake_pool  # noqa: E402
+
+
+def test_the_adapter_lets_tune_choose_a_peers_lists_and_depth():
+    """A stand-in peer whose recall grows with the lists searched and the depth re-ranked: tune picks the cheapest
+    setting that clears the target, and the adapter hands those knobs to the peer's own search."""
+    from fastdpr.index import tune
+
+    rng = np.random.default_rng(3)
+    n, d, nlist = 3000, 8, 64
+    base = rng.standard_normal((n, d)).astype(np.float32)
+    q = rng.standard_normal((240, d)).astype(np.float32)
+    truth = np.argsort(-(q @ base.T), axis=1)[:, :100]
+    calls = []
+
+    def search(handle, queries, k, threads, nprobe, rerank):
+        calls.append((nprobe, rerank))
+        # the exact top-k, of which a share grows with nprobe / nlist is kept; the rest filled with far rows
+        exact = np.argsort(-(queries @ handle.T), axis=1)[:, :k]
+        keep = min(k, int(round(k * min(1.0, nprobe / (0.5 * nlist)))))
+        out = exact.copy()
+        out[:, keep:] = n - 1 - np.arange(k - keep)
+        return out
+
+    peer = ann_peers.PeerIndex("stand-in", base, search, n, d, nlist)
+    result = tune.tune(peer, q, target_recall=0.95, k=100, truth=truth)
+    assert result.recall >= 0.95
+    assert 29 <= result.params["nprobe"] <= 32  # 0.95 of the top 100 kept needs 95% of half the lists
+    assert result.params["rerank"] >= 200 and calls and all(r >= 100 for _, r in calls)
+    assert (peer.nprobe, peer.rerank) == (result.params["nprobe"], result.params["rerank"])
+
+
+def test_a_run_tunes_every_build_and_reports_the_test_questions(tmp_path, monkeypatch):
+    pytest.importorskip("faiss")
+    monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
+    work = tmp_path / "pool"
+    _fake_pool(work, n=1500, n_queries=240)
+    out = tmp_path / "out"
+    assert ann_peers.main(["--work", str(work), "--n", "1500", "--queries", "120", "--lists-per-sqrt", "1,2",
+                           "--peers", "faiss", "--rounds", "1", "--out", str(out)]) == 0
+    result = json.loads((out / "ann_peers_mean_1500.json").read_text())
+    assert result["tune_questions"] == result["test_questions"] == 120
+    assert result["lists"] == [39, 77]
+    families = {t["system"] for t in result["tried"]}
+    assert "faiss-ivfpq-fastscan" in families and len(result["tried"]) == 2 * len(families)
+    chosen = {r["system"]: r for r in result["chosen"]}
+    assert chosen["fastdpr auto + tune"]["test_recall"] > 0.9
+    for name, row in chosen.items():
+        if name != "fastdpr auto + tune":
+            assert row["tune_recall"] >= 0.95 and 0.8 < row["test_recall"] <= 1.0 and row["test_qps"] > 0
+            assert row["settings"]["rerank"] >= 200  # tune's ladder starts at 2k
+    text = (out / "ann_peers_mean_1500.md").read_text()
+    assert "against the best peer" in text and "Every build tried" in text
+
+
+def test_more_rows_than_encoded_is_one_clear_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
+    work = tmp_path / "pool"
+    _fake_pool(work, n=600, n_queries=40)
+    with pytest.raises(SystemExit, match="only 600 rows of passages are encoded"):
+        ann_peers.main(["--work", str(work), "--n", "5000", "--peers", "faiss", "--out", str(tmp_path / "out")])
