@@ -420,7 +420,7 @@ def _report(args, stages: dict) -> int:
         frozen_rows.append({"pool negatives": pool, "train s": round(t["train_seconds"], 1),
                             "examples/s": round(t["examples_per_s"], 1), **{
                                 f"{s} {m}": seed_mean(systems[label], s)[m] for s in SETS for m in ("top20", "mrr10")}})
-    if arms:
+    if arms and frozen:  # the reference row of the question-side table
         full = max(arms)
         t = next(t for t in training if t["group"] == full)
         frozen_rows.append({"pool negatives": f"full fine-tuning (groups of {full}; re-encodes the corpus)",
