@@ -20,7 +20,7 @@ not the same retrieval quality, which this benchmark does not measure:
 
 Measured, in this order:
 
-1. in-process throughput: ``retrieve`` one question at a time and in batches of 64 (dense with bf16 questions,
+1. in-process throughput: ``retrieve`` one question at a time and in batches of 64 (dense with bf16 questions where the CPU runs bf16 natively, fp32 elsewhere: ``PRECISION``,
    and hybrid);
 2. ``fastdpr serve`` (its own process, batching as shipped) under 1, 8, 32 and 128 closed-loop clients (each
    sends its next request when the last is answered), then the same server with ``--max-batch 1`` (one request
@@ -53,6 +53,17 @@ from _common import exit_if_data_unavailable, markdown_table, write_results  # n
 
 K = 10
 LEVELS = (1, 8, 32, 128)
+
+
+def _precision() -> str:
+    """bf16 questions where this CPU multiplies bf16 natively (AVX512-BF16 / AMX), else fp32: emulated bf16 runs a
+    question 2-3x slower than fp32 on an AVX2-only CPU, which would measure the emulation, not the server."""
+    from fastdpr.models.precision import bf16_supported
+
+    return "bf16" if bf16_supported() else "fp32"
+
+
+PRECISION = _precision()
 
 
 # ------------------------------------------------------------------------------------------------ the files
@@ -142,7 +153,7 @@ def in_process(files: dict, seconds: float) -> dict:
     corpus = Corpus.open(files["corpus"])
     model = BiEncoder.from_pretrained(files["model"])
     model.eval()
-    dense = DenseRetriever(model, load_index(files["index"], mmap=True), corpus, precision="bf16")
+    dense = DenseRetriever(model, load_index(files["index"], mmap=True), corpus, precision=PRECISION)
     hybrid = HybridRetriever(dense, SparseRetriever(BM25.load(files["bm25"]), corpus), k_union=files["k_union"])
     qs = files["questions"]
     out = {}
@@ -175,7 +186,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "fastdpr", "serve", "--model", files["model"], "--index", files["index"],
                 "--bm25", files["bm25"], "--corpus", files["corpus"], "--k-union", str(files["k_union"]),
-                "--precision", "bf16", "--port", str(self.port), *extra]
+                "--precision", PRECISION, "--port", str(self.port), *extra]
         self.log = open(log, "a", encoding="utf-8")
         self.log.write(f"$ {' '.join(argv)}\n")
         self.log.flush()
@@ -494,13 +505,13 @@ def main() -> None:
     checks["sigterm_exit_codes"] = [batched_rc, single_rc]
     payload = {"settings": {k: v for k, v in vars(args).items() if k not in ("run", "standin", "out")} | {"k": K,
                "k_union": files["k_union"], "model": files["which_model"], "passages": files["passages"],
-               "pool": "quickstart run" if args.run else "stand-in", "questions": len(qs), "precision": "bf16"},
+               "pool": "quickstart run" if args.run else "stand-in", "questions": len(qs), "precision": PRECISION},
                "in_process": baseline, "levels": levels + one_at_a_time, "half_saturation": half,
                "saturation_qps": saturation, "soak": soak, "soak_rss_mib": rss, "overload": overload,
                "after_overload": after, "checks": checks}
     cols = ["server", "mode", "clients", "qps", "p50_ms", "p95_ms", "p99_ms", "ok", "requests"]
     asked = "one NQ-open dev question" if args.run else "one of the sample's SQuAD questions"
-    md = (f"`fastdpr serve` with MiniLM ({files['which_model']}; bf16 questions), a flat index and BM25 over "
+    md = (f"`fastdpr serve` with MiniLM ({files['which_model']}; {PRECISION} questions), a flat index and BM25 over "
           f"{files['passages']:,} passages (hybrid: k_union {files['k_union']}); {asked} per request, k={K}; "
           "server and load generator (asyncio, a minimal HTTP/1.1 client) share the machine's cores over loopback. "
           "The machine is shared: "
