@@ -50,6 +50,8 @@ def test_report_averages_seeds_and_leads_with_the_deciding_metric(tmp_path):
     assert 0.2 < r["difference"] < 0.4 and r["excludes 0"] == "yes"
     assert "Every arm ends above the starting model on every seed" in out["verdict"]
     assert len(out["training"]) == 6 and out["unfinished"] == []
+    assert "Question-side" not in body  # no question-side arm asked for: no table of them
+    assert "Only the deciding row" in body
 
 
 def test_report_names_missing_seeds_and_arms_below_the_start(tmp_path):
