@@ -241,11 +241,14 @@ def report(out: dict) -> str:
                      "build s": int(round(r["build_s"]))})
     rows.append({"system": "exact (fastdpr flat)", "recall@100 test": 1.0, "q/s test": int(round(out["exact_qps"])),
                  "fastdpr ÷ it": f"{fastdpr_qps / out['exact_qps']:.2f}×"})
-    tried = [{"system": t["system"], "build": ", ".join(f"{k} {v}" for k, v in t["build"].items()),
-              "settings": ", ".join(f"{k} {v}" for k, v in t.get("settings", {}).items()) or t.get("error", ""),
-              "recall@100 tuning": t.get("tune_recall"), "q/s tuning": int(round(t["tune_qps"])) if "tune_qps" in t
-              else None, "build s": int(round(t["build_s"])), "tune s": int(round(t.get("tune_s") or 0))} for t in out["tried"]]
-    peers = [r for r in out["chosen"][1:]]
+    tried = []
+    for t in out["tried"]:  # a build whose tuning failed has an error instead of settings
+        tried.append({"system": t["system"], "build": ", ".join(f"{k} {v}" for k, v in t["build"].items()),
+                      "settings": ", ".join(f"{k} {v}" for k, v in t.get("settings", {}).items()) or t.get("error"),
+                      "recall@100 tuning": t.get("tune_recall"),
+                      "q/s tuning": int(round(t["tune_qps"])) if "tune_qps" in t else None,
+                      "build s": int(round(t["build_s"])), "tune s": int(round(t.get("tune_s") or 0))})
+    peers = out["chosen"][1:]
     best = max(peers, key=lambda r: r["test_qps"]) if peers else None
     verdict = (f"fastdpr auto + tune {fastdpr_qps:.0f} q/s against the best peer, {best['system']}, "
                f"{best['test_qps']:.0f} q/s: **{fastdpr_qps / best['test_qps']:.2f}×** (target 1.5×)"

@@ -556,7 +556,8 @@ def section_negatives(ctx: Context) -> None:
                              "16384 --pack .gpu/negatives` on a machine with the data and carry .gpu"})
         return
     cmd = [sys.executable, str(BENCH / "negatives_bench.py"), "--device", "cuda", "--inputs", str(pack),
-           "--model", str(pack / "model"), "--batch", "1024", "--groups", "8,1024,32,128", "--lr", "5e-4", "--steps", os.environ.get("NEGATIVES_STEPS", "40"), "--chunk", "256",
+           "--model", str(pack / "model"), "--batch", "1024", "--groups", "8,1024,32,128", "--lr", "5e-4",
+           "--steps", os.environ.get("NEGATIVES_STEPS", "40"), "--chunk", "256",
            "--seeds", os.environ.get("NEGATIVES_SEEDS", "0,1,2"),
            "--name", "negatives_gpu", "--out", str(ctx.out), "--work", str(ctx.out / "negatives_work")]
     print(" ".join(cmd), flush=True)

@@ -20,8 +20,8 @@ not the same retrieval quality, which this benchmark does not measure:
 
 Measured, in this order:
 
-1. in-process throughput: ``retrieve`` one question at a time and in batches of 64 (dense with bf16 questions where the CPU runs bf16 natively, fp32 elsewhere: ``PRECISION``,
-   and hybrid);
+1. in-process throughput: ``retrieve`` one question at a time and in batches of 64 (dense, questions in
+   ``PRECISION``: bf16 where the CPU runs it natively, else fp32; and hybrid);
 2. ``fastdpr serve`` (its own process, batching as shipped) under 1, 8, 32 and 128 closed-loop clients (each
    sends its next request when the last is answered), then the same server with ``--max-batch 1`` (one request
    at a time): throughput and p50/p95/p99 latency;
@@ -56,8 +56,9 @@ LEVELS = (1, 8, 32, 128)
 
 
 def _precision() -> str:
-    """bf16 questions where this CPU multiplies bf16 natively (AVX512-BF16 / AMX), else fp32: emulated bf16 runs a
-    question 2-3x slower than fp32 on an AVX2-only CPU, which would measure the emulation, not the server."""
+    """bf16 questions where this CPU multiplies bf16 natively (AVX512-BF16 / AMX), else fp32: emulated bf16 encodes
+    questions several times slower than fp32 on an AVX2-only CPU (benchmarks/results/e2e.md: 35 against 207 q/s),
+    which would measure the emulation, not the server."""
     from fastdpr.models.precision import bf16_supported
 
     return "bf16" if bf16_supported() else "fp32"
