@@ -298,8 +298,9 @@ class _Load:
 
     Stale keep-alive connections are handled as common HTTP clients handle them: a pooled connection idle for
     ``max_idle_s`` (the server's keep-alive less a margin) is closed rather than reused, and a request that finds
-    its reused connection closed before any byte of the answer is sent once more on a new connection (safe: a
-    search changes nothing). Such retries are counted and reported, never folded into the statuses silently."""
+    its reused connection closed before any byte of the answer (keep-alive expiry, or the server evicting an idle
+    connection at its ``max_connections``) is sent once more on a new connection (safe: a search changes
+    nothing). Such retries are counted and reported, never folded into the statuses silently."""
 
     def __init__(self, url: str, mode: str, questions: list[str], connections: int, timeout: float,
                  max_idle_s: float = SERVER_KEEP_ALIVE_S - IDLE_MARGIN_S):
@@ -563,7 +564,8 @@ def main() -> None:
           f"Soak, {args.soak_seconds:.0f} s at 70% of saturation ({soak['rate']:.0f}/s offered, "
           f"{soak['offered_rate']:.0f}/s sent): {soak['ok']}/{soak['requests']} answered 200, statuses "
           f"{soak['statuses']}, {soak['retried']} sent again on a new connection (their pooled connection "
-          f"closed by the server's keep-alive timeout before any answer byte: see `_Load`); "
+          f"closed by the server while idle, by its keep-alive timeout or its connection limit, before any "
+          f"answer byte: see `_Load`); "
           f"p99 {soak['p99_ms']:.1f} ms; server RSS {rss[0][1]:.0f} MiB at the start, "
           f"{rss[-1][1]:.0f} MiB at the end (max {max(r for _, r in rss):.0f}, {len(rss)} samples).\n\n"
           f"Overload, {args.overload_seconds:.0f} s at 3x saturation ({overload['rate']:.0f}/s offered, "
