@@ -241,7 +241,8 @@ def _summary(latencies: list[float], statuses: Counter, elapsed: float, **extra)
 
 
 class _StaleConnection(Exception):
-    """A connection that answered before was closed before any byte of the next answer (keep-alive expiry)."""
+    """A connection that answered before was closed before any byte of the next answer (keep-alive expiry, or
+    eviction at the server's connection limit)."""
 
 
 class _Connection:
