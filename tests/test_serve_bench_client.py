@@ -96,3 +96,55 @@ def test_the_idle_limit_stays_below_the_servers_keep_alive():
 
     assert serve_bench.SERVER_KEEP_ALIVE_S == ConnectionLimits().keep_alive_s
     assert 0 < serve_bench.SERVER_KEEP_ALIVE_S - serve_bench.IDLE_MARGIN_S < serve_bench.SERVER_KEEP_ALIVE_S
+
+
+def test_the_soak_rate_steps_down_until_an_open_loop_probe_holds(monkeypatch):
+    """A server that sheds its first requests (503) makes the first probe fail: the soak runs one step lower,
+    where the probe gets every request answered 200."""
+    import threading
+
+    monkeypatch.setattr(serve_bench, "PROBE_PAUSE_S", 0.0)
+    shed = {"left": 10}
+    ready, stop = threading.Event(), threading.Event()
+    where = {}
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                if shed["left"] > 0:
+                    shed["left"] -= 1
+                    writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 2\r\n\r\n{}")
+                else:
+                    writer.write(ANSWER)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    def serve():  # its own thread and loop: soak_rate runs its probes with asyncio.run
+        async def main():
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            where["port"] = server.sockets[0].getsockname()[1]
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+            server.close()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        rate, probes = serve_bench.soak_rate(f"http://127.0.0.1:{where['port']}", saturation=200.0,
+                                             questions=["q"], timeout=10.0, connections=64, seconds=0.2)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert len(probes) == 2
+    assert probes[0]["statuses"].get("503") == 10
+    assert probes[1]["ok"] == probes[1]["requests"] > 0
+    assert rate == pytest.approx(200.0 * serve_bench.SOAK_SHARE * serve_bench.PROBE_STEP)
