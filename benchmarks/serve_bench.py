@@ -454,8 +454,9 @@ def soak_rate(url: str, saturation: float, questions: list[str], timeout: float,
               seconds: float) -> tuple[float, list[dict]]:
     """The soak's rate and the probes that chose it. The closed loop measures the server on kept connections; an
     open loop at the same rate can fall behind on two shared cores (new connections, the load generator's own
-    work), and once behind it does not recover: it sheds load for the whole soak, which then measures overload. So the soak runs at ``SOAK_SHARE`` of saturation only where a ``seconds`` open-loop probe at
-    that rate holds, else at the first rate ``PROBE_STEP`` below it that does."""
+    work), and once behind it does not recover: it sheds load for the whole soak, which then measures overload.
+    So the soak runs at ``SOAK_SHARE`` of saturation only where a ``seconds`` open-loop probe at that rate holds,
+    else at the first rate ``PROBE_STEP`` below it that does."""
     rate, probes = SOAK_SHARE * saturation, []
     for _ in range(8):
         probe = asyncio.run(open_loop(url, "dense", rate, seconds, questions, timeout, connections))
