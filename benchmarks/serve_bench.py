@@ -575,8 +575,8 @@ def main() -> None:
                "k_union": files["k_union"], "model": files["which_model"], "passages": files["passages"],
                "pool": "quickstart run" if args.run else "stand-in", "questions": len(qs), "precision": PRECISION},
                "in_process": baseline, "levels": levels + one_at_a_time, "half_saturation": half,
-               "saturation_qps": saturation, "soak_probes": probes, "soak": soak, "soak_rss_mib": rss, "overload": overload,
-               "after_overload": after, "checks": checks}
+               "saturation_qps": saturation, "soak_probes": probes, "soak": soak, "soak_rss_mib": rss,
+               "overload": overload, "after_overload": after, "checks": checks}
     cols = ["server", "mode", "clients", "qps", "p50_ms", "p95_ms", "p99_ms", "ok", "requests"]
     asked = "one NQ-open dev question" if args.run else "one of the sample's SQuAD questions"
     md = (f"`fastdpr serve` with MiniLM ({files['which_model']}; {PRECISION} questions), a flat index and BM25 over "
