@@ -22,13 +22,17 @@ questions that mostly have nothing close in it. The generator draws its own quer
 
     python benchmarks/ann_growth.py                                  # every size the encoded pool reaches
     python benchmarks/ann_growth.py --sizes 10000,30000 --pooling mean
+    python benchmarks/ann_growth.py --profiles minilm-mean,minilm-mean-pool   # the generator before and after the
+                                                                               # fit to this curve
 
-Writes ``ann_growth.{json,md}``; sizes beyond what ``real_pool.py encode`` has finished are skipped with a line
-that says so.
+Writes ``ann_growth.{json,md,png}``; sizes beyond what ``real_pool.py encode`` has finished are skipped with a line
+that says so. Each (set, n, nlist) row is kept beside its ground truth in the benchmark cache, so a later run with
+one more size measures only that size (the 1M point takes the longest, and the pool reaches it last).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -41,6 +45,8 @@ sys.path.insert(0, str(HERE))
 from _common import markdown_table, write_results  # noqa: E402
 from ann_calibrate import partition_spread  # noqa: E402
 from datasets import Dataset, cache_dir, calibrated_synthetic, ground_truth  # noqa: E402
+
+from fastdpr.atomic import write_json  # noqa: E402
 
 K = 100
 SIZES = (10_000, 30_000, 100_000, 300_000, 1_000_000)
@@ -122,10 +128,18 @@ def real_set(work: Path, pooling: str, n: int, n_queries: int, query_source: str
                    description=f"real pool, MiniLM {pooling} pooling, first {n:,} rows of the fixed permutation")
 
 
+ROW_VERSION = 1  # bump when what a row measures changes: older cached rows are then measured again
+
+
 def measure(ds: Dataset, lists_per_sqrt: float) -> dict:
+    nlist = max(1, int(round(lists_per_sqrt * math.sqrt(ds.n))))
+    cached = ds.directory / f"growth-nlist{nlist}-v{ROW_VERSION}.json"
+    if cached.exists():
+        row = json.loads(cached.read_text())
+        print(f"{row} (kept from {cached})", flush=True)
+        return row
     t0 = time.perf_counter()
     gt = ground_truth(ds, K)
-    nlist = max(1, int(round(lists_per_sqrt * math.sqrt(ds.n))))
     part = partition_spread(ds, gt, nlist, "l2-balanced")
     row = {"set": ds.name.rsplit("-", 1)[0], "n": ds.n, "queries": len(ds.queries), "nlist": nlist,
            "lists for 95% (median)": part["nprobe_for_95pct_median"],
@@ -135,8 +149,38 @@ def measure(ds: Dataset, lists_per_sqrt: float) -> dict:
            "share of passages (median)": part["scanned_for_95pct_median"],
            "share of passages (p90)": part["scanned_for_95pct_p90"],
            **neighbourhood(ds, gt), "seconds": round(time.perf_counter() - t0, 1)}
+    write_json(cached, row)
     print(row, flush=True)
     return row
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Share of the passages an ideal IVF scans for 95% of the top-100, and LID, against n: one line per set."""
+    try:
+        from fastdpr.plotting import pyplot
+
+        plt = pyplot()
+    except Exception as err:  # the numbers are written already; a missing plot extra must not lose them
+        print(f"no plot: {err}", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r["set"] for r in rows):
+        mine = sorted((r for r in rows if r["set"] == name), key=lambda r: r["n"])
+        n = [r["n"] for r in mine]
+        style = "o-" if name.startswith("real") else "s--"
+        axes[0].plot(n, [r["share of passages (median)"] for r in mine], style, label=name)
+        axes[1].plot(n, [r["lid_median"] for r in mine], style, label=name)
+    axes[0].set_ylabel("share of passages scanned for 95% of top-100 (median)")
+    axes[0].set_yscale("log")
+    axes[1].set_ylabel("local intrinsic dimensionality (median, k = 100)")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("passages n (nested prefixes)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--query-source", choices=("questions", "passages"), default="questions",
                     help="test-half questions, or pool passages beyond the largest size")
     ap.add_argument("--no-synthetic", action="store_true", help="the real pool only")
+    ap.add_argument("--profiles", default=None,
+                    help="the generator's profiles to measure beside the pool, comma-separated (default: the one "
+                         "calibrated to the pooling, e.g. minilm-mean)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import real_pool
@@ -161,25 +208,32 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--sizes must be positive whole numbers, got {args.sizes!r}") from None
     if not sizes or min(sizes) <= 0:
         raise SystemExit(f"--sizes must be positive numbers, got {args.sizes!r}")
+    from fastdpr.index.synthetic import PROFILES
+
+    profiles = [p for p in (args.profiles or PROFILE[args.pooling]).split(",") if p.strip()]
+    unknown = [p for p in profiles if p not in PROFILES]
+    if unknown:
+        raise SystemExit(f"--profiles: unknown profile {unknown[0]!r}; known: {', '.join(sorted(PROFILES))}")
     rows = []
     for n in sizes:
         real = real_set(work, args.pooling, n, args.queries, args.query_source, beyond=max(sizes))
         if real is None:
             continue
         rows.append(measure(real, args.lists_per_sqrt))
-        if not args.no_synthetic:
-            rows.append(measure(calibrated_synthetic(n, real.dim, PROFILE[args.pooling], args.queries),
-                                args.lists_per_sqrt))
+        for profile in [] if args.no_synthetic else profiles:
+            rows.append(measure(calibrated_synthetic(n, real.dim, profile, args.queries), args.lists_per_sqrt))
     if not rows:
         raise SystemExit(f"{work}: no size of {sizes} is encoded yet (python benchmarks/real_pool.py encode)")
     queries = "test-half questions" if args.query_source == "questions" else "pool passages as queries"
     body = (f"Real pool (`real_pool.py`, MiniLM {args.pooling} pooling, {queries}) against the calibrated "
-            f"generator ({PROFILE[args.pooling]}), balanced L2 lists, nlist = {args.lists_per_sqrt:g} sqrt(n); an "
+            f"generator ({', '.join(profiles)}), balanced L2 lists, nlist = {args.lists_per_sqrt:g} sqrt(n); an "
             f"ideal IVF probing lists by <q, c> until 95 of the exact top-{K} are seen; LID (k = {K}) and relative "
             f"contrast in the MIPS -> nearest-neighbour space.\n\n"
             + markdown_table(rows, floatfmt=".4g") + "\n")
     print(body)
-    write_results("ann_growth", args.out, {"settings": vars(args) | {"work": str(work)}, "rows": rows}, body)
+    written = write_results("ann_growth", args.out, {"settings": vars(args) | {"work": str(work)}, "rows": rows},
+                            body)
+    plot(rows, written.with_suffix(".png"))
     return 0
 
 

@@ -139,3 +139,34 @@ def test_the_generator_fitted_to_the_growth_curve_matches_every_size_no_worse_th
     assert mean_loss(fitted) <= mean_loss(started) + 1e-9  # the search keeps a step only when it lowers the loss
     with pytest.raises(SystemExit, match="real_pool.py encode"):
         fit_synthetic.fit_growth("mean", [5000], 1, start, scratch, work, n_queries=20)
+
+
+def test_a_later_run_keeps_the_rows_measured_before_and_measures_only_the_new_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
+    work = tmp_path / "pool"
+    _fake_pool(work, n=900, n_queries=60)
+    out = tmp_path / "out"
+    args = ["--work", str(work), "--queries", "20", "--no-synthetic", "--out", str(out)]
+    assert ann_growth.main(args + ["--sizes", "400"]) == 0
+    first = json.loads((out / "ann_growth.json").read_text())["rows"]
+    measured = []
+    real_partition = ann_growth.partition_spread
+    monkeypatch.setattr(ann_growth, "partition_spread",
+                        lambda ds, *a, **k: measured.append(ds.n) or real_partition(ds, *a, **k))
+    assert ann_growth.main(args + ["--sizes", "400,900"]) == 0
+    rows = json.loads((out / "ann_growth.json").read_text())["rows"]
+    assert measured == [900]  # the 400 row came from the cache
+    assert rows[0] == first[0] and [r["n"] for r in rows] == [400, 900]
+
+
+def test_the_report_has_a_plot_and_an_unknown_profile_is_refused_by_name(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
+    work = tmp_path / "pool"
+    _fake_pool(work, n=900, n_queries=60)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="--profiles: unknown profile 'minilm-nope'"):
+        ann_growth.main(["--work", str(work), "--sizes", "400", "--profiles", "minilm-nope", "--out", str(out)])
+    assert ann_growth.main(["--work", str(work), "--sizes", "400", "--queries", "20", "--no-synthetic",
+                            "--out", str(out)]) == 0
+    assert (out / "ann_growth.png").stat().st_size > 1000
