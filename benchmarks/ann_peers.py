@@ -16,17 +16,26 @@ best round of each), so a changing load on the shared cores moves all of them al
     python benchmarks/ann_peers.py --n 1000000                      # the real 1M (after real_pool.py encode)
     python benchmarks/ann_peers.py --n 30000 --lists-per-sqrt 2,4   # a prefix of what is encoded so far
 
+**Resumable by build.** At a million rows each build and its tuning take minutes to an hour, so every build's
+tuning result is kept in the benchmark cache (``<set>/peers-train<T>/<system>-nlist<L>.json``, written last) beside
+the saved index of each system's fastest build so far; a run stopped at any point goes on from the builds not yet
+tuned, and the side-by-side timing reloads the winners from disk.
+
 Writes ``<name>.{json,md}`` (default ``ann_peers_<pooling>_<n>``); ScaNN and RaBitQ are skipped, with the reason
 in the report, where the installed packages lack them (``pip install scann``; faiss >= 1.12 for RaBitQ).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -63,8 +72,26 @@ class PeerIndex:
         return None, np.asarray(ids, dtype=np.int64)
 
 
-def faiss_builds(lists: list[int], d: int, train: int) -> tuple[list[tuple], str]:
-    """(name, build, search, nlist, params) of each faiss build, and why none where faiss lacks them."""
+@dataclass
+class Build:
+    """One build of a peer: ``build(base)`` makes the handle ``search`` queries; ``save(handle, path)`` writes it to
+    ``path`` (a file or a new folder) and ``load(path)`` reads it back."""
+
+    system: str
+    build: Callable
+    search: Callable
+    nlist: int
+    params: dict
+    save: Callable
+    load: Callable
+
+    @property
+    def key(self) -> str:
+        return f"{self.system}-nlist{self.nlist}"
+
+
+def faiss_builds(lists: list[int], d: int, train: int) -> tuple[list[Build], str]:
+    """Each faiss build, and why none where faiss lacks them."""
     try:
         import faiss
     except ImportError:
@@ -94,12 +121,19 @@ def faiss_builds(lists: list[int], d: int, train: int) -> tuple[list[tuple], str
         layouts += [("faiss-ivf-rabitq-fs", "RaBitQfs"), ("faiss-ivf-rabitq4-fs", "RaBitQfs4")]
     else:
         why = f"faiss {faiss.__version__} has no RaBitQ IVF (1.12 and later)"
-    out = [(name, factory_build(f"IVF{nl},{codes},RFlat"), search, nl, {"factory": f"IVF{nl},{codes},RFlat"})
+    def save(index, path: Path) -> None:
+        faiss.write_index(index, str(path))
+
+    def load(path: Path):
+        return faiss.read_index(str(path))
+
+    out = [Build(name, factory_build(f"IVF{nl},{codes},RFlat"), search, nl, {"factory": f"IVF{nl},{codes},RFlat"},
+                 save, load)
            for name, codes in layouts for nl in lists]
     return out, why
 
 
-def scann_builds(lists: list[int], d: int, train: int) -> tuple[list[tuple], str]:
+def scann_builds(lists: list[int], d: int, train: int) -> tuple[list[Build], str]:
     try:
         import scann
     except ImportError:
@@ -123,8 +157,15 @@ def scann_builds(lists: list[int], d: int, train: int) -> tuple[list[tuple], str
         # one thread: search_batched runs on the calling thread only
         return searcher.search_batched(q, k, int(rerank), int(nprobe))[0]
 
-    return [("scann", leaf_build(nl), search, nl, {"num_leaves": nl, "dims_per_block": 2,
-                                                   "anisotropic_quantization_threshold": 0.2})
+    def save(searcher, path: Path) -> None:
+        path.mkdir()
+        searcher.serialize(str(path), relative_path=True)  # relative: the folder is renamed into place
+
+    def load(path: Path):
+        return scann.scann_ops_pybind.load_searcher(str(path))
+
+    return [Build("scann", leaf_build(nl), search, nl, {"num_leaves": nl, "dims_per_block": 2,
+                                                        "anisotropic_quantization_threshold": 0.2}, save, load)
             for nl in lists], ""
 
 
@@ -149,29 +190,70 @@ def load_real(work: Path, pooling: str, n: int, n_queries: int) -> tuple[Dataset
     return ds, np.arange(len(tune_rows)), np.arange(len(tune_rows), len(rows))
 
 
-def tune_peer(name, build, search, nlist, params, ds, q_tune, gt_tune) -> dict:
+def tune_peer(spec: Build, ds, q_tune, gt_tune, stage: Path) -> dict:
+    """Build and tune one peer build, or read what an earlier run kept in ``stage``: the row (``index`` None where
+    it came from disk; :func:`best_index` loads it)."""
+    from fastdpr.atomic import write_json
     from fastdpr.errors import InputError
     from fastdpr.index import tune
 
+    kept = stage / f"{spec.key}.json"
+    if kept.exists():
+        row = json.loads(kept.read_text())
+        print(f"  {spec.system} {spec.params}: kept from {kept}", flush=True)
+        return row | {"index": None}
     t0 = time.perf_counter()
-    handle = build(ds.base)
+    handle = spec.build(ds.base)
     build_s = time.perf_counter() - t0
-    index = PeerIndex(name, handle, search, ds.n, ds.dim, nlist)
+    index = PeerIndex(spec.system, handle, spec.search, ds.n, ds.dim, spec.nlist)
     t0 = time.perf_counter()
     try:
         result = tune.tune(index, q_tune, target_recall=TARGET, k=K, truth=gt_tune, threads=THREADS)
     except InputError as err:  # the target is out of this build's reach
-        return {"system": name, "build": params, "build_s": build_s, "error": str(err), "index": None}
-    row = {"system": name, "build": params, "nlist": nlist, "build_s": round(build_s, 1),
+        row = {"system": spec.system, "build": spec.params, "nlist": spec.nlist, "build_s": round(build_s, 1),
+               "error": str(err)}
+        write_json(kept, row)
+        return row | {"index": None}
+    row = {"system": spec.system, "build": spec.params, "nlist": spec.nlist, "build_s": round(build_s, 1),
            "tune_s": round(time.perf_counter() - t0, 1), "settings": dict(result.params),
-           "tune_recall": result.recall, "tune_qps": result.qps, "evaluations": result.evaluations, "index": index}
-    print(f"  {name} {params}: {row['settings']} recall {result.recall:.4f} at {result.qps:.0f} q/s on the tuning "
-          f"questions (build {build_s:.0f} s, tune {row['tune_s']:.0f} s)", flush=True)
-    return row
+           "tune_recall": result.recall, "tune_qps": result.qps, "evaluations": result.evaluations}
+    print(f"  {spec.system} {spec.params}: {row['settings']} recall {result.recall:.4f} at {result.qps:.0f} q/s on "
+          f"the tuning questions (build {build_s:.0f} s, tune {row['tune_s']:.0f} s)", flush=True)
+    write_json(kept, row)  # the tuning is kept even where the index is not (a slower build of its system)
+    return row | {"index": index}
+
+
+def keep_index(spec: Build, handle, stage: Path) -> None:
+    """Save ``handle`` as the fastest build of its system so far, in place of the one kept before."""
+    target = stage / f"{spec.system}.index"
+    partial = stage / f"{spec.system}.index.partial"
+    for path in (partial, target):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    spec.save(handle, partial)
+    partial.rename(target)  # the folder or file appears whole or not at all
+    (stage / f"{spec.system}.index.json").write_text(json.dumps({"key": spec.key}))
+
+
+def best_index(spec: Build, row: dict, ds, stage: Path) -> PeerIndex:
+    """The index of ``row`` (its system's fastest build): the one in memory, else the one kept on disk, else built
+    again (its tuning is kept, so only the build is repeated)."""
+    if row.get("index") is not None:
+        return row["index"]
+    marker = stage / f"{spec.system}.index.json"
+    if marker.exists() and json.loads(marker.read_text())["key"] == spec.key:
+        handle = spec.load(stage / f"{spec.system}.index")
+    else:
+        print(f"  {spec.key}: no saved index, building it again", flush=True)
+        handle = spec.build(ds.base)
+        keep_index(spec, handle, stage)
+    return PeerIndex(spec.system, handle, spec.search, ds.n, ds.dim, spec.nlist)
 
 
 def run(args) -> dict:
-    from fastdpr.index import FlatIndex, build_index
+    from fastdpr.index import FlatIndex, build_index, load_index
     from fastdpr.index.auto import choose_index
     from fastdpr.index.tune import recall_at
 
@@ -182,30 +264,44 @@ def run(args) -> dict:
     lists = sorted({max(1, int(round(f * math.sqrt(ds.n)))) for f in args.lists_per_sqrt})
     print(f"{ds.name}: {ds.n:,} x {ds.dim}, {len(tune_rows)} tuning and {len(test_rows)} test questions; "
           f"peer list counts {lists}", flush=True)
+    stage = ds.directory / f"peers-train{args.train}"
+    stage.mkdir(parents=True, exist_ok=True)
 
     choice = choose_index(ds.n, ds.dim)
-    t0 = time.perf_counter()
-    ours = build_index(ds.base, "auto")
-    build_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    tuned = ours.tune(q_tune, target_recall=TARGET, k=K, truth=gt_tune, threads=THREADS)
-    fastdpr_row = {"system": "fastdpr auto + tune", "build": {"spec": choice.spec}, "build_s": round(build_s, 1),
-                   "tune_s": round(time.perf_counter() - t0, 1), "settings": dict(tuned.params),
-                   "tune_recall": tuned.recall, "tune_qps": tuned.qps, "evaluations": tuned.evaluations}
-    print(f"  fastdpr auto -> {choice.spec}: {tuned.params} recall {tuned.recall:.4f}", flush=True)
+    ours_path, ours_row = stage / "fastdpr-auto.fdpr", stage / "fastdpr-auto.json"
+    if ours_row.exists() and ours_path.exists():
+        ours, fastdpr_row = load_index(ours_path), json.loads(ours_row.read_text())
+        print(f"  fastdpr auto: kept from {ours_row}", flush=True)
+    else:
+        from fastdpr.atomic import write_json
+
+        t0 = time.perf_counter()
+        ours = build_index(ds.base, "auto")
+        build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        # saved with its tuned settings: a resumed run searches with exactly these
+        tuned = ours.tune(q_tune, target_recall=TARGET, k=K, truth=gt_tune, threads=THREADS, save=ours_path)
+        fastdpr_row = {"system": "fastdpr auto + tune", "build": {"spec": choice.spec}, "build_s": round(build_s, 1),
+                       "tune_s": round(time.perf_counter() - t0, 1), "settings": dict(tuned.params),
+                       "tune_recall": tuned.recall, "tune_qps": tuned.qps, "evaluations": tuned.evaluations}
+        write_json(ours_row, fastdpr_row)
+    print(f"  fastdpr auto -> {choice.spec}: {fastdpr_row['settings']} recall {fastdpr_row['tune_recall']:.4f}",
+          flush=True)
 
     skipped, tried = {}, []
-    peers = {}
+    peers: dict[str, tuple[Build, dict]] = {}
     for family in args.peers:
         builds, why = (faiss_builds if family == "faiss" else scann_builds)(lists, ds.dim, args.train)
         if why:
             skipped[family] = why
             print(f"  {family}: {why}", flush=True)
         for spec in builds:
-            row = tune_peer(*spec, ds, q_tune, gt_tune)
-            best = peers.get(row["system"])
-            if row["index"] is not None and (best is None or row["tune_qps"] > best["tune_qps"]):
-                peers[row["system"]] = row  # the fastest build so far; the slower one's memory goes
+            row = tune_peer(spec, ds, q_tune, gt_tune, stage)
+            best = peers.get(spec.system)
+            if "error" not in row and (best is None or row["tune_qps"] > best[1]["tune_qps"]):
+                if row["index"] is not None:
+                    keep_index(spec, row["index"].handle, stage)
+                peers[spec.system] = (spec, row)  # the fastest build so far; the slower one's memory goes
             tried.append({k: v for k, v in row.items() if k != "index"})
 
     flat = FlatIndex(ds.dim)
@@ -214,12 +310,12 @@ def run(args) -> dict:
                   "exact (fastdpr flat)": lambda: flat.search(q_test, K, threads=THREADS)}
     test_recall = {"fastdpr auto + tune": recall_at(ours.search(q_test, K, threads=THREADS)[1], gt_test),
                    "exact (fastdpr flat)": 1.0}
-    for name, row in peers.items():
-        index, settings = row["index"], row["settings"]
+    for name, (spec, row) in peers.items():
+        index, settings = best_index(spec, row, ds, stage), row["settings"]
         contenders[name] = lambda i=index, s=settings: i.search(q_test, K, THREADS, **s)
         test_recall[name] = recall_at(index.search(q_test, K, THREADS, **settings)[1], gt_test)
     times = side_by_side(contenders, args.rounds)
-    chosen = [fastdpr_row] + [{k: v for k, v in r.items() if k != "index"} for r in peers.values()]
+    chosen = [fastdpr_row] + [{k: v for k, v in r.items() if k != "index"} for _, r in peers.values()]
     for row in chosen:
         row["test_recall"] = test_recall[row["system"]]
         row["test_qps"] = len(q_test) / times[row["system"]]

@@ -71,3 +71,56 @@ def test_more_rows_than_encoded_is_one_clear_line(tmp_path, monkeypatch):
     _fake_pool(work, n=600, n_queries=40)
     with pytest.raises(SystemExit, match="only 600 rows of passages are encoded"):
         ann_peers.main(["--work", str(work), "--n", "5000", "--peers", "faiss", "--out", str(tmp_path / "out")])
+
+
+def test_a_second_run_builds_and_tunes_nothing_and_reloads_each_systems_fastest_build(tmp_path, monkeypatch):
+    pytest.importorskip("faiss")
+    monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
+    work = tmp_path / "pool"
+    _fake_pool(work, n=1500, n_queries=240)
+    args = ["--work", str(work), "--n", "1500", "--queries", "120", "--lists-per-sqrt", "1,2", "--peers", "faiss",
+            "--rounds", "1"]
+    assert ann_peers.main(args + ["--out", str(tmp_path / "first")]) == 0
+    first = json.loads((tmp_path / "first" / "ann_peers_mean_1500.json").read_text())
+
+    from fastdpr.index import tune
+
+    def no_tuning(*a, **k):
+        raise AssertionError("a kept build was tuned again")
+
+    built = []
+    real_builds = ann_peers.faiss_builds
+
+    def counted_builds(*a, **k):
+        specs, why = real_builds(*a, **k)
+        for spec in specs:
+            spec.build = lambda base, b=spec.build, key=spec.key: built.append(key) or b(base)
+        return specs, why
+
+    monkeypatch.setattr(tune, "tune", no_tuning)
+    monkeypatch.setattr(ann_peers, "faiss_builds", counted_builds)
+    assert ann_peers.main(args + ["--out", str(tmp_path / "second")]) == 0
+    second = json.loads((tmp_path / "second" / "ann_peers_mean_1500.json").read_text())
+    assert built == []  # every system's fastest build came back from disk
+    assert [t["system"] for t in second["tried"]] == [t["system"] for t in first["tried"]]
+    for a, b in zip(first["chosen"], second["chosen"]):
+        assert a["system"] == b["system"] and a["settings"] == b["settings"]
+        assert b["test_recall"] == pytest.approx(a["test_recall"])  # the same index, the same settings
+
+
+def test_a_saved_index_that_went_missing_is_built_again_not_tuned_again(tmp_path, monkeypatch):
+    pytest.importorskip("faiss")
+    monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
+    work = tmp_path / "pool"
+    _fake_pool(work, n=1500, n_queries=240)
+    args = ["--work", str(work), "--n", "1500", "--queries", "120", "--lists-per-sqrt", "1", "--peers", "faiss",
+            "--rounds", "1"]
+    assert ann_peers.main(args + ["--out", str(tmp_path / "first")]) == 0
+    stage = next((tmp_path / "cache").rglob("peers-train*"))
+    for marker in stage.glob("*.index.json"):
+        marker.unlink()
+    from fastdpr.index import tune
+
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: (_ for _ in ()).throw(AssertionError("tuned again")))
+    assert ann_peers.main(args + ["--out", str(tmp_path / "second")]) == 0
+    assert list(stage.glob("*.index.json"))  # built again and kept for the next run
