@@ -170,3 +170,18 @@ def test_the_report_has_a_plot_and_an_unknown_profile_is_refused_by_name(tmp_pat
     assert ann_growth.main(["--work", str(work), "--sizes", "400", "--queries", "20", "--no-synthetic",
                             "--out", str(out)]) == 0
     assert (out / "ann_growth.png").stat().st_size > 1000
+
+
+def test_the_grid_start_is_the_grid_point_with_the_lowest_loss():
+    fit_synthetic = pytest.importorskip("ann_fit_synthetic")
+    want = {"off_manifold": 0.7, "topic_share": 0.02, "leaf_share": 0.3, "leaf_size": 8.0}
+    seen = []
+
+    def evaluate(values):
+        seen.append(values)
+        return sum((values[k] - v) ** 2 for k, v in want.items()), {}
+
+    start = {"off_manifold": 0.0, "topic_share": 0.5, "leaf_share": 0.5, "leaf_size": 50.0, "norm_by_leaf": 0.4}
+    got = fit_synthetic.grid_start(evaluate, start, show=lambda got: "")
+    assert got == {**start, **want}  # the other keys kept as they were
+    assert len(seen) == int(np.prod([len(v) for v in fit_synthetic.GRID.values()]))
