@@ -118,6 +118,17 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             query_norm_table=(3.0882, 3.472, 3.9218, 4.2716, 4.7514, 5.155, 5.5036, 5.7995, 5.979, 6.263, 6.4528,
                               6.5134),
             off_manifold=0.575, norm_by_leaf=0.375),
+    # fitted to how the real pool of benchmarks/real_pool.py (Debian's documentation and dictionaries with the QA
+    # corpus; NQ-open and DPR questions) grows from 10,000 to 30,000 passages: `python
+    # benchmarks/ann_fit_synthetic.py --growth 10000,30000 --grid --pooling mean`. Questions against a corpus mostly
+    # off their topic: weak clusters, a top-100 spread over many lists. The larger sizes of that pool are the test of
+    # its growth: benchmarks/results/ann_growth.md
+    Profile(name="minilm-mean-growth", spectrum_decay=1.7699, spectrum_offset=0.1, mean_length=0.7049,
+            norm_table=(1.2332, 1.6756, 1.9176, 2.043, 2.2735, 2.557, 2.9377, 3.665, 4.2425, 5.252, 5.9916, 6.8281),
+            leaf_size=50.0, leaves_per_topic=32.0, topic_share=0.1, leaf_share=0.0, query_mean=(-0.065, 0.7592),
+            query_norm_table=(3.9956, 4.3865, 4.741, 4.8879, 5.2706, 5.6848, 6.0501, 6.353, 6.5706, 6.9618, 7.3488,
+                              7.3668),
+            off_manifold=0.625, norm_by_leaf=0.75),
 )}
 
 
