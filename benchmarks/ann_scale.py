@@ -1,6 +1,7 @@
 """DPR-sized compressed IVF-PQ on one machine: build, open with mmap, search (results/ann_scale.{md,json}).
 
-Data: the calibrated MiniLM-mean generator (``fastdpr.index.synthetic``) at DPR's size, 21,015,324 x 768 by
+Data: a calibrated MiniLM generator profile (``fastdpr.index.synthetic``, ``--profile``: ``minilm-mean`` by
+default; ``minilm-mean-growth`` grows like the real pool of ``real_pool.py``) at DPR's size, 21,015,324 x 768 by
 default, streamed to disk (``fastdpr.index.disk_build``: the rows go straight into the index file as fp16, never
 all in memory). The vectors are those fp16 rows: the ground truth and the index both see them.
 
@@ -20,6 +21,9 @@ recorded in ``<work>/stage_<name>.json`` when it ends (a finished stage is not r
     python benchmarks/ann_scale.py --work /var/tmp/ann_scale            # all stages, 21M x 768
     python benchmarks/ann_scale.py --n 1000000 --work /tmp/s1m           # a rehearsal
     python benchmarks/ann_scale.py --report                              # write the result files from the stages
+
+The data-defining settings (n, dim, seed, profile, queries) are kept in ``<work>/settings.json``; a run with other
+ones in the same folder is refused, never mixed into rows or truth already written.
 """
 from __future__ import annotations
 
@@ -70,7 +74,7 @@ def builder(a):
 def generator(a):
     from fastdpr.index.synthetic import CalibratedGenerator
 
-    return CalibratedGenerator(a.n, a.dim, "minilm-mean", seed=a.seed)
+    return CalibratedGenerator(a.n, a.dim, a.profile, seed=a.seed)
 
 
 def stage_data(a) -> dict:
@@ -236,7 +240,8 @@ def report(a) -> None:
     rows = [{"stage": s, "wall_s": round(v["wall_s"], 1), "cpu_s": round(v["cpu_s"], 1),
              "peak_rss_gib": round(v["peak_rss_mib"] / 1024, 2), "finished": v["finished"]}
             for s, v in stages.items()]
-    body = (f"Data: calibrated MiniLM-mean vectors (`fastdpr.index.synthetic`), {a.n:,} x {a.dim}, seed {a.seed}, "
+    body = (f"Data: calibrated MiniLM vectors (`fastdpr.index.synthetic`, profile `{a.profile}`), {a.n:,} x {a.dim}, "
+            f"seed {a.seed}, "
             f"stored as fp16; {a.queries} queries; recall@100 against exact search over the same fp16 rows.  \n"
             f"Index: `{a.spec}`, built with `fastdpr.index.disk_build` (rows streamed into the file; codes and 4-bit "
             "rows in memory while adding).  \nEach stage ran in its own process; peak RSS is its `ru_maxrss`. "
@@ -281,7 +286,28 @@ def report(a) -> None:
         auto = "" if "exact" in rows[0] else ", exact = auto: 3 k = 300"
         body += (f"\n### Earlier sweep `{extra.stem}` (same index and queries{auto})\n\n"
                  + markdown_table(rows))
-    write_results("ann_scale", a.out, {"n": a.n, "dim": a.dim, "spec": a.spec, "stages": stages}, body)
+    write_results(a.name, a.out, {"n": a.n, "dim": a.dim, "profile": a.profile, "spec": a.spec, "stages": stages},
+                  body)
+
+
+DATA_SETTINGS = ("n", "dim", "seed", "profile", "queries")
+
+
+def check_settings(a) -> None:
+    """Keep the data-defining settings in ``<work>/settings.json`` at the first run; refuse a later run whose
+    settings differ (its rows, queries and truth would not be those on disk)."""
+    from fastdpr.atomic import write_json
+
+    path = Path(a.work) / "settings.json"
+    mine = {k: getattr(a, k) for k in DATA_SETTINGS}
+    if not path.exists():
+        write_json(path, mine)
+        return
+    kept = json.loads(path.read_text())
+    differ = {k: (kept.get(k), v) for k, v in mine.items() if kept.get(k) != v}
+    if differ:
+        said = ", ".join(f"--{k} {v!r} (the folder holds {old!r})" for k, (old, v) in differ.items())
+        raise SystemExit(f"{a.work} was built with other data settings: {said}; use another --work")
 
 
 def main() -> None:
@@ -290,6 +316,8 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=768)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--queries", type=int, default=1000)
+    ap.add_argument("--profile", default="minilm-mean", help="the generator's profile (fastdpr.index.synthetic)")
+    ap.add_argument("--name", default="ann_scale", help="result file name")
     ap.add_argument("--spec", default=SPEC)
     ap.add_argument("--work", default=str(Path.home() / ".cache" / "fastdpr" / "ann_scale"))
     ap.add_argument("--checkpoint-every", type=int, default=4_000_000)
@@ -308,11 +336,16 @@ def main() -> None:
     ap.add_argument("--report", action="store_true", help="only write the result files from the recorded stages")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    from fastdpr.index.synthetic import PROFILES
+
+    if a.profile not in PROFILES:
+        ap.error(f"--profile {a.profile!r}: known profiles are {', '.join(sorted(PROFILES))}")
     Path(a.work).mkdir(parents=True, exist_ok=True)
     if a.stage:
         run_stage(a, a.stage)
         return
     if not a.report:
+        check_settings(a)
         for name in a.stages.split(","):
             if name not in STAGES:
                 ap.error(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
