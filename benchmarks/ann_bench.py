@@ -482,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=768)
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--data", default="synthetic",
-                    choices=("synthetic", "synthetic-minilm-mean", "synthetic-minilm-cls"),
+                    choices=("synthetic", "synthetic-minilm-mean", "synthetic-minilm-cls",
+                             "synthetic-minilm-mean-growth"),
                     help="generated data at --n x --dim: the plain mixture, or calibrated to MiniLM mean pooling / "
                          "[CLS] (benchmarks/ann_fit_synthetic.py)")
     ap.add_argument("--vectors", type=Path, help="a `fastdpr encode` output directory (real embeddings)")

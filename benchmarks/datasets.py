@@ -4,7 +4,8 @@
   centres + low-rank spread + log-normal norms), generated once and cached as ``.npy`` under the cache directory
   (``$FASTDPR_BENCH_CACHE`` or ``<repo>/cache/bench``, which git ignores); the base is read back memory-mapped.
 - ``calibrated_synthetic(n, dim, profile, n_queries)``: ``fastdpr.index.synthetic.calibrated`` (profiles
-  ``minilm-mean``, ``minilm-cls``: fitted to the real MiniLM pool by ``ann_fit_synthetic.py``), cached the same way
+  ``minilm-mean``, ``minilm-cls``: fitted to the real MiniLM pool by ``ann_fit_synthetic.py``; ``minilm-mean-growth``
+  to the growth of ``real_pool.py``'s pool), cached the same way
   and written in chunks, so 1M x 768 never sits in memory twice.
 - ``real(vectors_dir, n_queries)``: vectors written by ``fastdpr encode`` (e.g. the quickstart passages encoded by
   the packaged MiniLM with raw [CLS] or unnormalised mean pooling). Queries are ``queries.npy`` in that directory

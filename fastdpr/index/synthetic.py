@@ -7,7 +7,8 @@ need 22 with mean pooling, 128 with [CLS]; ``benchmarks/results/ann_calibration.
 
 ``calibrated(n, dim, profile)``: vectors shaped like all-MiniLM-L6-v2's, with profiles ``minilm-mean``
 (unnormalised mean pooling) and ``minilm-cls`` (raw [CLS]) fitted to the real 23,582-passage pool by
-``benchmarks/ann_fit_synthetic.py``. A passage is ``shared + r * u``: one vector every passage shares (real sentence
+``benchmarks/ann_fit_synthetic.py``, and ``minilm-mean-growth`` fitted to how the larger real pool of
+``benchmarks/real_pool.py`` (questions against a corpus mostly off their topic) grows from 10,000 to 30,000 passages. A passage is ``shared + r * u``: one vector every passage shares (real sentence
 embeddings have a large common component: [CLS] nearly all of it), plus a unit direction ``u`` at a distance ``r``
 drawn from the measured quantile table. ``u`` is a topic centre, plus a leaf centre around it, plus spread inside
 the leaf, each with variances decaying along the principal directions of a random rotation; ``r`` is partly set by
@@ -18,8 +19,9 @@ of its own (real questions are longer and point elsewhere).
 Scaling to other sizes: the spectrum is a function of ``j / dim`` (principal components for 90% of the variance
 grow in proportion to ``dim``), distances and shared vectors are kept as measured at d = 384 (the norms a search
 meets do not change with ``dim``), and the leaf and topic sizes are fixed in passages, so the number of leaves and
-topics grows in proportion to ``n`` (at 1M: about ``1e6 / leaf_size`` leaves). How a real corpus's partition
-difficulty grows from 23k to 1M passages is not measured here; this is the assumption the profiles make. Generation
+topics grows in proportion to ``n`` (at 1M: about ``1e6 / leaf_size`` leaves). That is an assumption about how a
+corpus grows; ``benchmarks/ann_growth.py`` measures it against the real pool's nested prefixes up to 1M passages
+(``benchmarks/results/ann_growth.md``). Generation
 is chunked (``BLOCK`` rows per random stream, any chunking gives the same rows) and float32 throughout: memory is
 the ``dim x dim`` rotation, the leaf centres (``n / leaf_size x dim``) and a block.
 
