@@ -8,9 +8,10 @@ need 22 with mean pooling, 128 with [CLS]; ``benchmarks/results/ann_calibration.
 ``calibrated(n, dim, profile)``: vectors shaped like all-MiniLM-L6-v2's, with profiles ``minilm-mean``
 (unnormalised mean pooling) and ``minilm-cls`` (raw [CLS]) fitted to the real 23,582-passage pool by
 ``benchmarks/ann_fit_synthetic.py``, and ``minilm-mean-growth`` fitted to how the larger real pool of
-``benchmarks/real_pool.py`` (questions against a corpus mostly off their topic) grows from 10,000 to 30,000 passages. A passage is ``shared + r * u``: one vector every passage shares (real sentence
-embeddings have a large common component: [CLS] nearly all of it), plus a unit direction ``u`` at a distance ``r``
-drawn from the measured quantile table. ``u`` is a topic centre, plus a leaf centre around it, plus spread inside
+``benchmarks/real_pool.py`` (questions against a corpus mostly off their topic) grows from 10,000 to 30,000
+passages. A passage is ``shared + r * u``: one vector every passage shares (real sentence embeddings have a large
+common component: [CLS] nearly all of it), plus a unit direction ``u`` at a distance ``r`` drawn from the measured
+quantile table. ``u`` is a topic centre, plus a leaf centre around it, plus spread inside
 the leaf, each with variances decaying along the principal directions of a random rotation; ``r`` is partly set by
 the leaf (real high-norm mean-pooled passages sit together). A query is a passage-like direction mixed with
 isotropic noise (real questions sit off the passage manifold), at the query distance table, around a shared vector
