@@ -170,9 +170,9 @@ def plot(rows: list[dict], path: Path) -> None:
         style = "o-" if name.startswith("real") else "s--"
         axes[0].plot(n, [r["share of passages (median)"] for r in mine], style, label=name)
         axes[1].plot(n, [r["lid_median"] for r in mine], style, label=name)
-    axes[0].set_ylabel("share of passages scanned for 95% of top-100 (median)")
+    axes[0].set_ylabel("share of passages scanned\nfor 95% of the top-100 (median)")
     axes[0].set_yscale("log")
-    axes[1].set_ylabel("local intrinsic dimensionality (median, k = 100)")
+    axes[1].set_ylabel("local intrinsic dimensionality\n(median, k = 100)")
     for ax in axes:
         ax.set_xscale("log")
         ax.set_xlabel("passages n (nested prefixes)")
@@ -194,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--query-source", choices=("questions", "passages"), default="questions",
                     help="test-half questions, or pool passages beyond the largest size")
     ap.add_argument("--no-synthetic", action="store_true", help="the real pool only")
+    ap.add_argument("--no-real", action="store_true",
+                    help="the generator only (at --dim): its rows are kept, so they need not wait for the encoding")
+    ap.add_argument("--dim", type=int, default=384, help="with --no-real: the generator's dimension")
     ap.add_argument("--profiles", default=None,
                     help="the generator's profiles to measure beside the pool, comma-separated (default: the one "
                          "calibrated to the pooling, e.g. minilm-mean)")
@@ -210,12 +213,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--sizes must be positive numbers, got {args.sizes!r}")
     from fastdpr.index.synthetic import PROFILES
 
+    if args.no_real and args.no_synthetic:
+        raise SystemExit("--no-real and --no-synthetic leave nothing to measure")
     profiles = [p for p in (args.profiles or PROFILE[args.pooling]).split(",") if p.strip()]
     unknown = [p for p in profiles if p not in PROFILES]
     if unknown:
         raise SystemExit(f"--profiles: unknown profile {unknown[0]!r}; known: {', '.join(sorted(PROFILES))}")
     rows = []
     for n in sizes:
+        if args.no_real:  # the generator's rows, kept for a later run once the pool reaches n
+            for profile in profiles:
+                rows.append(measure(calibrated_synthetic(n, args.dim, profile, args.queries), args.lists_per_sqrt))
+            continue
         real = real_set(work, args.pooling, n, args.queries, args.query_source, beyond=max(sizes))
         if real is None:
             continue

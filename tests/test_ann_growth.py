@@ -185,3 +185,16 @@ def test_the_grid_start_is_the_grid_point_with_the_lowest_loss():
     got = fit_synthetic.grid_start(evaluate, start, show=lambda got: "")
     assert got == {**start, **want}  # the other keys kept as they were
     assert len(seen) == int(np.prod([len(v) for v in fit_synthetic.GRID.values()]))
+
+
+def test_the_generators_rows_can_be_measured_before_the_pool_reaches_their_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
+    work = tmp_path / "pool"
+    _fake_pool(work, n=600, n_queries=40)
+    out = tmp_path / "out"
+    assert ann_growth.main(["--work", str(work), "--sizes", "2000", "--no-real", "--dim", "16", "--queries", "20",
+                            "--out", str(out)]) == 0
+    rows = json.loads((out / "ann_growth.json").read_text())["rows"]
+    assert [(r["set"], r["n"]) for r in rows] == [("synthetic-minilm-mean", 2000)]
+    with pytest.raises(SystemExit, match="leave nothing to measure"):
+        ann_growth.main(["--work", str(work), "--no-real", "--no-synthetic", "--out", str(out)])
