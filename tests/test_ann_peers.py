@@ -73,13 +73,18 @@ def test_more_rows_than_encoded_is_one_clear_line(tmp_path, monkeypatch):
         ann_peers.main(["--work", str(work), "--n", "5000", "--peers", "faiss", "--out", str(tmp_path / "out")])
 
 
-def test_a_second_run_builds_and_tunes_nothing_and_reloads_each_systems_fastest_build(tmp_path, monkeypatch):
+def _faiss_run(tmp_path, monkeypatch, lists_per_sqrt: str) -> list[str]:
+    """ann_peers arguments for faiss alone on a 1,500-row stand-in pool, the benchmark cache under ``tmp_path``."""
     pytest.importorskip("faiss")
     monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
     work = tmp_path / "pool"
     _fake_pool(work, n=1500, n_queries=240)
-    args = ["--work", str(work), "--n", "1500", "--queries", "120", "--lists-per-sqrt", "1,2", "--peers", "faiss",
-            "--rounds", "1"]
+    return ["--work", str(work), "--n", "1500", "--queries", "120", "--lists-per-sqrt", lists_per_sqrt,
+            "--peers", "faiss", "--rounds", "1"]
+
+
+def test_a_second_run_builds_and_tunes_nothing_and_reloads_each_systems_fastest_build(tmp_path, monkeypatch):
+    args = _faiss_run(tmp_path, monkeypatch, "1,2")
     assert ann_peers.main(args + ["--out", str(tmp_path / "first")]) == 0
     first = json.loads((tmp_path / "first" / "ann_peers_mean_1500.json").read_text())
 
@@ -109,12 +114,7 @@ def test_a_second_run_builds_and_tunes_nothing_and_reloads_each_systems_fastest_
 
 
 def test_a_saved_index_that_went_missing_is_built_again_not_tuned_again(tmp_path, monkeypatch):
-    pytest.importorskip("faiss")
-    monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
-    work = tmp_path / "pool"
-    _fake_pool(work, n=1500, n_queries=240)
-    args = ["--work", str(work), "--n", "1500", "--queries", "120", "--lists-per-sqrt", "1", "--peers", "faiss",
-            "--rounds", "1"]
+    args = _faiss_run(tmp_path, monkeypatch, "1")
     assert ann_peers.main(args + ["--out", str(tmp_path / "first")]) == 0
     stage = next((tmp_path / "cache").rglob("peers-train*"))
     for marker in stage.glob("*.index.json"):
