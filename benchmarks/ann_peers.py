@@ -225,8 +225,14 @@ def tune_peer(spec: Build, ds, q_tune, gt_tune, stage: Path) -> dict:
 
 def keep_index(spec: Build, handle, stage: Path) -> None:
     """Save ``handle`` as the fastest build of its system so far, in place of the one kept before."""
+    from fastdpr.atomic import write_json
+
     target = stage / f"{spec.system}.index"
     partial = stage / f"{spec.system}.index.partial"
+    marker = stage / f"{spec.system}.index.json"
+    # the marker goes first and comes back last: a run stopped in between finds no marker and builds again, never
+    # loads one build's index under another build's settings
+    marker.unlink(missing_ok=True)
     for path in (partial, target):
         if path.is_dir():
             shutil.rmtree(path)
@@ -234,7 +240,7 @@ def keep_index(spec: Build, handle, stage: Path) -> None:
             path.unlink()
     spec.save(handle, partial)
     partial.rename(target)  # the folder or file appears whole or not at all
-    (stage / f"{spec.system}.index.json").write_text(json.dumps({"key": spec.key}))
+    write_json(marker, {"key": spec.key})
 
 
 def best_index(spec: Build, row: dict, ds, stage: Path) -> PeerIndex:
