@@ -66,6 +66,8 @@ sys.path.insert(0, str(HERE))
 from _common import DEFAULT_OUT, markdown_table, write_results  # noqa: E402
 from datasets import Dataset, cache_dir, calibrated_synthetic, ground_truth, real, synthetic  # noqa: E402
 
+from fastdpr.index.synthetic import PROFILES  # noqa: E402
+
 TARGET = 0.95
 K = 100
 ALL = os.cpu_count() or 1
@@ -482,8 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=768)
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--data", default="synthetic",
-                    choices=("synthetic", "synthetic-minilm-mean", "synthetic-minilm-cls",
-                             "synthetic-minilm-mean-growth"),
+                    choices=("synthetic", *(f"synthetic-{name}" for name in PROFILES)),
                     help="generated data at --n x --dim: the plain mixture, or calibrated to MiniLM mean pooling / "
                          "[CLS] (benchmarks/ann_fit_synthetic.py)")
     ap.add_argument("--vectors", type=Path, help="a `fastdpr encode` output directory (real embeddings)")

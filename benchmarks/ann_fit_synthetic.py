@@ -18,6 +18,9 @@ ones. One thread; a few minutes per pooling.
     python benchmarks/ann_fit_synthetic.py [--pooling mean,cls] [--rounds 2]
     python benchmarks/ann_fit_synthetic.py --growth 10000,30000,100000 --pooling mean   # to real_pool.py's curve
     python benchmarks/ann_fit_synthetic.py --growth 10000,30000 --grid --pooling mean   # from a coarse grid
+    # minilm-mean-pool (the queries' LID in the loss, the leaf count's growth scanned on every size, then searched)
+    # came from this with --start-profile minilm-mean-growth --name minilm-mean-pool:
+    python benchmarks/ann_fit_synthetic.py --pooling mean --growth 10000,30000,100000 --grid
     python benchmarks/ann_fit_synthetic.py --time 1000000x768   # generation time and memory, 1 thread, written
                                                                 # to benchmarks/results/ann_synthetic_generation.*
 """
@@ -45,9 +48,12 @@ SCHEME = "l2-balanced"
 # the structure searched in step 3: name -> (lower, upper bound, multiplicative step or None for additive)
 SEARCHED = {"spectrum_decay": (0.1, 20.0, 1.1), "leaf_size": (2.0, 2000.0, 2.0), "leaves_per_topic": (1.0, 500.0, 2.0),
             "topic_share": (0.0, 0.95, None), "leaf_share": (0.0, 0.95, None), "off_manifold": (0.0, 0.95, None),
-            "norm_by_leaf": (0.0, 0.98, None)}
+            "norm_by_leaf": (0.0, 0.98, None), "leaf_growth": (0.0, 1.0, None)}
 ADDITIVE_STEP = 0.15
-STRUCTURE = [k for k in SEARCHED if k != "spectrum_decay"]
+# searched at one size; leaf_growth only in a growth fit (at one size it changes nothing)
+STRUCTURE = [k for k in SEARCHED if k not in ("spectrum_decay", "leaf_growth")]
+# the leaf growth exponents a growth fit tries on every size before its coordinate search (--grid)
+GROWTH_SCAN = (0.0, 0.25, 0.5, 0.75, 1.0)
 # where the search starts (the result of an earlier, longer run of this search from leaf size 64, 16 leaves per
 # topic, shares 0.3 / 0.3, off-manifold 0.4, norm by leaf 0.5); --from-profiles starts from PROFILES instead
 START = {"mean": {"leaf_size": 50.8, "leaves_per_topic": 32.0, "topic_share": 0.3, "leaf_share": 0.3,
@@ -56,13 +62,17 @@ START = {"mean": {"leaf_size": 50.8, "leaves_per_topic": 32.0, "topic_share": 0.
                  "off_manifold": 0.575, "norm_by_leaf": 0.45}}
 
 
-def stats(ds: Dataset, work: Path, nlist: int = NLIST) -> dict:
+def stats(ds: Dataset, work: Path, nlist: int = NLIST, lid: bool = False) -> dict:
     """The statistics the fit compares (passage/query norms, anisotropy, the partition statistic over ``nlist``
-    lists)."""
+    lists; with ``lid``, the queries' median LID and relative contrast as ``ann_growth.py`` measures them)."""
     with tempfile.TemporaryDirectory(dir=work) as d:
         ds = dataclasses.replace(ds, directory=Path(d))
         gt = ground_truth(ds, 100)
         part = partition_spread(ds, gt, nlist, SCHEME)
+        if lid:
+            from ann_growth import neighbourhood
+
+            part |= neighbourhood(ds, gt)
     return {"passage_norms": norms(ds.base), "query_norms": norms(ds.queries), "anisotropy": anisotropy(ds.base),
             "partition": part}
 
@@ -128,16 +138,21 @@ def loss(got: dict, want: dict) -> float:
              # buys a better nprobe with 15% too few components
              (got["anisotropy"]["pcs_for_90pct_variance"], want["anisotropy"]["pcs_for_90pct_variance"], 4.0),
              (got["anisotropy"]["mean_length/mean_norm"], want["anisotropy"]["mean_length/mean_norm"], 1.0)]
+    if "lid_median" in g and "lid_median" in w:
+        # the partition statistic alone is matched by nearly isotropic data whose neighbourhoods do not tighten
+        # as n grows; the local dimensionality is what sets how they tighten
+        terms.append((g["lid_median"], w["lid_median"], 1.0))
     return float(sum(wt * np.log(max(a, 0.5) / b) ** 2 for a, b, wt in terms))
 
 
 def fmt(s: dict) -> str:
     pn, qn, an, pt = s["passage_norms"], s["query_norms"], s["anisotropy"], s["partition"]
+    lid = f"  LID {pt['lid_median']:.0f}" if "lid_median" in pt else ""
     return (f"passage norms {pn['p5']:.2f}/{pn['median']:.2f}/{pn['p95']:.2f}  query norms "
             f"{qn['p5']:.2f}/{qn['median']:.2f}/{qn['p95']:.2f}  mean/norm {an['mean_length/mean_norm']:.3f}  "
             f"PCs90 {an['pcs_for_90pct_variance']}  nprobe95 {pt['nprobe_for_95pct_median']:.0f}/"
             f"{pt['nprobe_for_95pct_p90']:.0f}  lists {pt['lists_holding_top100_median']:.0f}/"
-            f"{pt['lists_holding_top100_p90']:.0f}")
+            f"{pt['lists_holding_top100_p90']:.0f}{lid}")
 
 
 def fit(pooling: str, rounds: int, start: dict, work: Path) -> tuple[Profile, dict, dict]:
@@ -160,15 +175,19 @@ def fit(pooling: str, rounds: int, start: dict, work: Path) -> tuple[Profile, di
     return profile, want, best_stats
 
 
-def coordinate_search(evaluate, params: dict, rounds: int, show) -> tuple[dict, float, object]:
-    """Step 3: from ``params``, each round tries one step up and one down for every key of ``SEARCHED`` (steps
-    shrinking round by round) and keeps the first that lowers ``evaluate``'s loss; returns (params, loss, the
-    statistics ``evaluate`` gave for them)."""
-    best_loss, best_stats = evaluate(params)
+def coordinate_search(evaluate, params: dict, rounds: int, show,
+                      start: tuple[float, object] | None = None) -> tuple[dict, float, object]:
+    """Step 3: from ``params``, each round tries one step up and one down for every key of ``SEARCHED`` that
+    ``params`` has (steps shrinking round by round) and keeps the first that lowers ``evaluate``'s loss; returns
+    (params, loss, the statistics ``evaluate`` gave for them). ``start``: the (loss, statistics) of ``params``
+    where they are known already."""
+    best_loss, best_stats = start if start is not None else evaluate(params)
     print(f"  start {params}: loss {best_loss:.3f}  {show(best_stats)}", flush=True)
     for r in range(rounds):
         shrink = 1.0 / (r + 1)
         for key, (lo, hi, mult) in SEARCHED.items():
+            if key not in params:
+                continue
             for direction in (+1, -1):
                 trial = dict(params)
                 if mult is None:
@@ -214,11 +233,13 @@ def growth_nlist(n: int, lists_per_sqrt: float) -> int:
 
 def fit_growth(pooling: str, sizes: list[int], rounds: int, start: dict, work: Path, pool: Path,
                n_queries: int = 1000, query_source: str = "questions",
-               lists_per_sqrt: float = 4.0, grid: bool = False) -> tuple[Profile, dict, dict]:
+               lists_per_sqrt: float = 4.0, grid: bool = False, name: str | None = None) -> tuple[Profile, dict, dict]:
     """The fit of :func:`fit` against the real pool's growth curve (``real_pool.py``, nested prefixes of
     ``sizes``) instead of one size: norms, query offset and spectrum read off the largest prefix, the structure
-    searched to minimise the mean over sizes of :func:`loss`, each size partitioned into
-    ``lists_per_sqrt * sqrt(n)`` lists as ``ann_growth.py`` measures it. Returns (profile, real statistics by
+    searched to minimise the mean over sizes of :func:`loss` (the queries' median LID included), each size
+    partitioned into ``lists_per_sqrt * sqrt(n)`` lists as ``ann_growth.py`` measures it. The leaf size is the one
+    at the smallest size (``reference_n``); how the leaf count grows from there (``leaf_growth``) is first scanned
+    over :data:`GROWTH_SCAN` on every size, then searched with the rest. Returns (profile, real statistics by
     size, synthetic statistics by size). With ``grid``, the search starts from the best point of :data:`GRID` at
     the smallest size alone (a fifth to a tenth of the cost of an evaluation at every size)."""
     from ann_growth import real_set
@@ -227,34 +248,42 @@ def fit_growth(pooling: str, sizes: list[int], rounds: int, start: dict, work: P
              if ds is not None]
     if not reals:
         raise SystemExit(f"{pool}: no size of {sizes} is encoded yet (python benchmarks/real_pool.py encode)")
-    want = {ds.n: stats(ds, work, growth_nlist(ds.n, lists_per_sqrt)) for ds in reals}
+    want = {ds.n: stats(ds, work, growth_nlist(ds.n, lists_per_sqrt), lid=True) for ds in reals}
     for n, w in want.items():
         print(f"real {pooling} at {n:,}: {fmt(w)}", flush=True)
-    largest = reals[-1]
-    fields = measured_profile(f"minilm-{pooling}-growth", largest)
+    largest, smallest = reals[-1], reals[0]
+    fields = measured_profile(name or f"minilm-{pooling}-growth", largest)
+    fields["reference_n"] = smallest.n
     params = dict(start)
     params["spectrum_decay"], fields["spectrum_offset"] = fit_spectrum(largest)
 
     def evaluate(values: dict) -> tuple[float, dict]:
         profile = Profile(**fields, **values)
         got = {ds.n: stats(synthetic_set(profile, ds.n, ds.dim, len(ds.queries)), work,
-                           growth_nlist(ds.n, lists_per_sqrt)) for ds in reals}
+                           growth_nlist(ds.n, lists_per_sqrt), lid=True) for ds in reals}
         return float(np.mean([loss(got[n], want[n]) for n in want])), got
 
     def show(got: dict) -> str:
         return " | ".join(f"{n:,}: {fmt(s)}" for n, s in got.items())
 
     if grid:
-        smallest = reals[0]
         nlist = growth_nlist(smallest.n, lists_per_sqrt)
 
         def evaluate_smallest(values: dict) -> tuple[float, dict]:
             got = stats(synthetic_set(Profile(**fields, **values), smallest.n, smallest.dim, len(smallest.queries)),
-                        work, nlist)
+                        work, nlist, lid=True)
             return loss(got, want[smallest.n]), {smallest.n: got}
 
         params = grid_start(evaluate_smallest, params, show)
-    params, _, best = coordinate_search(evaluate, params, rounds, show)
+    known = None
+    if len(reals) > 1:  # the growth exponent changes nothing at the smallest size: scanned on all of them
+        for growth in GROWTH_SCAN:
+            trial = dict(params, leaf_growth=growth)
+            value, got = evaluate(trial)
+            print(f"  growth {growth}: loss {value:.3f}  {show(got)}", flush=True)
+            if known is None or value < known[0]:
+                known, params = (value, got), trial
+    params, _, best = coordinate_search(evaluate, params, rounds, show, start=known)
     return Profile(**fields, **params), want, best
 
 
@@ -301,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lists-per-sqrt", type=float, default=4.0)
     ap.add_argument("--grid", action="store_true",
                     help="with --growth: start from the best point of a coarse grid at the smallest size")
+    ap.add_argument("--start-profile", default=None,
+                    help="with --growth: start the search from this profile of PROFILES (e.g. minilm-mean-growth)")
+    ap.add_argument("--name", default=None, help="with --growth: the fitted profile's name")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args(argv)
     if args.time:
@@ -323,12 +355,13 @@ def main(argv: list[str] | None = None) -> int:
 
         with tempfile.TemporaryDirectory() as work:
             for pooling in args.pooling.split(","):
-                name = f"minilm-{pooling}"
-                start = ({k: getattr(PROFILES[name], k) for k in STRUCTURE} if args.from_profiles
-                         else START[pooling])
+                name = args.start_profile or (f"minilm-{pooling}" if args.from_profiles else None)
+                if name is not None and name not in PROFILES:
+                    ap.error(f"--start-profile {name!r}: known: {', '.join(sorted(PROFILES))}")
+                start = {k: getattr(PROFILES[name], k) for k in STRUCTURE} if name else START[pooling]
                 profile, want, got = fit_growth(pooling, sizes, args.rounds, start, Path(work),
                                                 args.pool or real_pool.default_work(), args.queries,
-                                                args.query_source, args.lists_per_sqrt, args.grid)
+                                                args.query_source, args.lists_per_sqrt, args.grid, args.name)
                 print(f"\n{pooling}, fitted to the growth curve:", flush=True)
                 for n in want:
                     print(f"  {n:,} real      {fmt(want[n])}\n  {n:,} synthetic {fmt(got[n])}", flush=True)

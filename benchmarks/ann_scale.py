@@ -1,9 +1,9 @@
 """DPR-sized compressed IVF-PQ on one machine: build, open with mmap, search (results/ann_scale.{md,json}).
 
 Data: a calibrated MiniLM generator profile (``fastdpr.index.synthetic``, ``--profile``: ``minilm-mean`` by
-default; ``minilm-mean-growth`` grows like the real pool of ``real_pool.py``) at DPR's size, 21,015,324 x 768 by
-default, streamed to disk (``fastdpr.index.disk_build``: the rows go straight into the index file as fp16, never
-all in memory). The vectors are those fp16 rows: the ground truth and the index both see them.
+default; ``minilm-mean-pool`` is fitted to how the real pool of ``real_pool.py`` grows) at DPR's size,
+21,015,324 x 768 by default, streamed to disk (``fastdpr.index.disk_build``: the rows go straight into the index file
+as fp16, never all in memory). The vectors are those fp16 rows: the ground truth and the index both see them.
 
 Stages, each in a fresh process (its peak resident memory is its own ``ru_maxrss``), each resumable, each
 recorded in ``<work>/stage_<name>.json`` when it ends (a finished stage is not rerun):

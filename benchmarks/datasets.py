@@ -5,7 +5,7 @@
   (``$FASTDPR_BENCH_CACHE`` or ``<repo>/cache/bench``, which git ignores); the base is read back memory-mapped.
 - ``calibrated_synthetic(n, dim, profile, n_queries)``: ``fastdpr.index.synthetic.calibrated`` (profiles
   ``minilm-mean``, ``minilm-cls``: fitted to the real MiniLM pool by ``ann_fit_synthetic.py``; ``minilm-mean-growth``
-  to the growth of ``real_pool.py``'s pool), cached the same way
+  and ``minilm-mean-pool`` to the growth of ``real_pool.py``'s pool), cached the same way
   and written in chunks, so 1M x 768 never sits in memory twice.
 - ``real(vectors_dir, n_queries)``: vectors written by ``fastdpr encode`` (e.g. the quickstart passages encoded by
   the packaged MiniLM with raw [CLS] or unnormalised mean pooling). Queries are ``queries.npy`` in that directory
@@ -85,8 +85,10 @@ def calibrated_synthetic(n: int, dim: int, profile: str, n_queries: int = 1000, 
 
     if profile not in PROFILES:
         raise ValueError(f"unknown synthetic profile {profile!r}; known: {', '.join(sorted(PROFILES))}")
-    # the fitted numbers are part of the key: a refit profile never reuses vectors drawn with the old one
-    tag = hashlib.sha1(repr(PROFILES[profile]).encode()).hexdigest()[:8]
+    # the fitted numbers are part of the key: a refit profile never reuses vectors drawn with the old one. A profile
+    # whose leaves grow as they did before growth was a parameter keeps its old key (and its cached sets)
+    text = repr(PROFILES[profile]).replace(", leaf_growth=1.0, reference_n=10000)", ")")
+    tag = hashlib.sha1(text.encode()).hexdigest()[:8]
     name = f"synthetic-{profile}-{n}x{dim}"
     d = cache_dir() / f"{name}-q{n_queries}-s{seed}-{tag}"
     base_path, q_path = d / "base.npy", d / "queries.npy"

@@ -131,11 +131,15 @@ def test_the_generator_fitted_to_the_growth_curve_matches_every_size_no_worse_th
     def mean_loss(values):
         p = fit_synthetic.Profile(**{**{k: getattr(profile, k) for k in profile.__dataclass_fields__}, **values})
         return np.mean([fit_synthetic.loss(
-            fit_synthetic.stats(fit_synthetic.synthetic_set(p, n, 16, 20), scratch, fit_synthetic.growth_nlist(n, 4.0)),
+            fit_synthetic.stats(fit_synthetic.synthetic_set(p, n, 16, 20), scratch, fit_synthetic.growth_nlist(n, 4.0),
+                                lid=True),
             want[n]) for n in want])
 
-    fitted = {k: getattr(profile, k) for k in (*fit_synthetic.STRUCTURE, "spectrum_decay")}
-    started = {**start, "spectrum_decay": profile.spectrum_decay}
+    assert profile.reference_n == 300 and 0.0 <= profile.leaf_growth <= 1.0  # leaf size read at the smallest size
+    assert "lid_median" in want[300]["partition"] and "lid_median" in got[300]["partition"]
+    fitted = {k: getattr(profile, k) for k in (*fit_synthetic.STRUCTURE, "spectrum_decay", "leaf_growth")}
+    # where the search started: the start's structure with the leaves' size fixed (growth 1), one of the scanned
+    started = {**start, "spectrum_decay": profile.spectrum_decay, "leaf_growth": 1.0}
     assert mean_loss(fitted) <= mean_loss(started) + 1e-9  # the search keeps a step only when it lowers the loss
     with pytest.raises(SystemExit, match="real_pool.py encode"):
         fit_synthetic.fit_growth("mean", [5000], 1, start, scratch, work, n_queries=20)

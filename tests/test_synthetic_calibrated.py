@@ -10,11 +10,12 @@ from fastdpr.errors import InputError
 from fastdpr.index.synthetic import BLOCK, PROFILES, CalibratedGenerator, calibrated
 
 # p5 / median / p95 of the real pool's norms (23,582 passages, 1,000 NQ questions, 384 dimensions); for the growth
-# profile, of benchmarks/real_pool.py's first 30,000 passages and 1,000 test-half questions (as
-# `ann_fit_synthetic.py --growth 10000,30000` printed them)
+# profiles, of benchmarks/real_pool.py's first 30,000 (minilm-mean-growth) and 100,000 (minilm-mean-pool) passages
+# and 1,000 test-half questions (as `ann_fit_synthetic.py --growth` printed them)
 REAL_NORMS = {"minilm-mean": {"passages": (1.62, 2.23, 4.56), "queries": (5.02, 5.99, 6.84)},
               "minilm-cls": {"passages": (6.67, 7.15, 7.93), "queries": (7.21, 7.91, 8.44)},
-              "minilm-mean-growth": {"passages": (2.02, 2.64, 4.36), "queries": (4.72, 5.74, 6.67)}}
+              "minilm-mean-growth": {"passages": (2.02, 2.64, 4.36), "queries": (4.72, 5.74, 6.67)},
+              "minilm-mean-pool": {"passages": (2.02, 2.64, 4.34), "queries": (4.72, 5.74, 6.67)}}
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
@@ -50,6 +51,30 @@ def test_norms_match_the_real_pool(profile):
         got = np.percentile(np.linalg.norm(x, axis=1), [5, 50, 95])
         want = np.array(REAL_NORMS[profile][what])
         assert np.all(np.abs(got / want - 1) < 0.10), (profile, what, got, want)
+
+
+def test_leaf_growth_sets_how_the_leaf_count_grows_and_zero_makes_nested_samples_of_one_distribution():
+    import dataclasses
+
+    from fastdpr.index.synthetic import leaf_count
+
+    base = dataclasses.replace(PROFILES["minilm-mean"], leaf_size=50.0, reference_n=10_000)
+    counts = {g: [leaf_count(n, dataclasses.replace(base, leaf_growth=g)) for n in (10_000, 40_000, 1_000_000)]
+              for g in (0.0, 0.5, 1.0)}
+    assert counts == {0.0: [200, 200, 200], 0.5: [200, 400, 2000], 1.0: [200, 800, 20000]}
+    # leaf size fixed (growth 1) is the generator's old rule: n / leaf_size at any reference size
+    assert leaf_count(777, dataclasses.replace(base, reference_n=3)) == round(777 / 50.0)
+    # with a fixed number of leaves the structure does not depend on n: a smaller set is the larger one's prefix,
+    # as the real pool's nested prefixes are
+    fixed = dataclasses.replace(base, leaf_growth=0.0, reference_n=2000)
+    small, large = CalibratedGenerator(3000, 24, fixed, seed=2), CalibratedGenerator(BLOCK + 500, 24, fixed, seed=2)
+    assert small.n_leaves == large.n_leaves == 40
+    assert np.array_equal(small.passages(), large.passages(0, 3000))
+    assert np.array_equal(small.queries(30), large.queries(30))
+    # growth 1: the larger set has more leaves, so other rows
+    grows = dataclasses.replace(fixed, leaf_growth=1.0)
+    assert not np.allclose(CalibratedGenerator(3000, 24, grows, seed=2).passages(),
+                           CalibratedGenerator(BLOCK + 500, 24, grows, seed=2).passages(0, 3000))
 
 
 def test_shared_vector_sets_the_anisotropy():

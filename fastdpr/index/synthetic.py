@@ -7,24 +7,27 @@ need 22 with mean pooling, 128 with [CLS]; ``benchmarks/results/ann_calibration.
 
 ``calibrated(n, dim, profile)``: vectors shaped like all-MiniLM-L6-v2's, with profiles ``minilm-mean``
 (unnormalised mean pooling) and ``minilm-cls`` (raw [CLS]) fitted to the real 23,582-passage pool by
-``benchmarks/ann_fit_synthetic.py``, and ``minilm-mean-growth`` fitted to how the larger real pool of
+``benchmarks/ann_fit_synthetic.py``, ``minilm-mean-growth`` fitted to how the larger real pool of
 ``benchmarks/real_pool.py`` (questions against a corpus mostly off their topic) grows from 10,000 to 30,000
-passages. A passage is ``shared + r * u``: one vector every passage shares (real sentence embeddings have a large
-common component: [CLS] nearly all of it), plus a unit direction ``u`` at a distance ``r`` drawn from the measured
-quantile table. ``u`` is a topic centre, plus a leaf centre around it, plus spread inside
-the leaf, each with variances decaying along the principal directions of a random rotation; ``r`` is partly set by
-the leaf (real high-norm mean-pooled passages sit together). A query is a passage-like direction mixed with
-isotropic noise (real questions sit off the passage manifold), at the query distance table, around a shared vector
-of its own (real questions are longer and point elsewhere).
+passages, and ``minilm-mean-pool`` to how it grows from 10,000 to 100,000 with the queries' local intrinsic
+dimensionality in the fit and the leaf count's growth searched. A passage is ``shared + r * u``: one vector every
+passage shares (real sentence embeddings have a large common component: [CLS] nearly all of it), plus a unit
+direction ``u`` at a distance ``r`` drawn from the measured quantile table. ``u`` is a topic centre, plus a leaf
+centre around it, plus spread inside the leaf, each with variances decaying along the principal directions of a
+random rotation; ``r`` is partly set by the leaf (real high-norm mean-pooled passages sit together). A query is a
+passage-like direction mixed with isotropic noise (real questions sit off the passage manifold), at the query
+distance table, around a shared vector of its own (real questions are longer and point elsewhere).
 
 Scaling to other sizes: the spectrum is a function of ``j / dim`` (principal components for 90% of the variance
 grow in proportion to ``dim``), distances and shared vectors are kept as measured at d = 384 (the norms a search
-meets do not change with ``dim``), and the leaf and topic sizes are fixed in passages, so the number of leaves and
-topics grows in proportion to ``n`` (at 1M: about ``1e6 / leaf_size`` leaves). That is an assumption about how a
-corpus grows; ``benchmarks/ann_growth.py`` measures it against the real pool's nested prefixes up to 1M passages
-(``benchmarks/results/ann_growth.md``). Generation
-is chunked (``BLOCK`` rows per random stream, any chunking gives the same rows) and float32 throughout: memory is
-the ``dim x dim`` rotation, the leaf centres (``n / leaf_size x dim``) and a block.
+meets do not change with ``dim``), and the number of leaves and topics grows as ``n ** leaf_growth`` from the
+profile's ``reference_n``: with growth 1 (the first three profiles) their sizes are fixed in passages and a corpus
+grows by new topics (at 1M: about ``1e6 / leaf_size`` leaves); with growth 0 (``minilm-mean-pool``) their number is
+fixed and a larger corpus is a larger sample of one distribution, each set the first rows of every larger one.
+Which of the two a real corpus does is measured, not assumed: ``benchmarks/ann_growth.py`` sets each profile against
+the real pool's nested prefixes up to 1M passages (``benchmarks/results/ann_growth.md``). Generation is chunked
+(``BLOCK`` rows per random stream, any chunking gives the same rows) and float32 throughout: memory is the ``dim x
+dim`` rotation, the leaf centres (one row per leaf) and a block.
 
 >>> from fastdpr.index.synthetic import calibrated, gaussian_mixture
 >>> base, queries = gaussian_mixture(1000, 32, n_queries=10, seed=0)
@@ -103,6 +106,11 @@ class Profile:
     query_norm_table: tuple  # a query's distance from the queries' shared vector, at NORM_LEVELS
     off_manifold: float  # share of a query's direction that is isotropic rather than drawn like a passage
     norm_by_leaf: float = 0.0  # share of a passage's (normal-score) length set by its leaf, inherited from topics
+    # how the number of leaves (and topics) grows with n: ``reference_n / leaf_size * (n / reference_n) **
+    # leaf_growth``. 1 keeps the leaves' size fixed (the corpus grows by new topics); 0 keeps their number fixed (the
+    # corpus is a larger sample of one distribution, as the real pool's nested prefixes are)
+    leaf_growth: float = 1.0
+    reference_n: int = 10_000
 
 
 # Fitted by benchmarks/ann_fit_synthetic.py (its output pasted here); how close each comes to the real pool:
@@ -132,7 +140,25 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             query_norm_table=(3.9956, 4.3865, 4.741, 4.8879, 5.2706, 5.6848, 6.0501, 6.353, 6.5706, 6.9618, 7.3488,
                               7.3668),
             off_manifold=0.625, norm_by_leaf=0.75),
+    # fitted to the same pool's growth from 10,000 to 100,000 passages with the queries' LID in the loss and the
+    # leaf count's growth searched: `python benchmarks/ann_fit_synthetic.py --growth 10000,30000,100000 --grid
+    # --start-profile minilm-mean-growth --name minilm-mean-pool --pooling mean`. The fit chose a fixed number of
+    # leaves (growth 0): a larger set is a larger sample of one distribution, as the pool's prefixes are.
+    # 300,000 and 1,000,000 passages are the test: benchmarks/results/ann_growth.md
+    Profile(name="minilm-mean-pool", spectrum_decay=1.7699, spectrum_offset=0.1, mean_length=0.7023,
+            norm_table=(1.152, 1.676, 1.9169, 2.0456, 2.2751, 2.5574, 2.9448, 3.6664, 4.2366, 5.2453, 6.0417, 7.2327),
+            leaf_size=100.0, leaves_per_topic=32.0, topic_share=0.02, leaf_share=0.1, query_mean=(-0.0648, 0.7592),
+            query_norm_table=(3.9956, 4.3865, 4.741, 4.8879, 5.2706, 5.6848, 6.0501, 6.353, 6.5706, 6.9618, 7.3488,
+                              7.3668),
+            off_manifold=0.0, norm_by_leaf=0.975, leaf_growth=0.0, reference_n=10_000),
 )}
+
+
+def leaf_count(n: int, profile: Profile) -> int:
+    """Leaf clusters of ``profile`` at ``n`` passages (``n / leaf_size`` where ``leaf_growth`` is 1)."""
+    if profile.leaf_growth == 1.0:
+        return max(1, round(n / profile.leaf_size))
+    return max(1, round(profile.reference_n / profile.leaf_size * (n / profile.reference_n) ** profile.leaf_growth))
 
 
 _phi = np.frompyfunc(lambda z: 0.5 * (1.0 + math.erf(z / math.sqrt(2.0))), 1, 1)
@@ -168,7 +194,7 @@ class CalibratedGenerator:
         # a random rotation, so the spectrum is not aligned with the coordinates (product quantizers would notice)
         q, r = np.linalg.qr(rng.standard_normal((dim, dim)))
         self.rotation = (q * np.sign(np.diag(r))).astype(np.float32)
-        self.n_leaves = max(1, round(n / p.leaf_size))
+        self.n_leaves = leaf_count(n, p)
         n_topics = max(1, round(self.n_leaves / p.leaves_per_topic))
         topics = rng.standard_normal((n_topics, dim), dtype=np.float32) * (self.scale * math.sqrt(p.topic_share))
         topic_of = rng.integers(0, n_topics, self.n_leaves)
@@ -216,11 +242,14 @@ class CalibratedGenerator:
     def _block(self, b: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, 1, b])
         count = min(BLOCK, self.n - b * BLOCK)
-        y, leaf = self._directions(rng, count)
+        # a profile whose structure does not depend on n draws whole blocks, so that a smaller set is exactly the
+        # first rows of a larger one; the others keep the rows they were drawn with (and their cached sets)
+        drawn = BLOCK if self.profile.leaf_growth == 0.0 else count
+        y, leaf = self._directions(rng, drawn)
         rho = self.profile.norm_by_leaf
-        score = math.sqrt(rho) * self.leaf_norm_score[leaf] + math.sqrt(1.0 - rho) * rng.standard_normal(count)
+        score = math.sqrt(rho) * self.leaf_norm_score[leaf] + math.sqrt(1.0 - rho) * rng.standard_normal(drawn)
         y *= _norms_at(_phi(score).astype(np.float64), self.profile.norm_table).astype(np.float32)[:, None]
-        x = y @ self.rotation
+        x = y[:count] @ self.rotation
         x += self.mean
         return x
 
