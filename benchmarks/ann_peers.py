@@ -15,6 +15,7 @@ best round of each), so a changing load on the shared cores moves all of them al
 
     python benchmarks/ann_peers.py --n 1000000                      # the real 1M (after real_pool.py encode)
     python benchmarks/ann_peers.py --n 30000 --lists-per-sqrt 2,4   # a prefix of what is encoded so far
+    python benchmarks/ann_peers.py --n 1000000 --tuned-only         # time what earlier runs finished tuning
 
 **Resumable by build.** At a million rows each build and its tuning take minutes to an hour, so every build's
 tuning result is kept in the benchmark cache (``<set>/peers-train<T>/<system>-nlist<L>.json``, written last) beside
@@ -278,6 +279,8 @@ def run(args) -> dict:
     if ours_row.exists() and ours_path.exists():
         ours, fastdpr_row = load_index(ours_path), json.loads(ours_row.read_text())
         print(f"  fastdpr auto: kept from {ours_row}", flush=True)
+    elif args.tuned_only:
+        raise SystemExit(f"--tuned-only: fastdpr's tuned index is not in {stage} yet; run without --tuned-only")
     else:
         from fastdpr.atomic import write_json
 
@@ -301,7 +304,20 @@ def run(args) -> dict:
         if why:
             skipped[family] = why
             print(f"  {family}: {why}", flush=True)
+        # --tuned-only: a system enters the table only with every build of its sweep tuned (its entry is the
+        # fastest of them all), so one with a build still to tune is left out whole, and said to be
+        untuned = {}
+        for spec in builds if args.tuned_only else []:
+            if not (stage / f"{spec.key}.json").exists():
+                untuned.setdefault(spec.system, []).append(spec.nlist)
+        for system, left in untuned.items():
+            total = sum(spec.system == system for spec in builds)
+            skipped[system] = (f"{total - len(left)} of {total} builds tuned so far (lists {left} not yet; "
+                               "timed by a run without --tuned-only)")
+            print(f"  {system}: {skipped[system]}", flush=True)
         for spec in builds:
+            if spec.system in untuned:
+                continue
             row = tune_peer(spec, ds, q_tune, gt_tune, stage)
             best = peers.get(spec.system)
             if "error" not in row and (best is None or row["tune_qps"] > best[1]["tune_qps"]):
@@ -378,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", type=int, default=250_000, help="rows the peers' k-means sees")
     ap.add_argument("--peers", default="faiss,scann")
     ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds on the test questions")
+    ap.add_argument("--tuned-only", action="store_true",
+                    help="build and tune nothing: time the systems whose every build an earlier run tuned")
     ap.add_argument("--work", type=Path, default=None, help="real_pool.py's folder (default: its cache folder)")
     ap.add_argument("--name", default=None)
     ap.add_argument("--out", default=None, help="results folder (default: benchmarks/results)")

@@ -124,3 +124,27 @@ def test_a_saved_index_that_went_missing_is_built_again_not_tuned_again(tmp_path
     monkeypatch.setattr(tune, "tune", lambda *a, **k: (_ for _ in ()).throw(AssertionError("tuned again")))
     assert ann_peers.main(args + ["--out", str(tmp_path / "second")]) == 0
     assert list(stage.glob("*.index.json"))  # built again and kept for the next run
+
+
+def test_tuned_only_times_the_systems_whose_sweep_is_tuned_and_names_the_rest(tmp_path, monkeypatch):
+    args = _faiss_run(tmp_path, monkeypatch, "1")
+    with pytest.raises(SystemExit, match="--tuned-only: fastdpr's tuned index is not in"):
+        ann_peers.main(args + ["--tuned-only", "--out", str(tmp_path / "none")])
+    assert ann_peers.main(args + ["--out", str(tmp_path / "first")]) == 0
+    from fastdpr.index import tune
+
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: (_ for _ in ()).throw(AssertionError("tuned in --tuned-only")))
+    # a second list count: every system has one build tuned and one not, so none of them is timed
+    at = args.index("--lists-per-sqrt") + 1
+    wider = args[:at] + ["1,2"] + args[at + 1:]
+    assert ann_peers.main(wider + ["--tuned-only", "--out", str(tmp_path / "second")]) == 0
+    second = json.loads((tmp_path / "second" / "ann_peers_mean_1500.json").read_text())
+    assert [r["system"] for r in second["chosen"]] == ["fastdpr auto + tune"] and second["tried"] == []
+    first = json.loads((tmp_path / "first" / "ann_peers_mean_1500.json").read_text())
+    for system in {t["system"] for t in first["tried"]}:
+        assert second["skipped"][system].startswith("1 of 2 builds tuned so far (lists [77] not yet")
+    assert "Not measured" in (tmp_path / "second" / "ann_peers_mean_1500.md").read_text()
+    # with the list count of the first run every sweep is tuned: all of them timed again
+    assert ann_peers.main(args + ["--tuned-only", "--out", str(tmp_path / "third")]) == 0
+    third = json.loads((tmp_path / "third" / "ann_peers_mean_1500.json").read_text())
+    assert [r["system"] for r in third["chosen"]] == [r["system"] for r in first["chosen"]]
