@@ -20,7 +20,9 @@ best round of each), so a changing load on the shared cores moves all of them al
 **Resumable by build.** At a million rows each build and its tuning take minutes to an hour, so every build's
 tuning result is kept in the benchmark cache (``<set>/peers-train<T>/<system>-nlist<L>.json``, written last) beside
 the saved index of each system's fastest build so far; a run stopped at any point goes on from the builds not yet
-tuned, and the side-by-side timing reloads the winners from disk.
+tuned, and the side-by-side timing reloads the winners from disk. Each build is built and tuned in a process of its
+own: a peer library that crashes costs that build (kept as an error row naming the signal; delete its ``.json`` to
+try it again), not the run.
 
 Writes ``<name>.{json,md}`` (default ``ann_peers_<pooling>_<n>``); ScaNN and RaBitQ are skipped, with the reason
 in the report, where the installed packages lack them (``pip install scann``; faiss >= 1.12 for RaBitQ).
@@ -32,6 +34,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -191,18 +194,13 @@ def load_real(work: Path, pooling: str, n: int, n_queries: int) -> tuple[Dataset
     return ds, np.arange(len(tune_rows)), np.arange(len(tune_rows), len(rows))
 
 
-def tune_peer(spec: Build, ds, q_tune, gt_tune, stage: Path) -> dict:
-    """Build and tune one peer build, or read what an earlier run kept in ``stage``: the row (``index`` None where
-    it came from disk; :func:`best_index` loads it)."""
+def tune_build(spec: Build, ds, q_tune, gt_tune, stage: Path) -> None:
+    """Build and tune one peer build (in the child process :func:`tune_peer` starts): its row goes to
+    ``<stage>/<key>.json`` and, where the target was reached, its index to ``<stage>/<key>.candidate``."""
     from fastdpr.atomic import write_json
     from fastdpr.errors import InputError
     from fastdpr.index import tune
 
-    kept = stage / f"{spec.key}.json"
-    if kept.exists():
-        row = json.loads(kept.read_text())
-        print(f"  {spec.system} {spec.params}: kept from {kept}", flush=True)
-        return row | {"index": None}
     t0 = time.perf_counter()
     handle = spec.build(ds.base)
     build_s = time.perf_counter() - t0
@@ -211,52 +209,119 @@ def tune_peer(spec: Build, ds, q_tune, gt_tune, stage: Path) -> dict:
     try:
         result = tune.tune(index, q_tune, target_recall=TARGET, k=K, truth=gt_tune, threads=THREADS)
     except InputError as err:  # the target is out of this build's reach
-        row = {"system": spec.system, "build": spec.params, "nlist": spec.nlist, "build_s": round(build_s, 1),
-               "error": str(err)}
-        write_json(kept, row)
-        return row | {"index": None}
+        write_json(stage / f"{spec.key}.json", {"system": spec.system, "build": spec.params, "nlist": spec.nlist,
+                                                "build_s": round(build_s, 1), "error": str(err)})
+        return
     row = {"system": spec.system, "build": spec.params, "nlist": spec.nlist, "build_s": round(build_s, 1),
            "tune_s": round(time.perf_counter() - t0, 1), "settings": dict(result.params),
            "tune_recall": result.recall, "tune_qps": result.qps, "evaluations": result.evaluations}
-    print(f"  {spec.system} {spec.params}: {row['settings']} recall {result.recall:.4f} at {result.qps:.0f} q/s on "
-          f"the tuning questions (build {build_s:.0f} s, tune {row['tune_s']:.0f} s)", flush=True)
-    write_json(kept, row)  # the tuning is kept even where the index is not (a slower build of its system)
-    return row | {"index": index}
+    candidate = _clear(stage / f"{spec.key}.candidate")
+    partial = _clear(stage / f"{spec.key}.candidate.partial")
+    spec.save(handle, partial)
+    partial.rename(candidate)
+    write_json(stage / f"{spec.key}.json", row)  # last: a row on disk means its build is done
 
 
-def keep_index(spec: Build, handle, stage: Path) -> None:
-    """Save ``handle`` as the fastest build of its system so far, in place of the one kept before."""
+def _clear(path: Path) -> Path:
+    """``path`` with nothing at it (a file or a folder removed)."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+    return path
+
+
+def child_command(args, key: str) -> list[str]:
+    """The command that builds and tunes build ``key`` in a process of its own, on the data ``args`` name."""
+    return [sys.executable, str(Path(__file__).resolve()), "--n", str(args.n), "--pooling", args.pooling,
+            "--queries", str(args.queries), "--lists-per-sqrt", ",".join(str(f) for f in args.lists_per_sqrt),
+            "--train", str(args.train), "--peers", ",".join(args.peers), "--work", str(args.work), "--build", key]
+
+
+def tune_peer(spec: Build, args, stage: Path) -> dict:
+    """Build and tune one peer build in a child process, or read what an earlier run kept in ``stage``: its row.
+
+    A child process, because a peer library can crash: faiss 1.15.1's IVF RaBitQ fast scan ended the whole run with
+    a segmentation fault on the real 1M at 4,000 lists. A build whose process dies is recorded with the signal as
+    its error, and the sweep goes on."""
     from fastdpr.atomic import write_json
 
-    target = stage / f"{spec.system}.index"
-    partial = stage / f"{spec.system}.index.partial"
-    marker = stage / f"{spec.system}.index.json"
+    kept = stage / f"{spec.key}.json"
+    if kept.exists():
+        print(f"  {spec.system} {spec.params}: kept from {kept}", flush=True)
+        return json.loads(kept.read_text())
+    code = subprocess.run(child_command(args, spec.key)).returncode
+    if not kept.exists():
+        why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        row = {"system": spec.system, "build": spec.params, "nlist": spec.nlist, "build_s": 0.0,
+               "error": f"the build or its tuning crashed ({why})"}
+        write_json(kept, row)
+        print(f"  {spec.system} {spec.params}: {row['error']}", flush=True)
+        return row
+    row = json.loads(kept.read_text())
+    if "error" not in row:
+        print(f"  {spec.system} {spec.params}: {row['settings']} recall {row['tune_recall']:.4f} at "
+              f"{row['tune_qps']:.0f} q/s on the tuning questions (build {row['build_s']:.0f} s, tune "
+              f"{row['tune_s']:.0f} s)", flush=True)
+    return row
+
+
+def keep_index(spec: Build, stage: Path) -> None:
+    """Make build ``spec``'s candidate index (:func:`tune_build`) the kept fastest build of its system, in place of
+    the one kept before; without a candidate, the kept one stays unnamed (:func:`best_index` builds it again)."""
+    from fastdpr.atomic import write_json
+
+    target, marker = stage / f"{spec.system}.index", stage / f"{spec.system}.index.json"
+    candidate = stage / f"{spec.key}.candidate"
     # the marker goes first and comes back last: a run stopped in between finds no marker and builds again, never
     # loads one build's index under another build's settings
     marker.unlink(missing_ok=True)
-    for path in (partial, target):
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
-    spec.save(handle, partial)
-    partial.rename(target)  # the folder or file appears whole or not at all
+    if not candidate.exists():
+        return
+    _clear(target)
+    candidate.rename(target)  # the folder or file appears whole or not at all
     write_json(marker, {"key": spec.key})
 
 
 def best_index(spec: Build, row: dict, ds, stage: Path) -> PeerIndex:
-    """The index of ``row`` (its system's fastest build): the one in memory, else the one kept on disk, else built
-    again (its tuning is kept, so only the build is repeated)."""
-    if row.get("index") is not None:
-        return row["index"]
+    """The index of ``row`` (its system's fastest build): the one kept on disk, else built again (its tuning is
+    kept, so only the build is repeated)."""
     marker = stage / f"{spec.system}.index.json"
     if marker.exists() and json.loads(marker.read_text())["key"] == spec.key:
         handle = spec.load(stage / f"{spec.system}.index")
     else:
         print(f"  {spec.key}: no saved index, building it again", flush=True)
         handle = spec.build(ds.base)
-        keep_index(spec, handle, stage)
+        target, partial = _clear(stage / f"{spec.system}.index"), _clear(stage / f"{spec.system}.index.partial")
+        marker.unlink(missing_ok=True)
+        spec.save(handle, partial)
+        partial.rename(target)
+        from fastdpr.atomic import write_json
+
+        write_json(marker, {"key": spec.key})
     return PeerIndex(spec.system, handle, spec.search, ds.n, ds.dim, spec.nlist)
+
+
+def peer_builds(args, lists: list[int], dim: int) -> list[tuple[str, list[Build], str]]:
+    """(family, its builds, why none) for each family of ``args.peers``."""
+    return [(family, *(faiss_builds if family == "faiss" else scann_builds)(lists, dim, args.train))
+            for family in args.peers]
+
+
+def run_build(args, key: str) -> None:
+    """The child process of :func:`tune_peer`: build and tune build ``key`` alone."""
+    ds, tune_rows, _ = load_real(args.work, args.pooling, args.n, args.queries)
+    gt = ground_truth(ds, K)
+    lists = peer_lists(args, ds.n)
+    specs = [spec for _, builds, _ in peer_builds(args, lists, ds.dim) for spec in builds if spec.key == key]
+    if not specs:
+        raise SystemExit(f"--build {key!r}: no such build among {args.peers} at lists {lists}")
+    stage = ds.directory / f"peers-train{args.train}"
+    tune_build(specs[0], ds, ds.queries[tune_rows], gt[tune_rows], stage)
+
+
+def peer_lists(args, n: int) -> list[int]:
+    return sorted({max(1, int(round(f * math.sqrt(n)))) for f in args.lists_per_sqrt})
 
 
 def run(args) -> dict:
@@ -268,7 +333,7 @@ def run(args) -> dict:
     gt = ground_truth(ds, K)
     q_tune, q_test = ds.queries[tune_rows], ds.queries[test_rows]
     gt_tune, gt_test = gt[tune_rows], gt[test_rows]
-    lists = sorted({max(1, int(round(f * math.sqrt(ds.n)))) for f in args.lists_per_sqrt})
+    lists = peer_lists(args, ds.n)
     print(f"{ds.name}: {ds.n:,} x {ds.dim}, {len(tune_rows)} tuning and {len(test_rows)} test questions; "
           f"peer list counts {lists}", flush=True)
     stage = ds.directory / f"peers-train{args.train}"
@@ -299,8 +364,7 @@ def run(args) -> dict:
 
     skipped, tried = {}, []
     peers: dict[str, tuple[Build, dict]] = {}
-    for family in args.peers:
-        builds, why = (faiss_builds if family == "faiss" else scann_builds)(lists, ds.dim, args.train)
+    for family, builds, why in peer_builds(args, lists, ds.dim):
         if why:
             skipped[family] = why
             print(f"  {family}: {why}", flush=True)
@@ -318,13 +382,15 @@ def run(args) -> dict:
         for spec in builds:
             if spec.system in untuned:
                 continue
-            row = tune_peer(spec, ds, q_tune, gt_tune, stage)
+            row = tune_peer(spec, args, stage)
             best = peers.get(spec.system)
+            candidate = stage / f"{spec.key}.candidate"  # where this run built and tuned it
             if "error" not in row and (best is None or row["tune_qps"] > best[1]["tune_qps"]):
-                if row["index"] is not None:
-                    keep_index(spec, row["index"].handle, stage)
-                peers[spec.system] = (spec, row)  # the fastest build so far; the slower one's memory goes
-            tried.append({k: v for k, v in row.items() if k != "index"})
+                if candidate.exists():
+                    keep_index(spec, stage)
+                peers[spec.system] = (spec, row)  # the fastest build so far
+            _clear(candidate)
+            tried.append(row)
 
     flat = FlatIndex(ds.dim)
     flat.add(ds.base)
@@ -337,7 +403,7 @@ def run(args) -> dict:
         contenders[name] = lambda i=index, s=settings: i.search(q_test, K, THREADS, **s)
         test_recall[name] = recall_at(index.search(q_test, K, THREADS, **settings)[1], gt_test)
     times = side_by_side(contenders, args.rounds)
-    chosen = [fastdpr_row] + [{k: v for k, v in r.items() if k != "index"} for _, r in peers.values()]
+    chosen = [fastdpr_row] + [dict(r) for _, r in peers.values()]
     for row in chosen:
         row["test_recall"] = test_recall[row["system"]]
         row["test_qps"] = len(q_test) / times[row["system"]]
@@ -397,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tuned-only", action="store_true",
                     help="build and tune nothing: time the systems whose every build an earlier run tuned")
     ap.add_argument("--work", type=Path, default=None, help="real_pool.py's folder (default: its cache folder)")
+    ap.add_argument("--build", default=None, help=argparse.SUPPRESS)  # the child process of one build
     ap.add_argument("--name", default=None)
     ap.add_argument("--out", default=None, help="results folder (default: benchmarks/results)")
     args = ap.parse_args(argv)
@@ -411,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.n < 1 or args.queries < 1 or args.rounds < 1 or not args.lists_per_sqrt:
         ap.error("--n, --queries, --rounds and --lists-per-sqrt must be positive")
     args.work = args.work or real_pool.default_work()
+    if args.build:
+        run_build(args, args.build)
+        return 0
     try:
         out = run(args)
     except ValueError as err:  # fewer rows encoded than asked for

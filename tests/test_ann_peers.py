@@ -148,3 +148,22 @@ def test_tuned_only_times_the_systems_whose_sweep_is_tuned_and_names_the_rest(tm
     assert ann_peers.main(args + ["--tuned-only", "--out", str(tmp_path / "third")]) == 0
     third = json.loads((tmp_path / "third" / "ann_peers_mean_1500.json").read_text())
     assert [r["system"] for r in third["chosen"]] == [r["system"] for r in first["chosen"]]
+
+
+def test_a_build_whose_process_crashes_is_recorded_with_its_signal_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    args = _faiss_run(tmp_path, monkeypatch, "1")
+    real_command = ann_peers.child_command
+    crashing = "faiss-ivfpq-fastscan-nlist39"
+
+    def command(a, key):  # that build's process aborts the way a segfaulting library would end it
+        return [sys.executable, "-c", "import os; os.abort()"] if key == crashing else real_command(a, key)
+
+    monkeypatch.setattr(ann_peers, "child_command", command)
+    assert ann_peers.main(args + ["--out", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "ann_peers_mean_1500.json").read_text())
+    tried = {t["system"]: t for t in result["tried"]}
+    assert tried["faiss-ivfpq-fastscan"]["error"] == "the build or its tuning crashed (killed by signal 6)"
+    chosen = [r["system"] for r in result["chosen"]]
+    assert "faiss-ivfpq-fastscan" not in chosen and len(chosen) == len(tried)  # the other systems were measured
+    stage = next((tmp_path / "cache").rglob("peers-train*"))
+    assert not list(stage.glob("*.candidate*"))  # every candidate index was kept or removed
