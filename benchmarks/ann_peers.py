@@ -204,6 +204,7 @@ def tune_build(spec: Build, ds, q_tune, gt_tune, stage: Path) -> None:
     t0 = time.perf_counter()
     handle = spec.build(ds.base)
     build_s = time.perf_counter() - t0
+    print(f"  {spec.key}: built in {build_s:.0f} s, tuning", flush=True)  # a crash's log says which of the two
     index = PeerIndex(spec.system, handle, spec.search, ds.n, ds.dim, spec.nlist)
     t0 = time.perf_counter()
     try:
