@@ -254,8 +254,8 @@ def tune_peer(spec: Build, args, stage: Path) -> dict:
     code = subprocess.run(child_command(args, spec.key)).returncode
     if not kept.exists():
         why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        row = {"system": spec.system, "build": spec.params, "nlist": spec.nlist, "build_s": 0.0,
-               "error": f"the build or its tuning crashed ({why})"}
+        row = {"system": spec.system, "build": spec.params, "nlist": spec.nlist,
+               "error": f"the build or its tuning crashed ({why})"}  # no timing: the process took it along
         write_json(kept, row)
         print(f"  {spec.system} {spec.params}: {row['error']}", flush=True)
         return row
@@ -432,7 +432,8 @@ def report(out: dict) -> str:
                       "settings": ", ".join(f"{k} {v}" for k, v in t.get("settings", {}).items()) or t.get("error"),
                       "recall@100 tuning": t.get("tune_recall"),
                       "q/s tuning": int(round(t["tune_qps"])) if "tune_qps" in t else None,
-                      "build s": int(round(t["build_s"])), "tune s": int(round(t.get("tune_s") or 0))})
+                      "build s": int(round(t["build_s"])) if "build_s" in t else None,
+                      "tune s": int(round(t["tune_s"])) if "tune_s" in t else None})
     peers = out["chosen"][1:]
     best = max(peers, key=lambda r: r["test_qps"]) if peers else None
     verdict = (f"fastdpr auto + tune {fastdpr_qps:.0f} q/s against the best peer, {best['system']}, "
