@@ -52,7 +52,7 @@ SEARCHED = {"spectrum_decay": (0.1, 20.0, 1.1), "leaf_size": (2.0, 2000.0, 2.0),
 ADDITIVE_STEP = 0.15
 # searched at one size; leaf_growth only in a growth fit (at one size it changes nothing)
 STRUCTURE = [k for k in SEARCHED if k not in ("spectrum_decay", "leaf_growth")]
-# the leaf growth exponents a growth fit tries on every size before its coordinate search (--grid)
+# the leaf growth exponents a growth fit of several sizes tries on every size before its coordinate search
 GROWTH_SCAN = (0.0, 0.25, 0.5, 0.75, 1.0)
 # where the search starts (the result of an earlier, longer run of this search from leaf size 64, 16 leaves per
 # topic, shares 0.3 / 0.3, off-manifold 0.4, norm by leaf 0.5); --from-profiles starts from PROFILES instead

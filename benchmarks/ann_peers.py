@@ -216,11 +216,16 @@ def tune_build(spec: Build, ds, q_tune, gt_tune, stage: Path) -> None:
     row = {"system": spec.system, "build": spec.params, "nlist": spec.nlist, "build_s": round(build_s, 1),
            "tune_s": round(time.perf_counter() - t0, 1), "settings": dict(result.params),
            "tune_recall": result.recall, "tune_qps": result.qps, "evaluations": result.evaluations}
+    save_candidate(spec, handle, stage)
+    write_json(stage / f"{spec.key}.json", row)  # last: a row on disk means its build is done
+
+
+def save_candidate(spec: Build, handle, stage: Path) -> None:
+    """Write ``handle`` to ``<stage>/<key>.candidate``, whole or not at all (:func:`keep_index` may keep it)."""
     candidate = _clear(stage / f"{spec.key}.candidate")
     partial = _clear(stage / f"{spec.key}.candidate.partial")
     spec.save(handle, partial)
     partial.rename(candidate)
-    write_json(stage / f"{spec.key}.json", row)  # last: a row on disk means its build is done
 
 
 def _clear(path: Path) -> Path:
@@ -293,13 +298,8 @@ def best_index(spec: Build, row: dict, ds, stage: Path) -> PeerIndex:
     else:
         print(f"  {spec.key}: no saved index, building it again", flush=True)
         handle = spec.build(ds.base)
-        target, partial = _clear(stage / f"{spec.system}.index"), _clear(stage / f"{spec.system}.index.partial")
-        marker.unlink(missing_ok=True)
-        spec.save(handle, partial)
-        partial.rename(target)
-        from fastdpr.atomic import write_json
-
-        write_json(marker, {"key": spec.key})
+        save_candidate(spec, handle, stage)
+        keep_index(spec, stage)
     return PeerIndex(spec.system, handle, spec.search, ds.n, ds.dim, spec.nlist)
 
 
