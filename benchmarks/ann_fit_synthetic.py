@@ -48,10 +48,12 @@ SCHEME = "l2-balanced"
 # the structure searched in step 3: name -> (lower, upper bound, multiplicative step or None for additive)
 SEARCHED = {"spectrum_decay": (0.1, 20.0, 1.1), "leaf_size": (2.0, 2000.0, 2.0), "leaves_per_topic": (1.0, 500.0, 2.0),
             "topic_share": (0.0, 0.95, None), "leaf_share": (0.0, 0.95, None), "off_manifold": (0.0, 0.95, None),
-            "norm_by_leaf": (0.0, 0.98, None), "leaf_growth": (0.0, 1.0, None)}
+            "norm_by_leaf": (0.0, 0.98, None), "leaf_growth": (0.0, 1.0, None),
+            "families": (1000.0, 1e8, 2.0), "family_share": (0.0, 0.95, None)}
 ADDITIVE_STEP = 0.15
-# searched at one size; leaf_growth only in a growth fit (at one size it changes nothing)
-STRUCTURE = [k for k in SEARCHED if k not in ("spectrum_decay", "leaf_growth")]
+# searched at one size; leaf_growth only in a growth fit (at one size it changes nothing), the families only in a
+# fit to a measured curve (--targets)
+STRUCTURE = [k for k in SEARCHED if k not in ("spectrum_decay", "leaf_growth", "families", "family_share")]
 # the leaf growth exponents a growth fit of several sizes tries on every size before its coordinate search
 GROWTH_SCAN = (0.0, 0.25, 0.5, 0.75, 1.0)
 # where the search starts (the result of an earlier, longer run of this search from leaf size 64, 16 leaves per
@@ -194,7 +196,8 @@ def coordinate_search(evaluate, params: dict, rounds: int, show,
                     trial[key] = round(float(np.clip(params[key] + direction * ADDITIVE_STEP * shrink, lo, hi)), 4)
                 else:
                     trial[key] = round(float(np.clip(params[key] * mult ** (direction * shrink), lo, hi)), 3)
-                if trial[key] == params[key] or trial["topic_share"] + trial["leaf_share"] > 0.98:
+                shares = trial["topic_share"] + trial["leaf_share"] + trial.get("family_share", 0.0)
+                if trial[key] == params[key] or shares > 0.98:
                     continue
                 value, got = evaluate(trial)
                 print(f"  round {r} {key}={trial[key]}: loss {value:.3f}  {show(got)}", flush=True)
@@ -287,6 +290,130 @@ def fit_growth(pooling: str, sizes: list[int], rounds: int, start: dict, work: P
     return Profile(**fields, **params), want, best
 
 
+# --targets: the search starts from the best point of this grid over the families (other keys as the start
+# profile's), then moves these keys
+FAMILY_GRID = {"families": (100_000, 300_000, 1_000_000), "family_share": (0.6, 0.75, 0.85)}
+CURVE_SEARCHED = ("families", "family_share", "leaf_share", "off_manifold")
+
+
+def curve_targets(path: Path, sizes: list[int], set_name: str) -> dict[int, dict]:
+    """The rows of ``set_name`` at ``sizes`` from an ``ann_growth.json`` (a committed measurement of the real
+    pool), by n."""
+    import json
+
+    try:
+        rows = json.loads(Path(path).read_text())["rows"]
+    except (OSError, ValueError, KeyError) as err:
+        raise SystemExit(f"--targets {path}: not an ann_growth.py result ({err})") from None
+    got = {int(r["n"]): r for r in rows if r.get("set") == set_name and int(r["n"]) in sizes}
+    missing = [n for n in sizes if n not in got]
+    if missing:
+        raise SystemExit(f"--targets {path}: no {set_name!r} row at n = {', '.join(map(str, missing))}")
+    return dict(sorted(got.items()))
+
+
+def curve_loss(got: dict, row: dict) -> float:
+    """Squared log ratios to a growth row: lists an ideal IVF probes for 95 of the top-100 (median, p90) and the
+    queries' median LID, weighted alike."""
+    terms = [(got["nprobe_for_95pct_median"], row["lists for 95% (median)"]),
+             (got["nprobe_for_95pct_p90"], row["lists for 95% (p90)"]), (got["lid_median"], row["lid_median"])]
+    return float(sum(np.log(max(a, 0.5) / b) ** 2 for a, b in terms))
+
+
+def fit_to_curve(targets: dict[int, dict], fit_sizes: list[int], start: Profile, rounds: int, work: Path,
+                 name: str, finalists: int = 3, dim: int = 384, n_queries: int = 1000) -> tuple[Profile, list]:
+    """The near-repeat families (and the leaf share and off-manifold share they trade with) fitted to a measured
+    growth curve: norms, spectrum, shared vectors and leaves as in ``start``; a grid over :data:`FAMILY_GRID`, then
+    a coordinate search over :data:`CURVE_SEARCHED`, each point scored by the mean :func:`curve_loss` over
+    ``fit_sizes``; the ``finalists`` best points seen are then measured at every size of ``targets`` (the largest
+    ones cost the most, so only they see them) and the lowest mean loss over all of them wins. Returns (profile,
+    every evaluation as a row)."""
+    import hashlib
+    import json
+
+    from datasets import cache_dir
+
+    from fastdpr.atomic import write_json
+
+    curve_cache = cache_dir() / "fit-curve"
+    seen: dict[tuple, tuple[float, dict]] = {}
+    log: list[dict] = []
+
+    def profile_of(values: dict) -> Profile:
+        values = dict(values, families=int(round(values["families"])))
+        return dataclasses.replace(start, name=name, **values)
+
+    def measure(values: dict, sizes: list[int]) -> dict:
+        prof = profile_of(values)
+        out = {}
+        for n in sizes:
+            nlist = int(targets[n]["nlist"])
+            # kept in the benchmark cache: a fit that stops (or a wider one later) measures no point twice
+            path = curve_cache / (hashlib.sha1(f"{prof!r} {n} {dim} {n_queries} {nlist}".encode()).hexdigest()[:16]
+                                  + ".json")
+            if path.exists():
+                out[n] = json.loads(path.read_text())
+                continue
+            pt = stats(synthetic_set(prof, n, dim, n_queries), work, nlist, lid=True)["partition"]
+            out[n] = {k: pt[k] for k in ("nprobe_for_95pct_median", "nprobe_for_95pct_p90", "lid_median")}
+            write_json(path, out[n])
+        return out
+
+    def evaluate(values: dict) -> tuple[float, dict]:
+        key = tuple(sorted(values.items()))
+        if key not in seen:
+            got = measure(values, fit_sizes)
+            value = float(np.mean([curve_loss(got[n], targets[n]) for n in fit_sizes]))
+            seen[key] = (value, got)
+            log.append({"stage": "fit", **{k: values[k] for k in CURVE_SEARCHED}, "loss": round(value, 4),
+                        **{f"{n:,}": show_one(got[n]) for n in fit_sizes}})
+        return seen[key]
+
+    def show_one(pt: dict) -> str:
+        return (f"{pt['nprobe_for_95pct_median']:.0f}/{pt['nprobe_for_95pct_p90']:.0f} LID "
+                f"{pt['lid_median']:.0f}")
+
+    def show(got: dict) -> str:
+        return " | ".join(f"{n:,}: {show_one(pt)}" for n, pt in got.items())
+
+    for n, row in targets.items():
+        print(f"real at {n:,}: {row['lists for 95% (median)']:.0f}/{row['lists for 95% (p90)']:.0f} LID "
+              f"{row['lid_median']:.0f}", flush=True)
+    # the topic share stays as the start has it, but the search's budget of shares counts it
+    params = {k: getattr(start, k) for k in (*CURVE_SEARCHED, "topic_share")}
+    best = None
+    import itertools
+
+    for values in itertools.product(*FAMILY_GRID.values()):
+        trial = dict(params, **dict(zip(FAMILY_GRID, values)))
+        value, got = evaluate(trial)
+        print(f"  grid {dict(zip(FAMILY_GRID, values))}: loss {value:.3f}  {show(got)}", flush=True)
+        if best is None or value < best[0]:
+            best = (value, trial, got)
+    searched = {k: SEARCHED[k] for k in CURVE_SEARCHED}
+    saved = dict(SEARCHED)
+    SEARCHED.clear()
+    SEARCHED.update(searched)
+    try:
+        params, _, _ = coordinate_search(evaluate, best[1], rounds, show, start=(best[0], best[2]))
+    finally:
+        SEARCHED.clear()
+        SEARCHED.update(saved)
+    ranked = sorted(seen.items(), key=lambda kv: kv[1][0])[:finalists]
+    rest = [n for n in targets if n not in fit_sizes]
+    final = None
+    for key, (value, got) in ranked:
+        values = dict(key)
+        got = {**got, **measure(values, rest)}
+        total = float(np.mean([curve_loss(got[n], targets[n]) for n in targets]))
+        log.append({"stage": "final", **{k: values[k] for k in CURVE_SEARCHED}, "loss": round(total, 4),
+                    **{f"{n:,}": show_one(got[n]) for n in targets}})
+        print(f"  finalist {values}: loss over every size {total:.3f}  {show(got)}", flush=True)
+        if final is None or total < final[0]:
+            final = (total, values)
+    return profile_of(final[1]), log
+
+
 def time_generation(n: int, dim: int, out: Path) -> None:
     """Seconds to draw ``n x dim`` passages of each profile in the chunks ``datasets.calibrated_synthetic`` writes
     (kept nowhere: the drawing is timed, not the disk), and the process's peak memory."""
@@ -333,6 +460,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-profile", default=None,
                     help="with --growth: start the search from this profile of PROFILES (e.g. minilm-mean-growth)")
     ap.add_argument("--name", default=None, help="with --growth: the fitted profile's name")
+    ap.add_argument("--targets", type=Path, default=None,
+                    help="fit the near-repeat families to a measured growth curve: an ann_growth.json whose real "
+                         "rows are the targets (the real pool itself is not needed); with --start-profile, "
+                         "--fit-sizes, --name")
+    ap.add_argument("--targets-set", default="real-mean", help="with --targets: the rows' set")
+    ap.add_argument("--fit-sizes", default="10000,30000,100000,300000",
+                    help="with --targets: the sizes every point of the search is measured at (the finalists: "
+                         "every size of the targets)")
+    ap.add_argument("--finalists", type=int, default=3)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args(argv)
     if args.time:
@@ -344,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from fastdpr.index.synthetic import PROFILES
 
+    if args.targets is not None:
+        return curve_main(args, ap)
     if args.growth is not None:
         try:
             sizes = sorted({int(v) for v in args.growth.split(",") if v.strip()})
@@ -377,6 +515,45 @@ def main(argv: list[str] | None = None) -> int:
             profile, want, got = fit(pooling, args.rounds, start, Path(work))
             print(f"\n{pooling}: fitted in {time.perf_counter() - t0:.0f} s\n  real      {fmt(want)}\n"
                   f"  synthetic {fmt(got)}\n{profile!r}\n", flush=True)
+    return 0
+
+
+def curve_main(args, ap) -> int:
+    """--targets: fit, print the profile, write ``ann_fit_curve.{json,md}`` with every evaluation."""
+    from _common import markdown_table, write_results
+
+    from fastdpr.index.synthetic import PROFILES
+
+    start_name = args.start_profile or "minilm-mean-pool"
+    if start_name not in PROFILES:
+        ap.error(f"--start-profile {start_name!r}: known: {', '.join(sorted(PROFILES))}")
+    try:
+        fit_sizes = sorted({int(v) for v in args.fit_sizes.split(",") if v.strip()})
+    except ValueError:
+        ap.error(f"--fit-sizes takes comma-separated passage counts; got {args.fit_sizes!r}")
+    import json
+
+    try:
+        rows = json.loads(args.targets.read_text()).get("rows", [])
+    except (OSError, ValueError) as err:
+        ap.error(f"--targets {args.targets}: {err}")
+    sizes = sorted(set(fit_sizes) | {int(r["n"]) for r in rows if r.get("set") == args.targets_set})
+    targets = curve_targets(args.targets, sizes, args.targets_set)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as work:
+        profile, log = fit_to_curve(targets, fit_sizes, PROFILES[start_name], args.rounds, Path(work),
+                                    args.name or f"{start_name}-families", args.finalists)
+    print(f"{profile!r}", flush=True)
+    body = (f"Near-repeat families fitted to the `{args.targets_set}` rows of `{args.targets}` from "
+            f"`{start_name}`: every point measured at {', '.join(f'{n:,}' for n in fit_sizes)} passages, the "
+            f"{args.finalists} best at every size of the targets ({', '.join(f'{n:,}' for n in targets)}); loss: "
+            f"mean squared log ratio of lists for 95% (median, p90) and LID. {time.perf_counter() - t0:.0f} s.\n\n"
+            f"Targets: " + "; ".join(f"{n:,}: {r['lists for 95% (median)']:.0f}/{r['lists for 95% (p90)']:.0f} LID "
+                                    f"{r['lid_median']:.0f}" for n, r in targets.items())
+            + "\n\n" + markdown_table(log, list(dict.fromkeys(k for r in log for k in r)), floatfmt=".4g")
+            + f"\n\nResult:\n\n```\n{profile!r}\n```\n")
+    write_results("ann_fit_curve", args.out, {"settings": {k: str(v) for k, v in vars(args).items()},
+                                              "profile": dataclasses.asdict(profile), "evaluations": log}, body)
     return 0
 
 

@@ -154,6 +154,18 @@ def measure(ds: Dataset, lists_per_sqrt: float) -> dict:
     return row
 
 
+def merged(rows: list[dict], path: Path) -> list[dict]:
+    """The rows of an earlier result file ``path`` with ``rows`` in place of those of the same (set, n), ordered by
+    n, then as they came."""
+    try:
+        earlier = json.loads(Path(path).read_text())["rows"]
+    except (OSError, ValueError, KeyError) as err:
+        raise SystemExit(f"--merge {path}: not an ann_growth.py result ({err})") from None
+    mine = {(r["set"], r["n"]) for r in rows}
+    kept = [r for r in earlier if (r["set"], r["n"]) not in mine] + rows
+    return sorted(kept, key=lambda r: r["n"])
+
+
 def plot(rows: list[dict], path: Path) -> None:
     """Share of the passages an ideal IVF scans for 95% of the top-100, and LID, against n: one line per set."""
     try:
@@ -200,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", default=None,
                     help="the generator's profiles to measure beside the pool, comma-separated (default: the one "
                          "calibrated to the pooling, e.g. minilm-mean)")
+    ap.add_argument("--merge", type=Path, default=None,
+                    help="an earlier ann_growth.json whose rows are kept beside this run's (a row measured again "
+                         "replaces its own), e.g. the committed real rows beside a new profile measured with --no-real")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import real_pool
@@ -233,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(measure(calibrated_synthetic(n, real.dim, profile, args.queries), args.lists_per_sqrt))
     if not rows:
         raise SystemExit(f"{work}: no size of {sizes} is encoded yet (python benchmarks/real_pool.py encode)")
+    if args.merge is not None:
+        rows = merged(rows, args.merge)
     queries = "test-half questions" if args.query_source == "questions" else "pool passages as queries"
     body = (f"Real pool (`real_pool.py`, MiniLM {args.pooling} pooling, {queries}) against the calibrated "
             f"generator ({', '.join(profiles)}), balanced L2 lists, nlist = {args.lists_per_sqrt:g} sqrt(n); an "

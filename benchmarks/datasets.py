@@ -86,8 +86,10 @@ def calibrated_synthetic(n: int, dim: int, profile: str, n_queries: int = 1000, 
     if profile not in PROFILES:
         raise ValueError(f"unknown synthetic profile {profile!r}; known: {', '.join(sorted(PROFILES))}")
     # the fitted numbers are part of the key: a refit profile never reuses vectors drawn with the old one. A profile
-    # whose leaves grow as they did before growth was a parameter keeps its old key (and its cached sets)
-    text = repr(PROFILES[profile]).replace(", leaf_growth=1.0, reference_n=10000)", ")")
+    # whose leaves grow as they did before growth was a parameter, and one without families, keeps its old key (and
+    # its cached sets)
+    text = repr(PROFILES[profile]).replace(", families=0, family_share=0.0)", ")")
+    text = text.replace(", leaf_growth=1.0, reference_n=10000)", ")")
     tag = hashlib.sha1(text.encode()).hexdigest()[:8]
     name = f"synthetic-{profile}-{n}x{dim}"
     d = cache_dir() / f"{name}-q{n_queries}-s{seed}-{tag}"

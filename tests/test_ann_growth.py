@@ -202,3 +202,69 @@ def test_the_generators_rows_can_be_measured_before_the_pool_reaches_their_size(
     assert [(r["set"], r["n"]) for r in rows] == [("synthetic-minilm-mean", 2000)]
     with pytest.raises(SystemExit, match="leave nothing to measure"):
         ann_growth.main(["--work", str(work), "--no-real", "--no-synthetic", "--out", str(out)])
+
+
+def _growth_rows(sizes, fit_synthetic, scratch, profile, name="real-mean"):
+    """ann_growth.py-like rows of ``profile`` at ``sizes`` (16 dimensions, 20 queries): a curve with a known
+    source."""
+    rows = []
+    for n in sizes:
+        pt = fit_synthetic.stats(fit_synthetic.synthetic_set(profile, n, 16, 20), scratch,
+                                 fit_synthetic.growth_nlist(n, 4.0), lid=True)["partition"]
+        rows.append({"set": name, "n": n, "nlist": fit_synthetic.growth_nlist(n, 4.0),
+                     "lists for 95% (median)": pt["nprobe_for_95pct_median"],
+                     "lists for 95% (p90)": pt["nprobe_for_95pct_p90"], "lid_median": pt["lid_median"]})
+    return rows
+
+
+def test_the_families_fitted_to_a_measured_curve_come_no_worse_than_the_grid_and_every_size_is_scored(
+        tmp_path, monkeypatch):
+    import dataclasses
+
+    monkeypatch.setenv("FASTDPR_BENCH_CACHE", str(tmp_path / "cache"))
+    fit_synthetic = pytest.importorskip("ann_fit_synthetic")
+    from fastdpr.index.synthetic import PROFILES
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    start = dataclasses.replace(PROFILES["minilm-mean-pool"], reference_n=300)
+    truth = dataclasses.replace(start, families=400, family_share=0.8)
+    path = tmp_path / "ann_growth.json"
+    path.write_text(json.dumps({"rows": _growth_rows([300, 900, 2000], fit_synthetic, scratch, truth)
+                                + [{"set": "other", "n": 300}]}))
+    targets = fit_synthetic.curve_targets(path, [300, 900, 2000], "real-mean")
+    assert list(targets) == [300, 900, 2000]
+    with pytest.raises(SystemExit, match="no 'real-mean' row at n = 5000"):
+        fit_synthetic.curve_targets(path, [300, 5000], "real-mean")
+    monkeypatch.setattr(fit_synthetic, "FAMILY_GRID", {"families": (100, 400), "family_share": (0.3, 0.8)})
+    profile, log = fit_synthetic.fit_to_curve(targets, [300, 900], start, 1, scratch, "fitted", finalists=2,
+                                              dim=16, n_queries=20)
+    assert profile.name == "fitted" and isinstance(profile.families, int)
+    fits = [r for r in log if r["stage"] == "fit"]
+    finals = [r for r in log if r["stage"] == "final"]
+    assert len(fits) >= 4 and len(finals) == 2
+    assert all("2,000" in r and "900" in r for r in finals) and all("2,000" not in r for r in fits)
+    # the winner is the finalist with the lowest loss over every size, and the finalists are the best fits
+    assert min(finals, key=lambda r: r["loss"])["families"] == profile.families
+    best_fit_losses = sorted(r["loss"] for r in fits)[:2]
+    point = lambda r: tuple(r[k] for k in fit_synthetic.CURVE_SEARCHED)  # noqa: E731
+    assert sorted(r["loss"] for r in fits if point(r) in {point(f) for f in finals}) == best_fit_losses
+    # the search never leaves the shares' budget
+    assert profile.topic_share + profile.leaf_share + profile.family_share <= 0.98 + 1e-9
+    # every point is kept: the same fit again measures nothing
+    monkeypatch.setattr(fit_synthetic, "stats", lambda *a, **k: pytest.fail("measured again"))
+    again, _ = fit_synthetic.fit_to_curve(targets, [300, 900], start, 1, scratch, "fitted", finalists=2, dim=16,
+                                          n_queries=20)
+    assert again == profile
+
+
+def test_merge_keeps_earlier_rows_and_replaces_those_measured_again(tmp_path):
+    earlier = tmp_path / "old.json"
+    earlier.write_text(json.dumps({"rows": [{"set": "real-mean", "n": 10, "v": 1}, {"set": "syn-a", "n": 10, "v": 2},
+                                            {"set": "real-mean", "n": 5, "v": 3}]}))
+    rows = ann_growth.merged([{"set": "syn-a", "n": 10, "v": 9}, {"set": "syn-b", "n": 5, "v": 4}], earlier)
+    assert [(r["set"], r["n"], r["v"]) for r in rows] == [("real-mean", 5, 3), ("syn-b", 5, 4),
+                                                          ("real-mean", 10, 1), ("syn-a", 10, 9)]
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="--merge .*bad.json"):
+        ann_growth.merged([], tmp_path / "bad.json")

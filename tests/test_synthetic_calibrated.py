@@ -77,6 +77,35 @@ def test_leaf_growth_sets_how_the_leaf_count_grows_and_zero_makes_nested_samples
                            CalibratedGenerator(BLOCK + 500, 24, grows, seed=2).passages(0, 3000))
 
 
+def test_families_fill_up_as_n_grows_and_bring_neighbours_closer():
+    import dataclasses
+
+    # a fixed number of families: a sample far smaller than it has about one passage per family and looks like the
+    # profile without them; a sample many times larger puts its nearest neighbours inside a family
+    plain = dataclasses.replace(PROFILES["minilm-mean-pool"], reference_n=2000)
+    fam = dataclasses.replace(plain, name="fam", families=300, family_share=0.85)
+
+    def nearest_ratio(profile, n, seed=5):
+        # median over 200 passages of (distance to the nearest other passage) / (distance to the 50th)
+        x = CalibratedGenerator(n, 32, profile, seed=seed).passages()
+        d = np.sqrt(np.maximum((x[:200] ** 2).sum(1)[:, None] - 2 * x[:200] @ x.T + (x ** 2).sum(1)[None, :], 0))
+        d.sort(axis=1)
+        return float(np.median(d[:, 1] / d[:, 50]))
+
+    assert nearest_ratio(fam, 150) > 0.6 * nearest_ratio(plain, 150)  # about one passage a family: alike
+    assert nearest_ratio(fam, 6000) < 0.6 * nearest_ratio(plain, 6000)  # 20 a family: the nearest are kin
+    # nested like the profile it extends: the structure, families included, does not depend on n
+    small, large = CalibratedGenerator(3000, 24, fam, seed=2), CalibratedGenerator(BLOCK + 500, 24, fam, seed=2)
+    assert np.array_equal(small.passages(), large.passages(0, 3000))
+    # the families add to the structure; the profiles without them keep their rows (and cached sets)
+    assert CalibratedGenerator(10, 24, fam).family_offset.dtype == np.float16
+    assert CalibratedGenerator(10, 24, plain).family_offset is None
+    with pytest.raises(InputError, match="shares <= 1"):
+        CalibratedGenerator(10, 24, dataclasses.replace(fam, family_share=0.95))
+    with pytest.raises(InputError, match="families >= 0"):
+        CalibratedGenerator(10, 24, dataclasses.replace(fam, families=-1))
+
+
 def test_shared_vector_sets_the_anisotropy():
     # [CLS] vectors share one large component (mean length / mean norm 0.83 on the real pool), mean pooling much less
     ratios = {}

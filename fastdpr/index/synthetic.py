@@ -25,9 +25,13 @@ profile's ``reference_n``: with growth 1 (the first three profiles) their sizes 
 grows by new topics (at 1M: about ``1e6 / leaf_size`` leaves); with growth 0 (``minilm-mean-pool``) their number is
 fixed and a larger corpus is a larger sample of one distribution, each set the first rows of every larger one.
 Which of the two a real corpus does is measured, not assumed: ``benchmarks/ann_growth.py`` sets each profile against
-the real pool's nested prefixes up to 1M passages (``benchmarks/results/ann_growth.md``). Generation is chunked
-(``BLOCK`` rows per random stream, any chunking gives the same rows) and float32 throughout: memory is the ``dim x
-dim`` rotation, the leaf centres (one row per leaf) and a block.
+the real pool's nested prefixes up to 1M passages (``benchmarks/results/ann_growth.md``). The real pool gets easier to
+partition as it grows (its queries' local intrinsic dimensionality falls), which no denser sample of full-dimensional
+leaves does; ``minilm-mean-families`` adds near-repeat families, a fixed number of points inside the leaves around
+which passages gather once the corpus is large enough to put several in one (real text repeats itself: templated
+pages, versions of one document), fitted to the real curve from 10k to 1M (``benchmarks/results/ann_fit_curve.md``).
+Generation is chunked (``BLOCK`` rows per random stream, any chunking gives the same rows) and float32 throughout:
+memory is the ``dim x dim`` rotation, the leaf centres (one row per leaf), the families' offsets and a block.
 
 >>> from fastdpr.index.synthetic import calibrated, gaussian_mixture
 >>> base, queries = gaussian_mixture(1000, 32, n_queries=10, seed=0)
@@ -111,6 +115,13 @@ class Profile:
     # corpus is a larger sample of one distribution, as the real pool's nested prefixes are)
     leaf_growth: float = 1.0
     reference_n: int = 10_000
+    # near-repeat families: ``families`` points fixed for the whole distribution (not growing with n), each inside a
+    # leaf, setting ``family_share`` of a passage's direction variance. While n is well under ``families`` a family
+    # has at most one passage and the set looks like one without them; as n grows the families fill up, a query's
+    # nearest passages gather into a few of them, and the local dimensionality falls (real text has near-repeated
+    # and templated passages; without them no denser sample of Gaussian leaves gets easier to partition)
+    families: int = 0
+    family_share: float = 0.0
 
 
 # Fitted by benchmarks/ann_fit_synthetic.py (its output pasted here); how close each comes to the real pool:
@@ -174,7 +185,8 @@ class CalibratedGenerator:
     """The structure of a calibrated set (spectrum, rotation, topic and leaf centres, shared vectors) drawn once
     from ``seed``; passages are then produced in any chunks (:meth:`passages`) and always come out the same.
 
-    Memory: the structure holds a ``dim x dim`` rotation and ``n / leaf_size`` leaf centres; passages are
+    Memory: the structure holds a ``dim x dim`` rotation, the leaf centres and the families' offsets (float16,
+    ``2 x families x dim`` bytes); passages are
     produced in blocks of ``BLOCK`` rows (1M x 768 in chunks: 31-40 s on one thread, 0.47 GB peak for the whole
     process; ``benchmarks/results/ann_synthetic_generation.md``)."""
 
@@ -185,6 +197,8 @@ class CalibratedGenerator:
             profile = PROFILES[profile]
         if n < 1 or dim < 2:
             raise InputError(f"need n >= 1 and dim >= 2, got n={n}, dim={dim}")
+        if profile.families < 0 or profile.topic_share + profile.leaf_share + profile.family_share > 1.0:
+            raise InputError(f"profile {profile.name!r}: need families >= 0 and topic + leaf + family shares <= 1")
         self.n, self.dim, self.profile, self.seed = int(n), int(dim), profile, int(seed)
         p = profile
         rng = np.random.default_rng([self.seed, 0])
@@ -212,7 +226,8 @@ class CalibratedGenerator:
         rank = np.empty(self.n_leaves)
         rank[np.argsort(score, kind="stable")] = (np.arange(self.n_leaves) + 0.5) / self.n_leaves
         self.leaf_norm_score = _phi_inv(rank).astype(np.float64)
-        self.inner_scale = self.scale * np.float32(math.sqrt(max(0.0, 1.0 - p.topic_share - p.leaf_share)))
+        self.inner_scale = self.scale * np.float32(
+            math.sqrt(max(0.0, 1.0 - p.topic_share - p.leaf_share - p.family_share)))
         # leaves of long passages would pull the mean of the set away from the shared vector, by an amount that
         # shrinks as leaves are added; centring them on their length-weighted mean keeps the shared vector alone
         # setting the anisotropy at any n (a unit direction's mean is about centre / sqrt(|centre|^2 + spread))
@@ -229,12 +244,29 @@ class CalibratedGenerator:
         shared[1] /= np.linalg.norm(shared[1])
         self.mean = (p.mean_length * shared[0]).astype(np.float32)
         self.query_mean = (p.query_mean[0] * shared[0] + p.query_mean[1] * shared[1]).astype(np.float32)
+        self.family_leaf = self.family_offset = None
+        if p.families > 0:  # a stream of its own: the profiles without families keep their rows
+            frng = np.random.default_rng([self.seed, 3])
+            self.family_leaf = frng.integers(0, self.n_leaves, p.families)
+            # float16 halves the largest table of the structure (1M families x 768: 1.5 GB); an offset's
+            # rounding (2^-11 of its size) is far below the spread around it
+            self.family_offset = np.empty((p.families, dim), dtype=np.float16)
+            fscale = self.scale * np.float32(math.sqrt(p.family_share))
+            for lo in range(0, p.families, BLOCK):
+                hi = min(p.families, lo + BLOCK)
+                self.family_offset[lo:hi] = frng.standard_normal((hi - lo, dim), dtype=np.float32) * fscale
 
     def _directions(self, rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """Unit passage-like directions in the spectral frame (a leaf centre plus the spread inside the leaf) and
-        their leaves."""
-        leaf = rng.integers(0, self.n_leaves, count)
-        y = self.leaves[leaf]
+        """Unit passage-like directions in the spectral frame (a leaf centre, a family's offset where the profile
+        has families, plus the spread inside) and their leaves."""
+        if self.family_leaf is None:
+            leaf = rng.integers(0, self.n_leaves, count)
+            y = self.leaves[leaf]
+        else:
+            family = rng.integers(0, self.profile.families, count)
+            leaf = self.family_leaf[family]
+            y = self.leaves[leaf]
+            y += self.family_offset[family]
         y += rng.standard_normal((count, self.dim), dtype=np.float32) * self.inner_scale
         y /= np.linalg.norm(y, axis=1, keepdims=True)
         return y, leaf
@@ -249,7 +281,9 @@ class CalibratedGenerator:
         rho = self.profile.norm_by_leaf
         score = math.sqrt(rho) * self.leaf_norm_score[leaf] + math.sqrt(1.0 - rho) * rng.standard_normal(drawn)
         y *= _norms_at(_phi(score).astype(np.float64), self.profile.norm_table).astype(np.float32)[:, None]
-        x = y[:count] @ self.rotation
+        # the whole drawn block goes through one product: a product over fewer rows may take another BLAS kernel
+        # and round differently, and the first rows of a nested set must be the larger set's rows bit for bit
+        x = (y @ self.rotation)[:count]
         x += self.mean
         return x
 
