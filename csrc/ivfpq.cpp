@@ -111,9 +111,24 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
         throw std::invalid_argument("ivfpq: niter and pq_niter must be >= 1");
     check_range(p.max_points_per_centroid, 1, int64_t{1} << 30, "ivfpq: max_points_per_centroid");
     check_range(p.pq_max_points_per_centroid, 1, int64_t{1} << 30, "ivfpq: pq_max_points_per_centroid");
+    if (p.groups < 0 || p.groups > nlist_)
+        throw std::invalid_argument("ivfpq: groups must be in [0, nlist=" + str(nlist_) +
+                                    "] (0: one flat k-means), got " + str(p.groups));
     check_magnitude(x, n, d_, "training vectors");
     std::unique_lock<std::shared_mutex> lock(mu_);
     if (size() > 0) throw std::runtime_error("ivfpq: cannot retrain an index that already holds vectors");
+    // the sample below is filed under the new centroids, whose groups then stay cached: dropped again if training
+    // fails before they are installed
+    forget_coarse_groups();
+    try {
+        train_locked(x, n, p);
+    } catch (...) {
+        forget_coarse_groups();
+        throw;
+    }
+}
+
+void IVFPQ::train_locked(const float* x, int64_t n, const IVFPQTrainParams& p) {
     if (n < nlist_)
         throw std::invalid_argument("ivfpq: nlist=" + str(nlist_) + " needs at least that many training vectors, got " +
                                     str(n));
@@ -127,7 +142,8 @@ void IVFPQ::train(const float* x, int64_t n, const IVFPQTrainParams& p) {
     cp.spherical = p.spherical;
     cp.balance = p.balance;
     cp.max_points_per_centroid = p.max_points_per_centroid;
-    const std::vector<float> cent = kmeans(x, n, d_, cp).centroids;
+    const std::vector<float> cent =
+        p.groups > 0 ? two_level_kmeans(x, n, d_, cp, p.groups) : kmeans(x, n, d_, cp).centroids;
 
     // The codebooks learn residuals of a seeded subsample.
     std::mt19937_64 rng(p.seed ^ 0x9e3779b97f4a7c15ULL);
@@ -214,10 +230,33 @@ void IVFPQ::set_trained(const float* centroids, const float* codebooks) {
     if (size() > 0) throw std::runtime_error("ivfpq: cannot replace the trained state of an index holding vectors");
     codebooks_.assign(codebooks, codebooks + m_ * ksub_ * dsub_);
     prepare_tables(centroids);
+    forget_coarse_groups();
     trained_ = true;
 }
 
+std::shared_ptr<const CoarseGroups> IVFPQ::coarse_groups(const float* cent) const {
+    std::lock_guard<std::mutex> g(coarse_mu_);
+    if (!coarse_) coarse_ = std::make_shared<const CoarseGroups>(cent, nlist_, d_);
+    return coarse_;
+}
+
+void IVFPQ::forget_coarse_groups() {
+    std::lock_guard<std::mutex> g(coarse_mu_);
+    coarse_.reset();
+}
+
+// Filing against every centroid costs n x nlist x d multiply-adds: 21M rows into 65,536 lists of 768 dimensions
+// are 1e15, ~2 hours of 2 AVX-512 cores at the 1.7e11 a second measured.
+// Through CoarseGroups a row meets ~4 sqrt(nlist) group centres and the members of kAssignProbeGroups of them
+// (coarse.cpp measures the choice). 200,000 calibrated 768-dimensional rows (fastdpr/index/synthetic.py,
+// minilm-mean) into 16,384 lists, 2 cores: 14.8 s flat, 1.5 s grouped plus 0.5 s to build the groups, 0.991 of
+// the rows in their exact list (the others in a near one: their mean squared residual rises ~0.1%). Indexes below
+// kGroupedAssignMinLists (every one built before) keep exact filing.
 void IVFPQ::assign_lists(const float* cent, const float* x, int64_t n, int64_t* lists) const {
+    if (nlist_ >= kGroupedAssignMinLists) {
+        coarse_groups(cent)->assign(x, n, kAssignProbeGroups, assign_by_ip_, lists);
+        return;
+    }
     assign_nearest(x, n, cent, nlist_, d_, assign_by_ip_, lists, nullptr);
 }
 

@@ -26,10 +26,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <vector>
 
+#include "coarse.h"
 #include "huge_alloc.h"
 #include "io.h"
 #include "ivf_lists.h"
@@ -49,6 +51,9 @@ struct IVFPQTrainParams {
     int64_t pq_max_points_per_centroid = 256;
     bool spherical = false;      // spherical coarse k-means (unit-norm centroids)
     double balance = 0;          // coarse k-means re-seeds lists under balance x the mean size (KMeansParams)
+    // 0: one flat k-means for the coarse centroids; > 0 (at most nlist): two_level_kmeans (csrc/coarse.h) with
+    // that many top-level groups, n x (groups + nlist / groups) x d per iteration instead of n x nlist x d
+    int64_t groups = 0;
 };
 
 class IVFPQ {
@@ -56,6 +61,10 @@ public:
     static constexpr int kNbits = 8;
     static constexpr int64_t kKsub = 256;
     static constexpr int64_t kMaxVectors = (int64_t{1} << 32) - 1;  // positions are uint32
+    // From this many lists on, rows are filed through CoarseGroups (csrc/coarse.h) instead of against every
+    // centroid, probing this many of its ~4 sqrt(nlist) groups (measured in coarse.cpp and ivfpq.cpp).
+    static constexpr int64_t kGroupedAssignMinLists = 16384;
+    static constexpr int64_t kAssignProbeGroups = 16;
 
     // assign_by_ip: file vectors under the centroid of largest inner product instead of the nearest in L2.
     // nbits: 8 (256 codewords, one byte per code) or 4 (16 codewords, fast scan; m <= pq4::kMaxM).
@@ -140,6 +149,7 @@ public:
 
 private:
     void check_trained(const char* what) const;
+    void train_locked(const float* x, int64_t n, const IVFPQTrainParams& params);  // train() under its lock
     // search() with its checks done, the lock held and the queries of extreme magnitude scaled: the stages of
     // ivfpq_search.h over view()
     void search_unscaled(const float* q, int64_t nq, int64_t k, int64_t nprobe, int64_t rerank, float* scores,
@@ -148,6 +158,9 @@ private:
     void prepare_tables(const float* centroids);  // tables_ from the centroids and codebooks_
     // `cent`: the centroid rows (centroids())
     void assign_lists(const float* cent, const float* x, int64_t n, int64_t* lists) const;
+    // The groups of `cent` for filing with many lists, built at the first use after the trained state changed.
+    std::shared_ptr<const CoarseGroups> coarse_groups(const float* cent) const;
+    void forget_coarse_groups();
     void encode_residuals(const float* cent, const float* x, int64_t n, const int64_t* lists, uint8_t* codes) const;
     void refine_anisotropic(const float* cent, const float* x, int64_t n, const int64_t* lists,
                             uint8_t* codes) const;
@@ -179,6 +192,10 @@ private:
     std::vector<uint8_t, HugePageAllocator<uint8_t>> sq_owned_;
     const uint8_t* sq_ptr_ = nullptr;
     std::shared_ptr<io::Mapping> vec_map_;  // the file both vec_ptr_ and sq_ptr_ point into when mapped
+    // CoarseGroups of the current centroids (null until needed): built lazily under coarse_mu_, since encode()
+    // runs under the shared lock and two of them may want it at once; dropped whenever the centroids change
+    mutable std::mutex coarse_mu_;
+    mutable std::shared_ptr<const CoarseGroups> coarse_;
 };
 
 }  // namespace fastdpr

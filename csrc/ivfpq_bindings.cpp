@@ -79,7 +79,7 @@ void bind_ivfpq(py::module_& m) {
             "train",
             [](IVFPQ& s, const FloatArray& x, py::handle niter, py::handle pq_niter, py::handle seed,
                py::handle max_points_per_centroid, py::handle pq_max_points_per_centroid, bool spherical,
-               double balance) {
+               double balance, py::handle groups) {
                 auto [n, xp] = rows_of(x, static_cast<size_t>(s.dim()), "training vectors");
                 IVFPQTrainParams p;
                 p.niter = static_cast<int>(arg_int(niter, "niter", 1, 1 << 20));
@@ -90,12 +90,14 @@ void bind_ivfpq(py::module_& m) {
                     arg_int(pq_max_points_per_centroid, "pq_max_points_per_centroid", 1, 1 << 30);
                 p.spherical = spherical;
                 p.balance = balance;
+                p.groups = arg_int(groups, "groups", 0);  // <= nlist: train() says so, naming nlist
                 py::gil_scoped_release release;
                 s.train(xp, static_cast<int64_t>(n), p);
             },
             py::arg("x"), py::arg("niter") = 20, py::arg("pq_niter") = 20, py::arg("seed") = 1234,
             py::arg("max_points_per_centroid") = 64, py::arg("pq_max_points_per_centroid") = 256,
-            py::arg("spherical") = false, py::arg("balance") = 0.0)
+            py::arg("spherical") = false, py::arg("balance") = 0.0, py::arg("groups") = 0,
+            "groups > 0: the coarse centroids by two-level k-means with that many top-level groups (csrc/coarse.h)")
         .def(
             "set_trained",
             [](IVFPQ& s, const FloatArray& centroids, const FloatArray& codebooks) {

@@ -15,7 +15,8 @@ from fastdpr.index.synthetic import BLOCK, PROFILES, CalibratedGenerator, calibr
 REAL_NORMS = {"minilm-mean": {"passages": (1.62, 2.23, 4.56), "queries": (5.02, 5.99, 6.84)},
               "minilm-cls": {"passages": (6.67, 7.15, 7.93), "queries": (7.21, 7.91, 8.44)},
               "minilm-mean-growth": {"passages": (2.02, 2.64, 4.36), "queries": (4.72, 5.74, 6.67)},
-              "minilm-mean-pool": {"passages": (2.02, 2.64, 4.34), "queries": (4.72, 5.74, 6.67)}}
+              "minilm-mean-pool": {"passages": (2.02, 2.64, 4.34), "queries": (4.72, 5.74, 6.67)},
+              "minilm-mean-families": {"passages": (2.02, 2.64, 4.34), "queries": (4.72, 5.74, 6.67)}}
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))

@@ -66,7 +66,15 @@ and ``aniso_niter`` (8),
 ``rerank``, ``spread`` and ``exact`` (search defaults),
 ``assign`` (l2|ip: how vectors are filed under centroids), ``niter``, ``pq_niter``, ``seed``,
 ``max_points_per_centroid`` (coarse k-means subsample, 64), ``pq_max_points_per_centroid`` (256), ``spherical``
-(false), ``balance`` (0.5; 0: lists of any size), ``backend`` (auto|compiled|numpy).
+(false), ``balance`` (0.5; 0: lists of any size), ``groups`` (0: one flat k-means; see below), ``backend``
+(auto|compiled|numpy).
+
+Many lists (``groups``): flat k-means costs n x nlist x d per iteration, ~200 TFLOP for 2M sample rows into 65,536
+lists of 768 dimensions. ``groups=G`` (at most nlist; about sqrt(nlist), e.g. ``"ivfpq,nlist=65536,groups=256"``)
+trains in two levels, G top clusters and then each cluster's share of the lists (in proportion to its points) on
+its own points: n x (G + nlist / G) x d per iteration (csrc/coarse.h). The compiled index also files rows through
+groups of its centroids from 16,384 lists on (csrc/ivfpq.cpp), where comparing each row with every centroid would
+cost as much again; the numpy backend trains the same two levels and files exactly.
 
 ``rerank`` is a number of candidates re-scored exactly, or ``"auto"`` (the default): 4 k when the full vectors are
 stored, else none. ``search(..., rerank=None, nprobe=None)`` (the defaults) use the index's own settings. The older
@@ -93,6 +101,7 @@ from fastdpr.index.base import Index
 from fastdpr.index.checks import check_matrix, take_params
 from fastdpr.index.rows import check_finite_section
 from fastdpr.index.kmeans import kmeans, magnitude_exponent, nearest  # noqa: F401  (kmeans: re-exported)
+from fastdpr.index.kmeans import two_level_kmeans
 from fastdpr.index.spec import check_storage_flags
 
 KSUB = 256  # codewords per sub-quantizer (8-bit codes)
@@ -114,6 +123,7 @@ SPEC_PARAMS: dict[str, Any] = {
     "pq_max_points_per_centroid": 256,
     "spherical": False,
     "balance": 0.5,
+    "groups": 0,
     "backend": "auto",
     "aniso": 0.0,
     "aniso_niter": 8,
@@ -182,6 +192,15 @@ def spread_setting(value: Any, where: str = "ivfpq") -> float:
     return float(value)
 
 
+def check_groups(groups: Any, nlist: int, where: str = "ivfpq") -> None:
+    """``groups`` (two-level coarse k-means): an integer in [0, nlist] (0: one flat k-means; nlist 0, not yet
+    chosen, bounds nothing)."""
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 0:
+        raise InputError(f"{where}: groups must be an integer >= 0 (0: one flat k-means), got {groups!r}")
+    if nlist > 0 and groups > nlist:
+        raise InputError(f"{where}: groups={groups} exceeds nlist={nlist}; use groups <= nlist, about sqrt(nlist)")
+
+
 def default_nlist(n: int, nbits: int = 8) -> int:
     """About 4 sqrt(n) lists (4-bit codes: 2 sqrt(n)), a power of two, with at least 39 training points per list
     where possible.
@@ -215,7 +234,7 @@ class IVFPQIndex(Index):
                  seed: int = 1234,
                  max_points_per_centroid: int = 64, pq_max_points_per_centroid: int = 256, spherical: bool = False,
                  balance: float = 0.5, backend: str = "auto", aniso: float = 0.0, aniso_niter: int = 8,
-                 spread: float = 0.0, sq: int = 0, exact: int | str = RERANK_AUTO):
+                 spread: float = 0.0, sq: int = 0, exact: int | str = RERANK_AUTO, groups: int = 0):
         super().__init__(dim)
         where = "ivfpq"
         if nbits not in NBITS:
@@ -259,6 +278,7 @@ class IVFPQIndex(Index):
             raise InputError(f"{where}: balance must be in [0, 1) (0: lists of any size), got {balance!r}")
         if nbits == 4 and m > MAX_M4:
             raise InputError(f"{where}: 4-bit codes take at most {MAX_M4} sub-quantizers, got m={m}")
+        check_groups(groups, nlist, where)
         self.backend = backend
         self.sq = int(sq)  # _native() reads it
         self.nbits, self.aniso, self.aniso_niter = int(nbits), float(aniso), int(aniso_niter)
@@ -269,7 +289,7 @@ class IVFPQIndex(Index):
         self.train_params = dict(niter=int(niter), pq_niter=int(pq_niter), seed=int(seed),
                                  max_points_per_centroid=int(max_points_per_centroid),
                                  pq_max_points_per_centroid=int(pq_max_points_per_centroid), spherical=bool(spherical),
-                                 balance=float(balance))
+                                 balance=float(balance), groups=int(groups))
         self._impl: Any = None  # created by train() (nlist may depend on the training set) or on load
         if self.nlist > 0:
             self._impl = self._make_impl(self.nlist)
@@ -339,6 +359,7 @@ class IVFPQIndex(Index):
         if nlist > n:
             raise InputError(f"ivfpq: nlist={nlist} exceeds the {n} training vectors; use nlist <= {n} "
                              f"(ideally n >= 39 * nlist)")
+        check_groups(self.train_params["groups"], nlist, "ivfpq")
         # k-means subsamples anyway: convert only the rows it can use (a huge fp16 input needs no fp32 copy)
         keep = max(nlist * self.train_params["max_points_per_centroid"],
                    KSUB * self.train_params["pq_max_points_per_centroid"])
@@ -580,12 +601,17 @@ class NumpyIVFPQ:
 
     def train(self, x: np.ndarray, niter: int = 20, pq_niter: int = 20, seed: int = 1234,
               max_points_per_centroid: int = 64, pq_max_points_per_centroid: int = 256,
-              spherical: bool = False, balance: float = 0.0) -> None:
+              spherical: bool = False, balance: float = 0.0, groups: int = 0) -> None:
         numpy_pq4.refuse_build(self.nbits, self.sq, "training")
+        check_groups(groups, self.nlist)
         n = x.shape[0]
         if n < self.nlist or n < KSUB:
             raise InputError(f"ivfpq: training needs at least max(nlist={self.nlist}, 256) vectors, got {n}")
-        self._centroids = kmeans(x, self.nlist, niter, seed, spherical, max_points_per_centroid, balance=balance)
+        if groups:
+            self._centroids = two_level_kmeans(x, self.nlist, groups, niter, seed, spherical, max_points_per_centroid,
+                                               balance)
+        else:
+            self._centroids = kmeans(x, self.nlist, niter, seed, spherical, max_points_per_centroid, balance=balance)
         rng = np.random.default_rng(seed + 1)
         sample = x[np.sort(rng.choice(n, min(n, KSUB * pq_max_points_per_centroid), replace=False))]
         resid = sample - self._centroids[nearest(sample, self._centroids, self.assign_by_ip)]

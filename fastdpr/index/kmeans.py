@@ -130,3 +130,64 @@ def _kmeans(x: np.ndarray, k: int, niter: int, seed: int, spherical: bool, max_p
         if spherical:
             normalise()
     return c
+
+
+def split_children(counts: np.ndarray, k: int) -> np.ndarray:
+    """Children per group for ``k`` centroids in all (csrc/coarse.h split_children): in proportion to ``counts``
+    by largest remainder (ties to the lower group), every non-empty group at least 1 and none more than its count.
+    An ``InputError`` when that is impossible."""
+    counts = np.asarray(counts, np.int64)
+    total, nonempty = int(counts.sum()), int((counts > 0).sum())
+    if k < nonempty:
+        raise InputError(f"two-level k-means: {k} centroids cannot give each of the {nonempty} non-empty groups one")
+    if k > total:
+        raise InputError(f"two-level k-means: need at least k={k} training points, got {total}")
+    quota = k * counts.astype(np.float64) / total
+    out = np.where(counts > 0, np.minimum(counts, np.maximum(1, np.floor(quota).astype(np.int64))), 0)
+    # the floors leave fewer than len(counts) to place, the floors of 1 at most that many too many
+    while out.sum() < k:
+        rem = np.where(out < counts, quota - out, -np.inf)
+        out[int(np.argmax(rem))] += 1  # the first of the largest remainders: the lower group
+    while out.sum() > k:
+        excess = np.where(out > 1, out - quota, -np.inf)
+        out[len(out) - 1 - int(np.argmax(excess[::-1]))] -= 1  # the most over-served, the higher group on ties
+    return out
+
+
+# a group with more than this many times the mean share of children is trained in two levels itself, this many
+# levels deep at most (csrc/coarse.cpp: one oversized top cluster would bring back most of the flat cost)
+OVERSIZED_GROUP = 4
+MAX_GROUP_DEPTH = 3
+
+
+def two_level_kmeans(x: np.ndarray, k: int, groups: int, niter: int = 20, seed: int = 1234, spherical: bool = False,
+                     max_points_per_centroid: int = 256, balance: float = 0.0, _depth: int = 0) -> np.ndarray:
+    """k centroids in two levels (numpy twin of csrc/coarse.h two_level_kmeans): k-means into ``groups`` clusters,
+    the points filed under them, k split over the groups in proportion to their points (split_children), then
+    k-means per group (seed + 1 + g; a group of more than OVERSIZED_GROUP times the mean share in two levels
+    again). Per iteration n x (groups + k / groups) x d instead of n x k x d."""
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or not 1 <= groups <= k:
+        raise InputError(f"two-level k-means: groups must be in [1, k={k}], got {groups!r}")
+    if groups == 1:
+        return kmeans(x, k, niter, seed, spherical, max_points_per_centroid, balance=balance)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.shape[0] < k:
+        raise InputError(f"k-means: need at least k={k} training points, got {x.shape[0]}")
+    top = kmeans(x, groups, niter, seed, spherical, max_points_per_centroid, balance=balance)
+    label = nearest(x, top, spherical)
+    counts = np.bincount(label, minlength=groups)
+    children = split_children(counts, k)
+    out = []
+    for g in np.flatnonzero(children):
+        points = x[label == g]
+        if children[g] == counts[g]:  # k-means of n points into n clusters would end with the points
+            if spherical:
+                norms = np.linalg.norm(points.astype(np.float64), axis=1, keepdims=True)
+                points = np.divide(points, norms, out=points.astype(np.float64), where=norms > 0).astype(np.float32)
+            out.append(points)
+        else:
+            kg, share = int(children[g]), -(-k // groups)
+            sub = -(-kg // share) if _depth < MAX_GROUP_DEPTH and kg > OVERSIZED_GROUP * share else 1
+            out.append(two_level_kmeans(points, kg, sub, niter, seed + 1 + int(g), spherical, max_points_per_centroid,
+                                        balance, _depth + 1))
+    return np.concatenate(out).astype(np.float32)

@@ -162,6 +162,17 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             query_norm_table=(3.9956, 4.3865, 4.741, 4.8879, 5.2706, 5.6848, 6.0501, 6.353, 6.5706, 6.9618, 7.3488,
                               7.3668),
             off_manifold=0.0, norm_by_leaf=0.975, leaf_growth=0.0, reference_n=10_000),
+    # minilm-mean-pool with near-repeat families, fitted to the real pool's committed growth curve from 10,000 to
+    # 1,000,000 passages: `python benchmarks/ann_fit_synthetic.py --targets benchmarks/results/ann_growth.json
+    # --start-profile minilm-mean-pool --name minilm-mean-families --rounds 1 --finalists 2`
+    # (benchmarks/results/ann_fit_curve.md)
+    Profile(name="minilm-mean-families", spectrum_decay=1.7699, spectrum_offset=0.1, mean_length=0.7023,
+            norm_table=(1.152, 1.676, 1.9169, 2.0456, 2.2751, 2.5574, 2.9448, 3.6664, 4.2366, 5.2453, 6.0417, 7.2327),
+            leaf_size=100.0, leaves_per_topic=32.0, topic_share=0.02, leaf_share=0.1, query_mean=(-0.0648, 0.7592),
+            query_norm_table=(3.9956, 4.3865, 4.741, 4.8879, 5.2706, 5.6848, 6.0501, 6.353, 6.5706, 6.9618, 7.3488,
+                              7.3668),
+            off_manifold=0.15, norm_by_leaf=0.975, leaf_growth=0.0, reference_n=10_000, families=100_000,
+            family_share=0.75),
 )}
 
 
