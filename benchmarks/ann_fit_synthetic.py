@@ -177,17 +177,17 @@ def fit(pooling: str, rounds: int, start: dict, work: Path) -> tuple[Profile, di
     return profile, want, best_stats
 
 
-def coordinate_search(evaluate, params: dict, rounds: int, show,
-                      start: tuple[float, object] | None = None) -> tuple[dict, float, object]:
-    """Step 3: from ``params``, each round tries one step up and one down for every key of ``SEARCHED`` that
-    ``params`` has (steps shrinking round by round) and keeps the first that lowers ``evaluate``'s loss; returns
+def coordinate_search(evaluate, params: dict, rounds: int, show, start: tuple[float, object] | None = None,
+                      keys: tuple | None = None) -> tuple[dict, float, object]:
+    """Step 3: from ``params``, each round tries one step up and one down for every key of ``SEARCHED`` (or of
+    ``keys``, in their order) that ``params`` has (steps shrinking round by round) and keeps the first that lowers ``evaluate``'s loss; returns
     (params, loss, the statistics ``evaluate`` gave for them). ``start``: the (loss, statistics) of ``params``
     where they are known already."""
     best_loss, best_stats = start if start is not None else evaluate(params)
     print(f"  start {params}: loss {best_loss:.3f}  {show(best_stats)}", flush=True)
     for r in range(rounds):
         shrink = 1.0 / (r + 1)
-        for key, (lo, hi, mult) in SEARCHED.items():
+        for key, (lo, hi, mult) in (SEARCHED.items() if keys is None else [(k, SEARCHED[k]) for k in keys]):
             if key not in params:
                 continue
             for direction in (+1, -1):
@@ -214,19 +214,21 @@ GRID = {"off_manifold": (0.1, 0.4, 0.7, 0.9), "topic_share": (0.02, 0.1, 0.3), "
         "leaf_size": (8.0, 50.0)}
 
 
-def grid_start(evaluate, params: dict, show) -> dict:
-    """The point of :data:`GRID` (other keys as in ``params``) with the lowest ``evaluate`` loss."""
+def grid_start(evaluate, params: dict, show, grid: dict | None = None) -> tuple[float, dict, object]:
+    """(loss, params, statistics) of the point of ``grid`` (default :data:`GRID`; other keys as in ``params``)
+    with the lowest ``evaluate`` loss."""
     import itertools
 
+    grid = GRID if grid is None else grid
     best = None
-    for values in itertools.product(*GRID.values()):
-        trial = dict(params, **dict(zip(GRID, values)))
+    for values in itertools.product(*grid.values()):
+        trial = dict(params, **dict(zip(grid, values)))
         value, got = evaluate(trial)
-        print(f"  grid {dict(zip(GRID, values))}: loss {value:.3f}  {show(got)}", flush=True)
+        print(f"  grid {dict(zip(grid, values))}: loss {value:.3f}  {show(got)}", flush=True)
         if best is None or value < best[0]:
-            best = (value, trial)
+            best = (value, trial, got)
     print(f"  grid start {best[1]}: loss {best[0]:.3f}", flush=True)
-    return best[1]
+    return best
 
 
 def growth_nlist(n: int, lists_per_sqrt: float) -> int:
@@ -277,7 +279,7 @@ def fit_growth(pooling: str, sizes: list[int], rounds: int, start: dict, work: P
                         work, nlist, lid=True)
             return loss(got, want[smallest.n]), {smallest.n: got}
 
-        params = grid_start(evaluate_smallest, params, show)
+        params = grid_start(evaluate_smallest, params, show)[1]
     known = None
     if len(reals) > 1:  # the growth exponent changes nothing at the smallest size: scanned on all of them
         for growth in GROWTH_SCAN:
@@ -381,24 +383,8 @@ def fit_to_curve(targets: dict[int, dict], fit_sizes: list[int], start: Profile,
               f"{row['lid_median']:.0f}", flush=True)
     # the topic share stays as the start has it, but the search's budget of shares counts it
     params = {k: getattr(start, k) for k in (*CURVE_SEARCHED, "topic_share")}
-    best = None
-    import itertools
-
-    for values in itertools.product(*FAMILY_GRID.values()):
-        trial = dict(params, **dict(zip(FAMILY_GRID, values)))
-        value, got = evaluate(trial)
-        print(f"  grid {dict(zip(FAMILY_GRID, values))}: loss {value:.3f}  {show(got)}", flush=True)
-        if best is None or value < best[0]:
-            best = (value, trial, got)
-    searched = {k: SEARCHED[k] for k in CURVE_SEARCHED}
-    saved = dict(SEARCHED)
-    SEARCHED.clear()
-    SEARCHED.update(searched)
-    try:
-        params, _, _ = coordinate_search(evaluate, best[1], rounds, show, start=(best[0], best[2]))
-    finally:
-        SEARCHED.clear()
-        SEARCHED.update(saved)
+    value, params, got = grid_start(evaluate, params, show, FAMILY_GRID)
+    coordinate_search(evaluate, params, rounds, show, start=(value, got), keys=CURVE_SEARCHED)
     ranked = sorted(seen.items(), key=lambda kv: kv[1][0])[:finalists]
     rest = [n for n in targets if n not in fit_sizes]
     final = None

@@ -186,8 +186,8 @@ def test_the_grid_start_is_the_grid_point_with_the_lowest_loss():
         return sum((values[k] - v) ** 2 for k, v in want.items()), {}
 
     start = {"off_manifold": 0.0, "topic_share": 0.5, "leaf_share": 0.5, "leaf_size": 50.0, "norm_by_leaf": 0.4}
-    got = fit_synthetic.grid_start(evaluate, start, show=lambda got: "")
-    assert got == {**start, **want}  # the other keys kept as they were
+    loss, got, stats = fit_synthetic.grid_start(evaluate, start, show=lambda got: "")
+    assert got == {**start, **want} and loss == 0 and stats == {}  # the other keys kept as they were
     assert len(seen) == int(np.prod([len(v) for v in fit_synthetic.GRID.values()]))
 
 
