@@ -254,11 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     body = (f"Real pool (`real_pool.py`, MiniLM {args.pooling} pooling, {queries}) against the calibrated "
             f"generator ({', '.join(profiles)}), balanced L2 lists, nlist = {args.lists_per_sqrt:g} sqrt(n); an "
             f"ideal IVF probing lists by <q, c> until 95 of the exact top-{K} are seen; LID (k = {K}) and relative "
-            f"contrast in the MIPS -> nearest-neighbour space.\n\n"
+            f"contrast in the MIPS -> nearest-neighbour space."
+            + (f" The rows of the other sets are kept from `{args.merge}`." if args.merge else "") + "\n\n"
             + markdown_table(rows, floatfmt=".4g") + "\n")
     print(body)
-    written = write_results("ann_growth", args.out, {"settings": vars(args) | {"work": str(work)}, "rows": rows},
-                            body)
+    settings = vars(args) | {"work": str(work), "merge": args.merge and str(args.merge)}
+    written = write_results("ann_growth", args.out, {"settings": settings, "rows": rows}, body)
     plot(rows, written.with_suffix(".png"))
     return 0
 

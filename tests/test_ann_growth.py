@@ -200,6 +200,14 @@ def test_the_generators_rows_can_be_measured_before_the_pool_reaches_their_size(
                             "--out", str(out)]) == 0
     rows = json.loads((out / "ann_growth.json").read_text())["rows"]
     assert [(r["set"], r["n"]) for r in rows] == [("synthetic-minilm-mean", 2000)]
+    # beside an earlier result: its rows kept, the one measured again replaced
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"rows": [{**rows[0], "set": "real-mean"}, {**rows[0], "lid_median": -1.0}]}))
+    assert ann_growth.main(["--work", str(work), "--sizes", "2000", "--no-real", "--dim", "16", "--queries", "20",
+                            "--merge", str(earlier), "--out", str(out)]) == 0
+    result = json.loads((out / "ann_growth.json").read_text())
+    assert [r["set"] for r in result["rows"]] == ["real-mean", "synthetic-minilm-mean"]
+    assert result["rows"][1] == rows[0] and result["settings"]["merge"] == str(earlier)
     with pytest.raises(SystemExit, match="leave nothing to measure"):
         ann_growth.main(["--work", str(work), "--no-real", "--no-synthetic", "--out", str(out)])
 
