@@ -31,8 +31,8 @@ inline float sqnorm(const float* v, int64_t d) {
 }
 
 // Grouping the centroids is itself a k-means, of nlist points into G ~ kGroupsPerRoot sqrt(nlist) groups, 10
-// iterations from random centres: a small part of filing a few million rows (65,536 x 768 centroids: 5.5 s of one
-// core; greedy k-means++ seeding, quadratic in G, doubled that and filed no row better).
+// iterations from random centres: a small part of filing a few million rows (greedy k-means++ seeding, quadratic in
+// G, doubled its cost and filed no row better).
 //
 // A row costs the centres plus the members of the groups it probes, so the groups must be even: plain k-means of
 // k-means centroids leaves one group near their mean holding most of them (a centroid between clusters is the

@@ -246,12 +246,11 @@ void IVFPQ::forget_coarse_groups() {
 }
 
 // Filing against every centroid costs n x nlist x d multiply-adds: 21M rows into 65,536 lists of 768 dimensions
-// are 1e15, ~2 hours of 2 AVX-512 cores at the 1.7e11 a second measured.
+// are 1e15.
 // Through CoarseGroups a row meets ~4 sqrt(nlist) group centres and the members of kAssignProbeGroups of them
-// (coarse.cpp measures the choice). 200,000 calibrated 768-dimensional rows (fastdpr/index/synthetic.py,
-// minilm-mean) into 16,384 lists, 2 cores: 14.8 s flat, 1.5 s grouped plus 0.5 s to build the groups, 0.991 of
-// the rows in their exact list (the others in a near one: their mean squared residual rises ~0.1%). Indexes below
-// kGroupedAssignMinLists (every one built before) keep exact filing.
+// (coarse.cpp says why these counts). 200,000 calibrated 768-dimensional rows into 16,384 lists: 0.991 of them in
+// their exact list, the others in a near one, about 8x faster than flat (benchmarks/results/coarse.md). Indexes
+// below kGroupedAssignMinLists (every one built before) keep exact filing.
 void IVFPQ::assign_lists(const float* cent, const float* x, int64_t n, int64_t* lists) const {
     if (nlist_ >= kGroupedAssignMinLists) {
         coarse_groups(cent)->assign(x, n, kAssignProbeGroups, assign_by_ip_, lists);
