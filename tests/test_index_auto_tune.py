@@ -67,6 +67,10 @@ def test_auto_shapes_by_n_d_and_budget():
     dpr = choose_index(21_015_324, 768, "24GB", compiled=True)
     assert dpr.mmap and "m=96" in dpr.spec and dpr.resident_bytes < 1.2 * 10 ** 9
     assert not choose_index(21_015_324, 768, "64GB", compiled=True).mmap
+    # many lists: trained in two levels, about sqrt(nlist) groups; below that one flat k-means
+    assert "groups" not in dpr.spec
+    huge = choose_index(40_000_000, 768, "64GB", compiled=True)
+    assert "nlist=16384," in huge.spec and huge.spec.endswith(",groups=128")
     # no compiled core: the 8-bit codes the numpy backend builds
     assert choose_index(50_000, 384, compiled=False).spec == "ivfpq,nlist=1024,store=fp16"
     with pytest.raises(InputError, match="too small"):

@@ -24,6 +24,8 @@ The rule, and what it rests on:
   d/8 sub-quantizers, 4-bit rows that rank the re-rank candidates before the fp16 rows are read, the spread-aware
   probe order and score-aware codebooks (the switch itself, 150,000, lies between the measured sizes: it is not
   a measured crossover);
+- from ``GROUPED_MIN_LISTS`` (16,384) lists on, about 34M vectors, the centroids are trained in two levels
+  (``groups``, about sqrt(nlist)): a flat k-means of that many lists is impractical on a small machine;
 - rows that do not fit the memory budget are left in the file and read through the page cache
   (``load_index(path, mmap=True)``, ``fastdpr search --mmap``); the codes must fit;
 - without the compiled core the numpy backend builds only 8-bit codes without 4-bit rows, so the IVF-PQ shapes
@@ -34,6 +36,7 @@ cheapest ones that reach a recall target (``fastdpr.index.tune``).
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +49,10 @@ from fastdpr.index.spec import check_storage_flags, parse_spec
 FLAT_MAX_FLOATS = 20_000 * 384  # n x d up to which exact search is chosen
 COMPRESSED_MIN_N = 150_000  # from here on the compressed shape (d/8 codes, 4-bit rows)
 COMPRESSED = dict(aniso=0.2, sq=4, spread=0.5)  # the 1M x 768 shape of benchmarks/results/ann_compressed.md
+# from this many lists on, the coarse centroids are trained in two levels (``groups``): a flat k-means pays n x nlist
+# x d every iteration after a k-means++ seeding quadratic in nlist (benchmarks/results/coarse.md), and the compiled
+# core files rows through groups of centroids from the same count on (csrc/ivfpq.h kGroupedAssignMinLists)
+GROUPED_MIN_LISTS = 16_384
 POSITION_BYTES = 4  # per vector, the compiled core's list positions (csrc/ivfpq.h)
 NUMPY_POSITION_BYTES = 8
 
@@ -82,6 +89,12 @@ class IndexChoice:
     mmap: bool
     resident_bytes: int
     reason: str
+
+
+def coarse_groups(nlist: int) -> int:
+    """Top-level groups of a two-level coarse k-means: the power of two nearest sqrt(nlist), so that both levels
+    are about as large (n x (G + nlist / G) x d per iteration is least there)."""
+    return 2 ** max(0, round(math.log2(math.sqrt(nlist))))
 
 
 def _ivfpq_bytes(n: int, dim: int, m: int, nbits: int, nlist: int, sq: int, compiled: bool) -> tuple[int, int]:
@@ -127,6 +140,8 @@ def choose_index(n: int, dim: int, memory_budget: Any = None, compiled: bool | N
     ram, rows = _ivfpq_bytes(n, dim, m, 4, nlist, COMPRESSED["sq"], compiled=True)
     spec = (f"ivfpq,nbits=4,nlist={nlist},m={m},store=fp16,"
             + ",".join(f"{key}={value}" for key, value in COMPRESSED.items()))
+    if nlist >= GROUPED_MIN_LISTS:
+        spec += f",groups={coarse_groups(nlist)}"
     why = (f"{n} vectors >= {COMPRESSED_MIN_N}" if n >= COMPRESSED_MIN_N else
            "the fp16 rows of the d/2 shape do not fit the budget")
     return _fitted(spec, ram, rows, fits, budget, n, f"compressed 4-bit IVF-PQ ({why})")
