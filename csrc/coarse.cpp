@@ -18,18 +18,6 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-// as kmeans.cpp: a thread team costs more than a step under ~a millisecond of one core
-inline bool worth_threads(int64_t work) { return work >= (int64_t{1} << 22); }
-
-// kmeans.cpp's sqnorm, so that 0.5 ||c||^2 here is the bias assign_nearest subtracts, to the bit: with every group
-// probed the labels are assign_nearest's
-inline float sqnorm(const float* v, int64_t d) {
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t t = 0; t < d; ++t) s += v[t] * v[t];
-    return s;
-}
-
 // Grouping the centroids is itself a k-means, of nlist points into G ~ kGroupsPerRoot sqrt(nlist) groups, 10
 // iterations from random centres: a small part of filing a few million rows (greedy k-means++ seeding, quadratic in
 // G, doubled its cost and filed no row better).

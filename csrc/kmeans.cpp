@@ -139,13 +139,6 @@ NearestFn nearest_kernel() {
     return nearest_default;
 }
 
-inline float sqnorm(const float* v, int64_t d) {
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t t = 0; t < d; ++t) s += v[t] * v[t];
-    return s;
-}
-
 inline float sqdist(const float* a, const float* b, int64_t d) {
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
@@ -155,10 +148,6 @@ inline float sqdist(const float* a, const float* b, int64_t d) {
     }
     return s;
 }
-
-// Waking a thread team costs far more than a small loop when the cores are busy (spinning barriers): run small
-// steps serially. 2^22 multiply-adds is about a millisecond of one core.
-inline bool worth_threads(int64_t work) { return work >= (int64_t{1} << 22); }
 
 void check_positive(int64_t v, const char* what) {
     if (v <= 0) throw std::invalid_argument(std::string("k-means: ") + what + " must be positive, got " + std::to_string(v));

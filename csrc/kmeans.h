@@ -8,6 +8,19 @@
 
 namespace fastdpr {
 
+// ||v||^2 as assign_nearest computes its L2 bias (0.5 ||c||^2): code that must give assign_nearest's labels to the
+// bit (CoarseGroups with every group probed) uses this one.
+inline float sqnorm(const float* v, int64_t d) {
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t t = 0; t < d; ++t) s += v[t] * v[t];
+    return s;
+}
+
+// Waking a thread team costs far more than a small loop when the cores are busy (spinning barriers): run small
+// steps serially. 2^22 multiply-adds is about a millisecond of one core.
+inline bool worth_threads(int64_t work) { return work >= (int64_t{1} << 22); }
+
 // out[i * ny + j] = <x_i, y_j> for x (nx, d) and y (ny, d), both row-major. Multi-threaded over rows of x.
 void inner_products(const float* x, int64_t nx, const float* y, int64_t ny, int64_t d, float* out);
 
