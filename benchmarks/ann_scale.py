@@ -50,6 +50,7 @@ TRUTH_BLOCK = 131072
 NPROBE = (32, 64, 128, 192, 256, 384, 512, 768)
 RERANK = (1000, 2000, 4000)
 TARGET = 0.95
+CHOOSE, HELD_OUT = "recall@100 even queries (choose)", "recall@100 odd queries (held out)"
 
 
 def rss_mib() -> dict:
@@ -174,10 +175,12 @@ def stage_search(a) -> dict:
                 _, ids = index.search(q, K, nprobe=nprobe, rerank=rerank, exact=exact)
                 wall = time.perf_counter() - t
                 row = {"nprobe": nprobe, "rerank": rerank, "exact": exact, "recall@100": recall_at(ids, truth, K),
+                       CHOOSE: recall_at(ids[0::2], truth[0::2], K), HELD_OUT: recall_at(ids[1::2], truth[1::2], K),
                        "q/s": q.shape[0] / wall}
                 sweep.append(row)
                 print(json.dumps(row), flush=True)
-    ok = [r for r in sweep if r["recall@100"] >= TARGET]
+    # chosen on the even-numbered queries, so that the odd-numbered ones report a recall the choice has not seen
+    ok = [r for r in sweep if r[CHOOSE] >= TARGET]
     best = max(ok, key=lambda r: r["q/s"]) if ok else None
     params = (lambda r: {"nprobe": r["nprobe"], "rerank": r["rerank"], "exact": r["exact"]})  # noqa: E731
     result = {"n": n, "open_s": open_s, "rss_before_open_mib": before, "rss_after_open_mib": after_open,
@@ -185,7 +188,8 @@ def stage_search(a) -> dict:
     if best:
         t = time.perf_counter()
         _, ids = index.search(q, K, **params(best))
-        warm = {"recall@100": recall_at(ids, truth, K), "q/s": q.shape[0] / (time.perf_counter() - t)}
+        warm = {"recall@100": recall_at(ids, truth, K), HELD_OUT: recall_at(ids[1::2], truth[1::2], K),
+                "q/s": q.shape[0] / (time.perf_counter() - t)}
         one = min(a.single, q.shape[0])
         found = np.empty((one, K), np.int64)
         t = time.perf_counter()
@@ -271,8 +275,11 @@ def report(a) -> None:
                  f"{s['rss_after_search_mib']['RssAnon'] * 2**20 / n:.1f} after the search\n")
         if "best" in s:
             b, w, o = s["best"], s["best_warm"], s["best_one_per_call"]
-            body += (f"- cheapest swept setting with recall@100 >= {TARGET}: nprobe={b['nprobe']}, "
-                     f"rerank={b['rerank']}, exact={b.get('exact', 'auto')}: recall@100 {w['recall@100']:.4f}, {w['q/s']:.0f} q/s in one call of "
+            chosen = (f" on the even-numbered queries; the odd-numbered ones, held out: recall@100 {w[HELD_OUT]:.4f}"
+                      if HELD_OUT in w else " on the same queries")
+            body += (f"- cheapest swept setting with recall@100 >= {TARGET}{chosen}: nprobe={b['nprobe']}, "
+                     f"rerank={b['rerank']}, exact={b.get('exact', 'auto')}: recall@100 {w['recall@100']:.4f} on all, "
+                     f"{w['q/s']:.0f} q/s in one call of "
                      f"{a.queries} (first run {b['q/s']:.0f} q/s); one query per call ({o['queries']} queries): "
                      f"{o['q/s']:.0f} q/s, recall@100 {o['recall@100']:.4f}\n")
         else:
