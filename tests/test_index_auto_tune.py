@@ -12,7 +12,7 @@ from test_index_ivfpq import clustered as ivfpq_clustered
 from fastdpr.errors import InputError
 from fastdpr.index import build_index, load_index, make_index
 from fastdpr.index import fileformat
-from fastdpr.index.auto import COMPRESSED_MIN_N, FLAT_MAX_FLOATS, choose_index, parse_size
+from fastdpr.index.auto import COMPRESSED_MIN_N, FLAT_MAX_FLOATS, MANY_LISTS_MIN_N, choose_index, parse_size
 from fastdpr.index.tune import lower_bound, recall_at, recall_per_query, smallest
 
 needs_c = pytest.mark.skipif(extension("IVFPQ") is None, reason="compiled extension not built")
@@ -67,10 +67,12 @@ def test_auto_shapes_by_n_d_and_budget():
     dpr = choose_index(21_015_324, 768, "24GB", compiled=True)
     assert dpr.mmap and "m=96" in dpr.spec and dpr.resident_bytes < 1.2 * 10 ** 9
     assert not choose_index(21_015_324, 768, "64GB", compiled=True).mmap
-    # many lists: trained in two levels, about sqrt(nlist) groups; below that one flat k-means
-    assert "groups" not in dpr.spec
+    # from 10M vectors about 4 sqrt(n) lists, from 16,384 lists trained in two levels with about sqrt(nlist) groups
+    assert "nlist=16384," in dpr.spec and dpr.spec.endswith(",groups=128")
+    below = choose_index(MANY_LISTS_MIN_N - 1, 768, compiled=True).spec
+    assert "nlist=8192," in below and "groups" not in below
     huge = choose_index(40_000_000, 768, "64GB", compiled=True)
-    assert "nlist=16384," in huge.spec and huge.spec.endswith(",groups=128")
+    assert "nlist=32768," in huge.spec and huge.spec.endswith(",groups=256")
     # no compiled core: the 8-bit codes the numpy backend builds
     assert choose_index(50_000, 384, compiled=False).spec == "ivfpq,nlist=1024,store=fp16"
     with pytest.raises(InputError, match="too small"):

@@ -7,7 +7,7 @@
 'ivfpq,nbits=4,nlist=512,store=fp16'
 >>> choice = choose_index(21_015_324, 768, "24GB", compiled=True)
 >>> choice.spec, choice.mmap
-('ivfpq,nbits=4,nlist=8192,m=96,store=fp16,aniso=0.2,sq=4,spread=0.5', True)
+('ivfpq,nbits=4,nlist=16384,m=96,store=fp16,aniso=0.2,sq=4,spread=0.5,groups=128', True)
 
 The rule, and what it rests on:
 
@@ -24,8 +24,11 @@ The rule, and what it rests on:
   d/8 sub-quantizers, 4-bit rows that rank the re-rank candidates before the fp16 rows are read, the spread-aware
   probe order and score-aware codebooks (the switch itself, 150,000, lies between the measured sizes: it is not
   a measured crossover);
-- from ``GROUPED_MIN_LISTS`` (16,384) lists on, about 34M vectors, the centroids are trained in two levels
-  (``groups``, about sqrt(nlist)): a flat k-means of that many lists is impractical on a small machine;
+- from ``MANY_LISTS_MIN_N`` (10M) vectors on, about 4 sqrt(n) lists instead of 2 sqrt(n), the shape measured at
+  DPR's 21M x 768 (benchmarks/results/ann_scale_families.md: 16,384 lists); the switch itself lies between
+  measured sizes, and 8,192 lists at 21M were not measured on that generator;
+- from ``GROUPED_MIN_LISTS`` (16,384) lists on the centroids are trained in two levels (``groups``, about
+  sqrt(nlist)): a flat k-means of that many lists is impractical on a small machine;
 - rows that do not fit the memory budget are left in the file and read through the page cache
   (``load_index(path, mmap=True)``, ``fastdpr search --mmap``); the codes must fit;
 - without the compiled core the numpy backend builds only 8-bit codes without 4-bit rows, so the IVF-PQ shapes
@@ -53,6 +56,9 @@ COMPRESSED = dict(aniso=0.2, sq=4, spread=0.5)  # the 1M x 768 shape of benchmar
 # x d every iteration after a k-means++ seeding quadratic in nlist (benchmarks/results/coarse.md), and the compiled
 # core files rows through groups of centroids from the same count on (csrc/ivfpq.h kGroupedAssignMinLists)
 GROUPED_MIN_LISTS = 16_384
+# from this many vectors on, about 4 sqrt(n) lists: with the coarse ranking through groups of centroids (0.16 ms a
+# question at 16,384 x 768, benchmarks/results/coarse.md) more lists cost little and each probed list is shorter
+MANY_LISTS_MIN_N = 10_000_000
 POSITION_BYTES = 4  # per vector, the compiled core's list positions (csrc/ivfpq.h)
 NUMPY_POSITION_BYTES = 8
 
@@ -137,6 +143,8 @@ def choose_index(n: int, dim: int, memory_budget: Any = None, compiled: bool | N
         return IndexChoice(f"ivfpq,nbits=4,nlist={nlist},store=fp16", False, ram + rows,
                            f"{n} vectors < {COMPRESSED_MIN_N}: 4-bit IVF-PQ, d/2 sub-quantizers, fp16 re-rank rows")
     m = default_m(dim, 8)
+    if n >= MANY_LISTS_MIN_N:
+        nlist = default_nlist(n, 8)
     ram, rows = _ivfpq_bytes(n, dim, m, 4, nlist, COMPRESSED["sq"], compiled=True)
     spec = (f"ivfpq,nbits=4,nlist={nlist},m={m},store=fp16,"
             + ",".join(f"{key}={value}" for key, value in COMPRESSED.items()))
