@@ -18,8 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results  # noqa: E402
-
-K = 100
+from ann_scale import K, timed_calls  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -44,11 +43,7 @@ def main(argv=None) -> None:
     tune_s = time.perf_counter() - t
     held_q, held_truth = q[1::2], truth[1::2]
     index.search(held_q, K)  # warm-up: the page cache of a file larger than RAM
-    runs, ids = [], None
-    for _ in range(3):
-        t = time.perf_counter()
-        _, ids = index.search(held_q, K)  # the index's own defaults: what tune chose
-        runs.append(held_q.shape[0] / (time.perf_counter() - t))
+    ids, runs = timed_calls(index, held_q)  # the index's own defaults: what tune chose
     held = {"queries": int(held_q.shape[0]), "recall@100": recall_at(ids, held_truth, K),
             "q/s": float(np.median(runs)), "q/s runs": runs}
     payload = {"work": str(work), "tune_s": tune_s, "tuned": tuned.record(), "evaluations": tuned.evaluations,
